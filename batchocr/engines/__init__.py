@@ -1,0 +1,59 @@
+"""Engines: page batches in, result batches out (any order, keyed by (doc_id, page_index)).
+
+One file per engine; each is imported only when chosen, so a missing optional
+dependency (vLLM) is reported only to those who ask for that engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Iterator, Mapping, Protocol
+
+import pyarrow as pa
+
+from batchocr.errors import ConfigError
+from batchocr.render import Needs
+
+
+class Engine(Protocol):
+    name: str
+    model: str  # what goes in the table's `model` column
+    needs: Needs  # what the render stage must produce for it
+
+    def run(self, pages: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Consume page batches (schema.PAGES, no error rows) lazily; yield
+        schema.RESULTS batches holding exactly one row per page received."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Parameters and versions, for OUT/_runs/<run_id>.json."""
+        ...
+
+    def close(self) -> None: ...
+
+
+_MODULES = {
+    "rapidocr": "batchocr.engines.rapidocr",
+    "textlayer": "batchocr.engines.textlayer",
+}
+
+
+def create(name: str, options: Mapping[str, Any]) -> Engine:
+    if name not in _MODULES:
+        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
+    module = importlib.import_module(_MODULES[name])
+    return module.create(options)
+
+
+def parse_options(cls: type, options: Mapping[str, Any], engine: str):
+    """Build an engine's frozen options dataclass, naming unknown keys clearly."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(options) - known
+    if unknown:
+        raise ConfigError(f"engine {engine}: unknown options {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**options)
+
+
+def result(doc_id: str, page_index: int, **fields: Any) -> dict:
+    return {"doc_id": doc_id, "page_index": page_index, **fields}

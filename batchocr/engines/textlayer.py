@@ -1,0 +1,55 @@
+"""The PDF's own text layer, read by the render workers through PyMuPDF: instant
+for born-digital pages. A page without one is `skipped`, with the reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+import pymupdf
+
+from batchocr import schema
+from batchocr.engines import parse_options, result
+from batchocr.render import Needs
+
+
+@dataclass(frozen=True)
+class TextLayerOptions:
+    # Pages whose text layer has fewer non-space characters than this are skipped.
+    min_chars: int = 1
+
+
+class TextLayerEngine:
+    name = "textlayer"
+    needs = Needs(image=False, text_layer=True)
+
+    def __init__(self, options: TextLayerOptions):
+        self.options = options
+        self.model = f"pymupdf-{pymupdf.__version__}"
+
+    def run(self, pages: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in pages:
+            rows = []
+            cols = batch.select(["doc_id", "page_index", "text_layer"]).to_pydict()
+            for doc_id, index, text in zip(cols["doc_id"], cols["page_index"], cols["text_layer"]):
+                text = (text or "").strip()
+                if sum(not c.isspace() for c in text) >= self.options.min_chars:
+                    rows.append(result(doc_id, index, text=text, finish_reason="stop", latency_ms=0.0))
+                else:
+                    rows.append(result(
+                        doc_id, index, finish_reason="skipped", error_type="no_text_layer",
+                        error_message="the page has no text layer (a scan?): run it with --engine rapidocr or vllm",
+                        latency_ms=0.0,
+                    ))
+            yield schema.batch(schema.RESULTS, rows)
+
+    def describe(self) -> dict[str, Any]:
+        return {"min_chars": self.options.min_chars, "pymupdf": pymupdf.__version__}
+
+    def close(self) -> None:
+        pass
+
+
+def create(options: Mapping[str, Any]) -> TextLayerEngine:
+    return TextLayerEngine(parse_options(TextLayerOptions, options, "textlayer"))

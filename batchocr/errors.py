@@ -1,0 +1,26 @@
+"""Exceptions a run can end with, and the exit codes they map to (documented in README)."""
+
+# Exit codes. Kubernetes' podFailurePolicy keys on them: a bad configuration fails
+# the whole Job at once; an interrupted run is retried and resumes.
+EXIT_OK = 0
+EXIT_FAILED = 1  # a systemic failure (storage down, engine crashed): retrying may help
+EXIT_CONFIG = 2  # the user's input is wrong (missing source, bad job spec): retrying cannot help
+EXIT_INTERRUPTED = 75  # SIGTERM/SIGINT: finished pages committed; rerun to resume (EX_TEMPFAIL)
+
+
+class BatchocrError(Exception):
+    exit_code = EXIT_FAILED
+
+
+class ConfigError(BatchocrError):
+    """Something the user gave is wrong; the message says what to change."""
+
+    exit_code = EXIT_CONFIG
+
+
+class BoundaryError(BatchocrError):
+    """A stage broke the one-row-per-page contract (a bug, never bad input)."""
+
+
+class Interrupted(BatchocrError):
+    exit_code = EXIT_INTERRUPTED

@@ -1,0 +1,100 @@
+"""Character error rate of a run's page text against ground-truth text files.
+
+Truth layout: TRUTH/<document file name>/<page_index>.txt, e.g. truth/scan.pdf/0.txt.
+Whitespace is normalised (every run of it becomes one space) on both sides, so line
+breaks and column alignment do not count; characters do.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from batchocr.errors import ConfigError
+
+
+def normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def levenshtein(a: str, b: str) -> int:
+    """Edit distance by Myers' bit-parallel algorithm (Hyyrö's formulation), with
+    Python's big integers as bit vectors: O(len(a) * len(b) / 64), fast enough
+    for whole pages in pure Python."""
+    if len(a) < len(b):
+        a, b = b, a
+    m = len(b)
+    if m == 0:
+        return len(a)
+    peq: dict[str, int] = {}
+    for i, ch in enumerate(b):
+        peq[ch] = peq.get(ch, 0) | (1 << i)
+    mask = (1 << m) - 1
+    high = 1 << (m - 1)
+    pv, mv, score = mask, 0, m
+    for ch in a:
+        eq = peq.get(ch, 0)
+        xv = eq | mv
+        xh = ((((eq & pv) + pv) & mask) ^ pv) | eq
+        ph = mv | (~(xh | pv) & mask)
+        mh = pv & xh
+        if ph & high:
+            score += 1
+        elif mh & high:
+            score -= 1
+        ph = ((ph << 1) | 1) & mask
+        mh = (mh << 1) & mask
+        pv = mh | (~(xv | ph) & mask)
+        mv = ph & xv
+    return score
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    pages: pl.DataFrame  # document, page_index, chars, errors, cer, finish_reason
+    missing: list[str]  # truth pages with no row in the output
+
+    @property
+    def errors(self) -> int:
+        return int(self.pages["errors"].sum()) if self.pages.height else 0
+
+    @property
+    def chars(self) -> int:
+        return int(self.pages["chars"].sum()) if self.pages.height else 0
+
+    @property
+    def cer(self) -> float:
+        return self.errors / self.chars if self.chars else 0.0
+
+
+def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
+    """pages: the page table (needs source_uri, page_index, text, finish_reason)."""
+    truth_dir = Path(truth_dir)
+    if not truth_dir.is_dir():
+        raise ConfigError(f"truth folder {truth_dir} does not exist")
+    truth = {
+        (p.parent.name, int(p.stem)): normalise(p.read_text())
+        for p in truth_dir.glob("*/*.txt")
+        if p.stem.isdigit()
+    }
+    if not truth:
+        raise ConfigError(f"no truth files in {truth_dir} (expected <document name>/<page_index>.txt)")
+    rows, seen = [], set()
+    for uri, index, text, reason in pages.select("source_uri", "page_index", "text", "finish_reason").iter_rows():
+        key = (posixpath.basename(uri), index)
+        if key not in truth:
+            continue
+        seen.add(key)
+        ref = truth[key]
+        errors = levenshtein(normalise(text or ""), ref)
+        rows.append({"document": key[0], "page_index": index, "chars": len(ref), "errors": errors,
+                     "cer": errors / len(ref) if ref else float(errors > 0), "finish_reason": reason})
+    missing = sorted(f"{name}/{index}" for name, index in set(truth) - seen)
+    schema = {"document": pl.String, "page_index": pl.Int32, "chars": pl.Int64, "errors": pl.Int64,
+              "cer": pl.Float64, "finish_reason": pl.String}
+    frame = pl.DataFrame(rows, schema=schema).sort("document", "page_index")
+    return Evaluation(frame, missing)

@@ -1,0 +1,142 @@
+"""A document → its pages as images, in Arrow record batches. Runs inside a render
+worker process (PyMuPDF is not thread-safe). Bad input becomes error rows, never
+an exception: one bad document must not stop the shard."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+import pymupdf
+
+from batchocr import schema
+from batchocr.sources import DocRef
+from batchocr.spec import RenderSpec
+from batchocr.storage import Store
+
+PDF_TYPES = {"pdf"}
+
+
+@dataclass(frozen=True)
+class RenderTask:
+    doc: DocRef
+    # Pages already committed by an earlier run: not rendered again (resume).
+    skip: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the engine reads from a page; render only that."""
+
+    image: bool = True
+    text_layer: bool = False
+
+
+def doc_error(doc: DocRef, error_type: str, message: str, page_count: int | None = None) -> dict:
+    return {
+        "doc_id": doc.doc_id,
+        "source_uri": doc.uri,
+        "source_etag": doc.etag,
+        "source_size": doc.size,
+        "page_index": -1,
+        "page_count": page_count,
+        "error_type": error_type,
+        "error_message": message,
+    }
+
+
+def page_error(doc: DocRef, page_index: int, page_count: int, error_type: str, message: str) -> dict:
+    return doc_error(doc, error_type, message, page_count) | {"page_index": page_index}
+
+
+def open_document(doc: DocRef, storage_options: Mapping[str, Any]) -> pymupdf.Document:
+    store = Store(doc.uri, storage_options)
+    if store.is_local:
+        return pymupdf.open(store.root, filetype=doc.filetype)
+    return pymupdf.open(stream=store.fs.cat_file(store.root), filetype=doc.filetype)
+
+
+def render_document(
+    task: RenderTask, spec: RenderSpec, needs: Needs, storage_options: Mapping[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """Yields batches of at most spec.batch_pages rows; the first row of a document
+    that cannot be opened is its only row (page_index -1)."""
+    doc = task.doc
+    if doc.size == 0:
+        yield schema.batch(schema.PAGES, [doc_error(doc, "empty_file", f"{doc.uri}: the file is empty (0 bytes)")])
+        return
+    try:
+        pdoc = open_document(doc, storage_options)
+    except Exception as exc:  # noqa: BLE001 - any failure to open is this document's error row
+        yield schema.batch(schema.PAGES, [doc_error(doc, "open_failed", f"{doc.uri}: cannot open as {doc.filetype}: {exc}")])
+        return
+    with pdoc:
+        if pdoc.needs_pass:
+            yield schema.batch(schema.PAGES, [doc_error(doc, "encrypted", f"{doc.uri}: the document is password-protected")])
+            return
+        count = pdoc.page_count
+        if count == 0:
+            yield schema.batch(schema.PAGES, [doc_error(doc, "no_pages", f"{doc.uri}: the document has no pages", 0)])
+            return
+        rows: list[dict] = []
+        for index in range(count):
+            if index in task.skip:
+                continue
+            rows.append(_render_page(pdoc, doc, index, count, spec, needs))
+            if len(rows) >= spec.batch_pages:
+                yield schema.batch(schema.PAGES, rows)
+                rows = []
+        if rows:
+            yield schema.batch(schema.PAGES, rows)
+
+
+def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, spec: RenderSpec, needs: Needs) -> dict:
+    try:
+        page = pdoc[index]
+        zoom, dpi = page_scale(page, pdoc.is_pdf, spec)
+        row = {
+            "doc_id": doc.doc_id,
+            "source_uri": doc.uri,
+            "source_etag": doc.etag,
+            "source_size": doc.size,
+            "page_index": index,
+            "page_count": count,
+            "dpi": dpi,
+        }
+        if needs.text_layer:
+            row["text_layer"] = page.get_text(sort=True) if pdoc.is_pdf else ""
+        if needs.image:
+            pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB, alpha=False)
+            row |= {"width": pix.width, "height": pix.height, "image": pix.samples}
+        else:
+            row |= {"width": round(page.rect.width * zoom), "height": round(page.rect.height * zoom)}
+        return row
+    except Exception as exc:  # noqa: BLE001 - FzErrorLimit and friends are not RuntimeErrors
+        kind = "too_large" if "Limit" in type(exc).__name__ else "render_failed"
+        return page_error(doc, index, count, kind, f"{doc.uri}: page {index}: {type(exc).__name__}: {exc}")
+
+
+def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[float, float]:
+    """(zoom from points to pixels, resulting dpi) for one page.
+
+    PDF pages render at spec.dpi. Image files keep their own pixels: their page is
+    sized in points from the image's own resolution, so zoom = pixels / points.
+    Then max_side and max_pixels scale down, never up.
+    """
+    rect = page.rect
+    if is_pdf:
+        zoom = spec.dpi / 72
+    else:
+        info = page.get_image_info()
+        native_w = info[0]["width"] if info else rect.width
+        zoom = native_w / rect.width if rect.width else 1.0
+    w, h = rect.width * zoom, rect.height * zoom
+    shrink = 1.0
+    if spec.max_side and max(w, h) > spec.max_side:
+        shrink = spec.max_side / max(w, h)
+    if w * h * shrink * shrink > spec.max_pixels:
+        shrink = math.sqrt(spec.max_pixels / (w * h))
+    zoom *= shrink
+    return zoom, round(zoom * 72, 2)

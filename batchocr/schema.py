@@ -1,0 +1,85 @@
+"""Arrow schemas where stages meet: rendered pages, engine results, the page table."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# The page table (OUT/pages/**.parquet): one row per page. README documents the
+# same columns; a test keeps the two in step.
+PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("doc_id", pa.string(), "stable id of the document: first 16 hex digits of SHA-256 of `source_uri`"),
+    ("source_uri", pa.string(), "full URI of the document (`file:///…`, `az://…`)"),
+    ("source_etag", pa.string(), "the store's ETag of the document; on local disk `<size>-<mtime µs>`"),
+    ("source_size", pa.int64(), "document size in bytes"),
+    ("page_index", pa.int32(), "0-based page (or TIFF frame) number; -1 for a row about a document that could not be opened"),
+    ("page_count", pa.int32(), "pages in the document; null when it could not be opened"),
+    ("width", pa.int32(), "width of the rendered page image in pixels"),
+    ("height", pa.int32(), "height of the rendered page image in pixels"),
+    ("dpi", pa.float32(), "resolution the page was rendered at (image files: their own, after any downscaling)"),
+    ("engine", pa.string(), "engine that produced the row: `rapidocr`, `textlayer`, `vllm`"),
+    ("model", pa.string(), "model (or library version) the engine used"),
+    ("text", pa.large_string(), "the page text, lines separated by `\\n`; null on error rows"),
+    ("finish_reason", pa.string(), "`stop` (done), `length` (hit max tokens), `repetition` (looping output cut off), `error`, `skipped` (nothing to read, e.g. no text layer)"),
+    ("prompt_tokens", pa.int32(), "tokens in the prompt, image included (VLM engines; null otherwise)"),
+    ("output_tokens", pa.int32(), "tokens generated (VLM engines; null otherwise)"),
+    ("error_type", pa.string(), "short machine-readable reason when `finish_reason` is `error` or `skipped` (see Errors)"),
+    ("error_message", pa.string(), "a sentence a person can act on; null when there was no error"),
+    ("latency_ms", pa.float32(), "engine time for this page in milliseconds (render time not included)"),
+    ("run_id", pa.string(), "the run that wrote the row (`OUT/_runs/<run_id>.json` describes it)"),
+    ("shard", pa.int32(), "shard number of the document"),
+    ("processed_at", pa.timestamp("us", tz="UTC"), "when the row was written"),
+]
+PAGE_TABLE = pa.schema([pa.field(n, t) for n, t, _ in PAGE_TABLE_COLUMNS])
+
+# What a render worker sends: page metadata, the page image and the PDF's text layer.
+PAGES = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("source_uri", pa.string()),
+        ("source_etag", pa.string()),
+        ("source_size", pa.int64()),
+        ("page_index", pa.int32()),
+        ("page_count", pa.int32()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("dpi", pa.float32()),
+        # Raw 8-bit RGB pixels, row-major (height * width * 3 bytes); null if the
+        # engine needs no image. Raw, because encoding PNG costs 25x the render.
+        ("image", pa.large_binary()),
+        ("text_layer", pa.large_string()),  # the PDF's own text; null if not asked for
+        ("error_type", pa.string()),  # set when the page (or document) failed to render
+        ("error_message", pa.string()),
+    ]
+)
+
+# What an engine yields: one row per page it was given, keyed by (doc_id, page_index).
+RESULTS = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("page_index", pa.int32()),
+        ("text", pa.large_string()),
+        ("finish_reason", pa.string()),
+        ("prompt_tokens", pa.int32()),
+        ("output_tokens", pa.int32()),
+        ("error_type", pa.string()),
+        ("error_message", pa.string()),
+        ("latency_ms", pa.float32()),
+    ]
+)
+
+# Page metadata carried from render to the table, joined with each engine result.
+CARRIED = [
+    "doc_id",
+    "source_uri",
+    "source_etag",
+    "source_size",
+    "page_index",
+    "page_count",
+    "width",
+    "height",
+    "dpi",
+]
+
+
+def batch(schema: pa.Schema, rows: list[dict]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(rows, schema=schema)

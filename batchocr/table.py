@@ -1,0 +1,21 @@
+"""Reading the page table back: a polars LazyFrame over OUT/pages, wherever OUT is."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import polars as pl
+
+from batchocr.errors import ConfigError
+from batchocr.storage import Store
+
+
+def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl.LazyFrame:
+    """All committed page rows under OUT (before compaction a resumed page can
+    appear in more than one part: `batchocr compact` keeps one row per page)."""
+    store = Store(out, storage_options)
+    parts = store.find("pages", suffix=".parquet")
+    if not parts:
+        raise ConfigError(f"no page table under {out} (expected {out}/pages/shard=*/part-*.parquet)")
+    # The shard is a column in every file; hive parsing of shard=NNNNN would only duplicate it.
+    return pl.scan_parquet([store.uri(store.path(p)) for p in parts], hive_partitioning=False)
