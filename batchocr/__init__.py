@@ -1,6 +1,18 @@
 """batchocr: offline batch OCR jobs. Scans in a blob container in, Parquet page tables out."""
 
+import os as _os
+import sys as _sys
+
 __version__ = "0.1.0"
+
+# batchocr reads private documents and must make no outbound call. onnxruntime (used
+# by rapidocr, and imported by PyMuPDF 2 itself through pymupdf_layout) sends usage
+# telemetry unless this is set before it loads; strace saw it resolve
+# mobile.events.data.microsoft.com during a run. Set here, before anything imports
+# PyMuPDF, and inherited by every worker process.
+_os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+if "onnxruntime" in _sys.modules:  # loaded before us (a notebook): switch it off too
+    _sys.modules["onnxruntime"].disable_telemetry_events()
 
 
 def read_pages(out, storage_options=None):

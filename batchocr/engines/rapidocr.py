@@ -43,8 +43,10 @@ class RapidOCREngine:
 
     def __init__(self, options: RapidOCROptions):
         self.options = options
-        os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before onnxruntime loads
+        import onnxruntime  # telemetry off: see batchocr/__init__.py
         from rapidocr import RapidOCR
+
+        onnxruntime.disable_telemetry_events()
 
         threads = options.threads or (os.cpu_count() or 1)
         self._ocr = RapidOCR(

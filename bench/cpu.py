@@ -1,0 +1,313 @@
+"""CPU benchmark: batchocr (rapidocr engine) against rapidocr called directly.
+
+    python bench/cpu.py [--copies K] [--repeat R] [--threads N] [--workers W] [--json FILE]
+
+In one process run (a noisy machine makes only ratios within one run mean much):
+
+* corpus: the committed samples (samples/*.pdf|png|jpg|tiff: 10 pages, 7 scanned,
+  3 born-digital) copied K times under distinct names into a temp folder, so
+  every copy is a distinct document;
+* "raw": every page rendered once in-process with batchocr.render.render_document
+  (the run's RenderSpec), the pixels kept, then ONLY the calls to a warmed-up
+  rapidocr.RapidOCR (the engine's parameters, RGB -> BGR like the engine) are
+  timed: the best a direct caller could do, render excluded;
+* "batchocr": batchocr.pipeline.run_job over the same corpus into a fresh OUT,
+  wall time end to end: engine construction (model load, first-call warm-up),
+  render worker spawn, rendering, OCR, Parquet commits, run record;
+* the two alternate (raw, batchocr, raw, batchocr, ...) --repeat times; the
+  figure is the median of the per-pair ratios batchocr pages/s / raw pages/s
+  (goal >= 0.9x);
+* correctness: batchocr wrote one row per rendered page, and its text equals
+  join_lines() of the raw rapidocr output for every (doc, page) after whitespace
+  normalisation.
+
+Heavy imports stay inside functions: render workers are spawned, and a spawned
+child re-imports this file as __mp_main__.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "samples"
+SAMPLE_TYPES = (".pdf", ".png", ".jpg", ".tiff")
+
+
+def build_corpus(folder: Path, copies: int) -> list[Path]:
+    """The committed samples, `copies` times, as c000-report.pdf, c001-report.pdf, ..."""
+    samples = sorted(p for p in SAMPLES.iterdir() if p.suffix.lower() in SAMPLE_TYPES)
+    if not samples:
+        raise SystemExit(f"no samples in {SAMPLES}")
+    folder.mkdir(parents=True)
+    made = []
+    for c in range(copies):
+        for p in samples:
+            dest = folder / f"c{c:03d}-{p.name}"
+            shutil.copyfile(p, dest)
+            made.append(dest)
+    return made
+
+
+def render_corpus(corpus: Path, render_spec) -> list[dict]:
+    """Every page of the corpus as {doc_id, name, page_index, rgb}: rendered in-process,
+    exactly as a render worker would (same function, same spec)."""
+    import numpy as np
+
+    from batchocr.render import Needs, RenderTask, render_document
+    from batchocr.sources import list_documents
+    from batchocr.storage import Store
+
+    pages = []
+    for doc in list_documents(Store(str(corpus))):
+        for batch in render_document(RenderTask(doc), render_spec, Needs(image=True), {}):
+            for row in batch.to_pylist():
+                if row["error_type"] is not None:
+                    raise SystemExit(f"render failed: {doc.uri}: {row['error_message']}")
+                rgb = np.frombuffer(row["image"], dtype=np.uint8).reshape(row["height"], row["width"], 3)
+                pages.append({"doc_id": row["doc_id"], "name": doc.name, "page_index": row["page_index"], "rgb": rgb})
+    return pages
+
+
+def make_rapidocr(threads: int):
+    """rapidocr with the engine's parameters (batchocr/engines/rapidocr.py)."""
+    from rapidocr import RapidOCR
+
+    return RapidOCR(
+        params={
+            "Global.use_cls": False,
+            "Global.text_score": 0.5,
+            "Global.log_level": "warning",
+            "EngineConfig.onnxruntime.intra_op_num_threads": threads,
+            "EngineConfig.onnxruntime.inter_op_num_threads": 1,
+        }
+    )
+
+
+def run_raw(ocr, pages: list[dict]) -> tuple[float, dict]:
+    """Seconds spent in rapidocr calls only (BGR conversion included, like the engine),
+    and the engine-joined text of each (doc_id, page_index)."""
+    import numpy as np
+
+    from batchocr.engines.rapidocr import join_lines
+
+    texts, results = {}, []
+    start = time.perf_counter()
+    for p in pages:
+        results.append(ocr(np.ascontiguousarray(p["rgb"][:, :, ::-1])))
+    seconds = time.perf_counter() - start
+    for p, out in zip(pages, results):  # joining is cheap; kept out of the timed loop
+        text = "" if out.boxes is None or not out.txts else join_lines(out.boxes, out.txts)
+        texts[(p["doc_id"], p["page_index"])] = text
+    return seconds, texts
+
+
+def run_batchocr(corpus: Path, out: Path, threads: int, render_spec) -> tuple[float, dict, dict]:
+    """Wall seconds of run_job end to end, the summary + run record, and the text of
+    each (doc_id, page_index) as written to the page table."""
+    import pyarrow.parquet as pq
+
+    from batchocr.pipeline import run_job
+    from batchocr.spec import JobSpec
+
+    spec = JobSpec(source=str(corpus), out=str(out), engine="rapidocr",
+                   engines={"rapidocr": {"threads": threads}}, render=render_spec)
+    start = time.perf_counter()
+    summary = run_job(spec, progress=False)
+    seconds = time.perf_counter() - start
+
+    import pyarrow as pa
+
+    parts = sorted((out / "pages").rglob("*.parquet"))
+    table = pa.concat_tables([pq.read_table(p) for p in parts]).to_pydict()
+    rows = list(zip(table["doc_id"], table["page_index"], table["text"], table["finish_reason"], table["latency_ms"]))
+    texts = {(d, i): t for d, i, t, _, _ in rows}
+    record = json.loads(next((out / "_runs").glob("*.json")).read_text())
+    info = {
+        "summary_seconds": summary.seconds,
+        "pages": summary.pages,
+        "rows": len(rows),
+        "distinct_keys": len(texts),
+        "not_stop": sum(r[3] != "stop" for r in rows),
+        "latency_s": sum(r[4] or 0.0 for r in rows) / 1000,
+        "timings": record["timings"],
+        "parts": len(record["parts"]),
+    }
+    return seconds, info, texts
+
+
+def normalise(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def compare(raw: dict, got: dict) -> dict:
+    missing = sorted(set(raw) - set(got))
+    extra = sorted(set(got) - set(raw))
+    common = set(raw) & set(got)
+    exact_diff = sum(raw[k] != got[k] for k in common)
+    norm_diff = sorted(k for k in common if normalise(raw[k]) != normalise(got[k]))
+    return {"missing": len(missing), "extra": len(extra), "differ_exact": exact_diff,
+            "differ_normalised": len(norm_diff), "differ_examples": [list(k) for k in norm_diff[:5]]}
+
+
+def machine_info(threads: int, workers: int) -> dict:
+    from importlib.metadata import version
+
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "batchocr"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {n: version(n) for n in ("batchocr", "rapidocr", "onnxruntime", "pymupdf", "pyarrow", "numpy")},
+        "git_commit": commit,
+        "batchocr_dirty": dirty,
+        "threads": threads,
+        "render_workers": workers,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--copies", type=int, default=3, help="copies of the 10-page sample set [3: 30 pages]")
+    ap.add_argument("--repeat", type=int, default=2, help="raw/batchocr pairs [2]")
+    ap.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads, both paths [0: one per CPU, the engine default]")
+    ap.add_argument("--workers", type=int, default=None, help="render workers [the RenderSpec default: one per CPU, at most 4]")
+    ap.add_argument("--batch-pages", type=int, default=None, help="pages per render batch [the RenderSpec default]")
+    ap.add_argument("--json", type=Path, help="write the figures and machine info here")
+    ap.add_argument("--keep", action="store_true", help="keep the temp folder (corpus and OUTs)")
+    args = ap.parse_args(argv)
+    if args.copies < 1 or args.repeat < 1 or args.threads < 0:
+        ap.error("--copies and --repeat must be >= 1, --threads >= 0")
+
+    os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before onnxruntime loads, like the engine
+    from batchocr.spec import RenderSpec
+
+    overrides = {k: v for k, v in (("workers", args.workers), ("batch_pages", args.batch_pages)) if v is not None}
+    render_spec = RenderSpec(**overrides)
+    threads = args.threads or (os.cpu_count() or 1)  # what the engine resolves 0 to
+    info = machine_info(threads, render_spec.worker_count)
+
+    tmp = Path(tempfile.mkdtemp(prefix="batchocr-bench-"))
+    try:
+        corpus = tmp / "corpus"
+        files = build_corpus(corpus, args.copies)
+        t = time.perf_counter()
+        pages = render_corpus(corpus, render_spec)
+        render_s = time.perf_counter() - t
+        n = len(pages)
+        scans = sum(not p["name"].endswith("report.pdf") for p in pages)
+        print(f"corpus: {len(files)} documents, {n} pages ({scans} scanned, {n - scans} born-digital, all OCRed), "
+              f"rendered in-process in {render_s:.1f} s", file=sys.stderr)
+        print(f"machine: {info['cpu_count']} CPUs, {info['cpu_model']}; onnxruntime threads {threads}, "
+              f"render workers {render_spec.worker_count}, batch_pages {render_spec.batch_pages}", file=sys.stderr)
+
+        t = time.perf_counter()
+        ocr = make_rapidocr(threads)
+        load_s = time.perf_counter() - t
+        t = time.perf_counter()
+        ocr(__import__("numpy").ascontiguousarray(pages[0]["rgb"][:, :, ::-1]))  # warm-up
+        warm_s = time.perf_counter() - t
+        print(f"raw: model load {load_s:.2f} s, warm-up call {warm_s:.2f} s (both untimed)", file=sys.stderr)
+
+        runs, reference = [], None
+        for r in range(1, args.repeat + 1):
+            raw_s, raw_texts = run_raw(ocr, pages)
+            if reference is None:
+                reference = raw_texts
+            raw_vs_first = compare(reference, raw_texts)
+            print(f"[{r}] raw      {raw_s:7.1f} s  {n / raw_s:.3f} pages/s", file=sys.stderr)
+
+            b_s, b_info, b_texts = run_batchocr(corpus, tmp / f"out-{r}", args.threads, render_spec)
+            check = compare(raw_texts, b_texts)
+            print(f"[{r}] batchocr {b_s:7.1f} s  {n / b_s:.3f} pages/s  ratio {raw_s / b_s:.3f}x  "
+                  f"(engine latency sum {b_info['latency_s']:.1f} s, {b_info['timings']})", file=sys.stderr)
+            runs.append({
+                "repeat": r,
+                "raw": {"seconds": round(raw_s, 3), "pages_per_s": round(n / raw_s, 4),
+                        "differ_from_first_raw": raw_vs_first["differ_exact"]},
+                "batchocr": {"seconds": round(b_s, 3), "pages_per_s": round(n / b_s, 4),
+                             "summary_seconds": round(b_info["summary_seconds"], 3),
+                             "ocr_latency_sum_s": round(b_info["latency_s"], 3),
+                             "rows": b_info["rows"], "not_stop": b_info["not_stop"], "parts": b_info["parts"],
+                             "timings": b_info["timings"], "vs_raw": check},
+                "ratio": round(raw_s / b_s, 4),
+            })
+        del ocr
+    finally:
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    ratio = statistics.median(run["ratio"] for run in runs)
+    ok_rows = all(run["batchocr"]["rows"] == n and run["batchocr"]["vs_raw"]["missing"] == 0
+                  and run["batchocr"]["vs_raw"]["extra"] == 0 for run in runs)
+    differ = max(run["batchocr"]["vs_raw"]["differ_normalised"] for run in runs)
+
+    print()
+    print(f"{'run':>3}  {'path':<9} {'pages':>5} {'seconds':>8} {'pages/s':>8}  notes")
+    for run in runs:
+        raw, b = run["raw"], run["batchocr"]
+        print(f"{run['repeat']:>3}  {'raw':<9} {n:>5} {raw['seconds']:>8.1f} {raw['pages_per_s']:>8.3f}  OCR calls only")
+        tm = b["timings"]
+        print(f"{run['repeat']:>3}  {'batchocr':<9} {n:>5} {b['seconds']:>8.1f} {b['pages_per_s']:>8.3f}  "
+              f"wall; OCR {b['ocr_latency_sum_s']:.1f} s, render wait {tm['render_wait_s']:.1f} s, "
+              f"write {tm['write_s']:.2f} s; ratio {run['ratio']:.3f}x")
+    print()
+    print(f"median ratio batchocr/raw: {ratio:.3f}x (goal >= 0.9x) "
+          f"[{', '.join(format(run['ratio'], '.3f') for run in runs)}]")
+    print(f"correctness: rows {'= pages' if ok_rows else '!= pages'} ({n}); "
+          f"texts differing from raw after whitespace normalisation: {differ} of {n}")
+
+    if args.json:
+        figures = {
+            "command": " ".join(["python", "bench/cpu.py", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": info,
+            "corpus": {"copies": args.copies, "documents": len(files), "pages": n, "scanned_pages": scans,
+                       "render_in_process_s": round(render_s, 3)},
+            "render": {"workers": render_spec.worker_count, "batch_pages": render_spec.batch_pages,
+                       "dpi": render_spec.dpi},
+            "raw_model_load_s": round(load_s, 3),
+            "raw_warmup_call_s": round(warm_s, 3),
+            "runs": runs,
+            "median_ratio": round(ratio, 4),
+            "rows_equal_pages": ok_rows,
+            "texts_differing_normalised": differ,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0 if ok_rows and differ == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+import os
+import re
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+DOC_SUFFIXES = {".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff"}
+
+
+def sample_documents() -> list[Path]:
+    return sorted(p for p in SAMPLES.iterdir() if p.suffix.lower() in DOC_SUFFIXES)
+
+
+def count_pages(path: Path) -> int:
+    """Page count by other means than PyMuPDF: Pillow's frames for images, the
+    page objects of the PDF's bytes for PDFs."""
+    if path.suffix.lower() == ".pdf":
+        return len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", path.read_bytes()))
+    with Image.open(path) as im:
+        return getattr(im, "n_frames", 1)
+
+
+def read_table(out: Path):
+    assert list(out.glob("pages/shard=*/*.parquet")), f"no part files under {out}"
+    # partitioning=None: `shard` is a column of every file; hive parsing would clash with it.
+    return pq.read_table(out / "pages", partitioning=None)
+
+
+def run_cli(*args: str, env: dict | None = None, check: bool = False):
+    import subprocess
+
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "batchocr.cli", *args], capture_output=True, text=True,
+                          env=full_env, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"batchocr {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def rapidocr_run(tmp_path_factory):
+    """One real rapidocr run over the samples, shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("rapidocr") / "out"
+    proc = run_cli("run", str(SAMPLES), str(out), "--quiet", check=True)
+    return out, proc
+
+
+@pytest.fixture(scope="session")
+def textlayer_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("textlayer") / "out"
+    proc = run_cli("run", str(SAMPLES), str(out), "--engine", "textlayer", "--quiet", check=True)
+    return out, proc

@@ -1,0 +1,76 @@
+"""The command line: help with examples, exit codes and one-line errors, state read back."""
+
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from batchocr.cli import main
+from conftest import SAMPLES, read_table, run_cli
+
+
+def _commands(group=main, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, prefix + (name,))
+
+
+@pytest.mark.parametrize("path", [()] + [p for p, _ in _commands()], ids=lambda p: " ".join(p) or "batchocr")
+def test_every_command_has_help_with_an_example(path):
+    result = CliRunner().invoke(main, [*path, "--help"])
+    assert result.exit_code == 0
+    assert "Example" in result.output and "batchocr " in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "/nonexistent/scans", "{tmp}/out"], "SOURCE /nonexistent/scans does not exist"),
+    (["run", str(SAMPLES), "{tmp}/out", "--engine", "tesseract"], "Invalid value for '--engine'"),
+    (["run", "--job", "{tmp}/missing.yaml"], "cannot read job spec"),
+    (["run", "--job", "{tmp}/bad.yaml"], "not valid YAML"),
+    (["run", str(SAMPLES), "{tmp}/out", "--shard", "5/4"], "0 <= I < N"),
+    (["run", str(SAMPLES), "{tmp}/out", "--dpi", "0"], "dpi must be > 0"),
+    (["run"], "no SOURCE given"),
+    (["eval", "{tmp}", "--truth", str(SAMPLES / "truth")], "no page table under"),
+])
+def test_user_errors_print_one_line_and_exit_2(tmp_path, args, message):
+    (tmp_path / "bad.yaml").write_text("source: [unclosed\n")
+    result = CliRunner().invoke(main, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("Error")]) == 1
+
+
+def test_engine_from_env_shard_variables(tmp_path):
+    """Inside an Indexed Job the shard comes from JOB_COMPLETION_INDEX / BATCHOCR_SHARDS."""
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(SAMPLES / "report.pdf", src / "report.pdf")
+    out = tmp_path / "out"
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q",
+                   env={"JOB_COMPLETION_INDEX": "1", "BATCHOCR_SHARDS": "3"}, check=True)
+    from batchocr.sharding import shard_of
+    from batchocr.sources import list_documents
+    from batchocr.storage import Store
+
+    (doc,) = list_documents(Store(str(src)))
+    mine = shard_of(doc.uri, 3) == 1
+    assert ("1 documents" in proc.stdout) == mine
+    assert (out / "pages" / "shard=00001").exists() == mine
+
+
+def test_run_then_eval_through_the_console_script(textlayer_run):
+    out, _ = textlayer_run
+    exe = shutil.which("batchocr")
+    assert exe, "the console script is installed"
+    import subprocess
+
+    proc = subprocess.run([exe, "eval", str(out), "--truth", str(SAMPLES / "truth")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "report.pdf" in proc.stdout and "overall:" in proc.stdout
+    assert read_table(out).num_rows == 10
+    # --max-cer fails the command when the text is worse than asked (scans were skipped here).
+    proc = subprocess.run([exe, "eval", str(out), "--truth", str(SAMPLES / "truth"), "--max-cer", "0.02"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "above --max-cer" in proc.stderr

@@ -1,0 +1,198 @@
+"""Fast unit and property tests of the stages' small pieces."""
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchocr import schema
+from batchocr.engines.rapidocr import join_lines
+from batchocr.errors import ConfigError
+from batchocr.evaluate import levenshtein, normalise
+from batchocr.sharding import shard_of
+from batchocr.sink import PartWriter, completed, committed_keys, to_parquet
+from batchocr.sources import list_documents
+from batchocr.spec import CommitSpec, Shard, load_job
+from batchocr.storage import Store
+
+
+def _dp_levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet="abcde ", max_size=90), st.text(alphabet="abcdef ", max_size=90))
+def test_levenshtein_matches_the_textbook_dp(a, b):
+    assert levenshtein(a, b) == _dp_levenshtein(a, b)
+
+
+def test_levenshtein_on_long_pages():
+    a = "The quick brown fox. " * 200
+    b = a.replace("quick", "quack", 3)
+    assert levenshtein(a, b) == 3
+    assert normalise(" a \n\n b\tc ") == "a b c"
+
+
+@given(st.lists(st.text(min_size=1, max_size=30), unique=True, max_size=200), st.integers(1, 64))
+def test_shards_partition_any_list_of_uris(uris, n):
+    shards = [[u for u in uris if shard_of(u, n) == i] for i in range(n)]
+    assert sorted(u for s in shards for u in s) == sorted(uris)
+    assert all(0 <= shard_of(u, n) < n for u in uris)
+
+
+def test_a_documents_shard_depends_only_on_its_uri():
+    uris = [f"az://scans/{i}.pdf" for i in range(1000)]
+    before = {u: shard_of(u, 16) for u in uris}
+    more = uris + [f"az://scans/new-{i}.pdf" for i in range(500)]
+    assert {u: shard_of(u, 16) for u in more if u in before} == before
+    # Roughly balanced: no shard far from 1000/16.
+    counts = [sum(1 for u in uris if before[u] == i) for i in range(16)]
+    assert min(counts) > 30 and max(counts) < 100
+
+
+def test_listing_filters_sorts_and_recurses(tmp_path):
+    for name in ["b.PDF", "a.png", "sub/c.TIFF", "sub/d.jpeg", "notes.txt", "e.JPG", "sub/deeper/f.tif", "x.docx"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x" * 3)
+    docs = list(list_documents(Store(str(tmp_path))))
+    names = [d.uri.removeprefix(f"file://{tmp_path}/") for d in docs]
+    assert names == ["a.png", "b.PDF", "e.JPG", "sub/c.TIFF", "sub/d.jpeg", "sub/deeper/f.tif"]
+    assert all(d.size == 3 and d.etag.startswith("3-") for d in docs)
+    assert docs[1].filetype == "pdf"
+
+
+def test_listing_a_memory_filesystem_and_a_single_file(tmp_path):
+    store = Store("memory://scans")
+    store.fs.pipe_file("/scans/x.pdf", b"%PDF")
+    store.fs.pipe_file("/scans/y.txt", b"no")
+    assert [d.uri for d in list_documents(store)] == ["memory:///scans/x.pdf"]
+    (tmp_path / "one.pdf").write_bytes(b"%PDF")
+    assert [d.name for d in list_documents(Store(str(tmp_path / "one.pdf")))] == ["one.pdf"]
+
+
+def test_listing_a_missing_source_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        list(list_documents(Store(str(tmp_path / "nope"))))
+
+
+def test_job_spec_yaml_with_flag_overrides(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "source: s/\nout: o/\nengine: textlayer\nengines:\n  rapidocr: {threads: 2}\n"
+        "render: {dpi: 150, workers: 2}\ncommit: {every_pages: 10}\nshard: 1/4\n"
+    )
+    spec = load_job(job)
+    assert (spec.source, spec.engine, spec.render.dpi, spec.commit.every_pages) == ("s/", "textlayer", 150, 10)
+    assert spec.shard == Shard(1, 4)
+    spec = load_job(job, engine="rapidocr", **{"render.dpi": 300, "out": "o2/"}, shard=Shard(2, 4))
+    assert (spec.engine, spec.engine_options, spec.render.dpi, spec.render.workers) == ("rapidocr", {"threads": 2}, 300, 2)
+    assert (spec.out, spec.shard) == ("o2/", Shard(2, 4))
+
+
+@pytest.mark.parametrize("text, match", [
+    ("source: s\nout: o\nbogus: 1\n", "unknown keys"),
+    ("source: s\nout: o\nrender: {dpi: -1}\n", "dpi must be > 0"),
+    ("source: s\nout: o\nrender: {colour: 1}\n", "colour"),
+    ("source: s\nout: o\nengine: tesseract\n", "unknown engine"),
+    ("source: [unclosed\n", "not valid YAML"),
+    ("- a list\n", "mapping"),
+    ("out: o\n", "no SOURCE"),
+])
+def test_job_spec_errors_are_clear(tmp_path, text, match):
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_job(job)
+
+
+def test_shard_from_env_and_parse():
+    assert Shard.from_env({"JOB_COMPLETION_INDEX": "3", "BATCHOCR_SHARDS": "8"}) == Shard(3, 8)
+    assert Shard.from_env({}) is None
+    with pytest.raises(ConfigError):
+        Shard.from_env({"JOB_COMPLETION_INDEX": "9", "BATCHOCR_SHARDS": "8"})
+    with pytest.raises(ConfigError, match="I/N"):
+        Shard.parse("3")
+
+
+def _rows(n: int, doc: str = "d1", count: int | None = None) -> pa.Table:
+    return pa.Table.from_pylist([
+        {"doc_id": doc, "source_uri": f"file:///{doc}", "source_etag": "e", "page_index": i,
+         "page_count": count if count is not None else n, "text": f"page {i}", "finish_reason": "stop"}
+        for i in range(n)
+    ], schema=schema.PAGE_TABLE)
+
+
+def test_part_writer_commits_every_k_pages_and_on_flush(tmp_path):
+    store = Store(str(tmp_path))
+    writer = PartWriter(store, 3, "run1", CommitSpec(every_pages=5, every_seconds=1e9), clock=lambda: 0)
+    writer.add(_rows(4))
+    assert writer.parts == []
+    writer.add(_rows(2, "d2"))
+    assert writer.parts == ["pages/shard=00003/part-run1-00000.parquet"]
+    writer.add(_rows(1, "d3"))
+    writer.flush()
+    assert len(writer.parts) == 2 and writer.rows_committed == 7
+    # Nothing but the committed parts in the folder: no temp files left behind.
+    assert sorted(os.listdir(tmp_path / "pages/shard=00003")) == ["part-run1-00000.parquet", "part-run1-00001.parquet"]
+
+
+def test_part_writer_commits_after_t_seconds():
+    now = [0.0]
+    store = Store("memory://t-seconds")
+    writer = PartWriter(store, 0, "r", CommitSpec(every_pages=1000, every_seconds=10), clock=lambda: now[0])
+    writer.add(_rows(1))
+    assert not writer.parts
+    now[0] = 11
+    writer.add(_rows(1, "d2"))
+    assert len(writer.parts) == 1 and store.fs.exists(store.path(writer.parts[0]))
+
+
+def test_committed_keys_and_completion():
+    store = Store("memory://resume")
+    writer = PartWriter(store, 0, "r", CommitSpec(every_pages=1))
+    writer.add(_rows(3, "whole"))
+    writer.add(_rows(2, "half", count=4))
+    writer.add(pa.Table.from_pylist([{"doc_id": "bad", "source_etag": "e", "page_index": -1}], schema=schema.PAGE_TABLE))
+    done = completed(committed_keys(store, 0))
+    assert done == {("whole", "e"): None, ("half", "e"): frozenset({0, 1}), ("bad", "e"): None}
+    assert committed_keys(store, 7).num_rows == 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=200), st.sampled_from(["stop", "error", "skipped", "length"]),
+                          st.one_of(st.none(), st.integers(0, 2**31 - 1))), max_size=20))
+def test_page_rows_round_trip_through_parquet(rows):
+    table = pa.Table.from_pylist([
+        {"doc_id": "d", "page_index": i, "text": text, "finish_reason": reason, "output_tokens": tokens}
+        for i, (text, reason, tokens) in enumerate(rows)
+    ], schema=schema.PAGE_TABLE)
+    back = pq.read_table(pa.BufferReader(to_parquet(table)))
+    assert back.equals(table)
+
+
+def test_store_write_atomic_leaves_no_temp_and_replaces(tmp_path):
+    store = Store(str(tmp_path))
+    store.write_atomic("a/b.json", b"1")
+    store.write_atomic("a/b.json", b"2")
+    assert (tmp_path / "a/b.json").read_bytes() == b"2"
+    assert os.listdir(tmp_path / "a") == ["b.json"]
+    (tmp_path / "a" / ".x.parquet.1234.tmp").write_bytes(b"half")
+    store.remove_stale_temps("a")
+    assert os.listdir(tmp_path / "a") == ["b.json"]
+
+
+def test_join_lines_groups_boxes_on_one_line():
+    def box(x0, y0, x1, y1):
+        return [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]
+
+    boxes = [box(400, 10, 500, 30), box(10, 12, 100, 31), box(10, 50, 200, 70)]
+    assert join_lines(boxes, ["12.00", "Total", "Thank you"]) == "Total 12.00\nThank you"
