@@ -107,6 +107,8 @@ def run_job(spec: JobSpec, progress: bool = True) -> RunSummary:
         t = time.monotonic()
         now = dt.datetime.now(dt.UTC)
         for row in rows:
+            if row.get("error_type") is not None and row["error_type"] not in schema.ERROR_TYPES:
+                raise BoundaryError(f"undeclared error_type {row['error_type']!r} (add it to schema.ERROR_TYPES and README)")
             row.update(engine=engine.name, model=engine.model, run_id=run_id, shard=shard.index, processed_at=now)
             summary.pages += 1
             summary.error_pages += row["finish_reason"] == "error"

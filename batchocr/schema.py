@@ -16,10 +16,10 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("width", pa.int32(), "width of the rendered page image in pixels"),
     ("height", pa.int32(), "height of the rendered page image in pixels"),
     ("dpi", pa.float32(), "resolution the page was rendered at (image files: their own, after any downscaling)"),
-    ("engine", pa.string(), "engine that produced the row: `rapidocr`, `textlayer`, `vllm`"),
+    ("engine", pa.string(), "engine that produced the row: `rapidocr` or `textlayer`"),
     ("model", pa.string(), "model (or library version) the engine used"),
     ("text", pa.large_string(), "the page text, lines separated by `\\n`; null on error rows"),
-    ("finish_reason", pa.string(), "`stop` (done), `length` (hit max tokens), `repetition` (looping output cut off), `error`, `skipped` (nothing to read, e.g. no text layer)"),
+    ("finish_reason", pa.string(), "`stop` (read), `error` (see `error_type`), `skipped` (nothing to read, e.g. no text layer); VLM engines add `length` (hit max tokens) and `repetition` (looping output cut off)"),
     ("prompt_tokens", pa.int32(), "tokens in the prompt, image included (VLM engines; null otherwise)"),
     ("output_tokens", pa.int32(), "tokens generated (VLM engines; null otherwise)"),
     ("error_type", pa.string(), "short machine-readable reason when `finish_reason` is `error` or `skipped` (see Errors)"),
@@ -30,6 +30,12 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("processed_at", pa.timestamp("us", tz="UTC"), "when the row was written"),
 ]
 PAGE_TABLE = pa.schema([pa.field(n, t) for n, t, _ in PAGE_TABLE_COLUMNS])
+
+# Every `error_type` a row can carry (README's Errors table lists the same).
+ERROR_TYPES = {
+    "empty_file", "open_failed", "encrypted", "no_pages", "render_failed", "too_large",
+    "timeout", "renderer_crashed", "engine_error", "no_text_layer",
+}
 
 # What a render worker sends: page metadata, the page image and the PDF's text layer.
 PAGES = pa.schema(

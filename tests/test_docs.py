@@ -1,0 +1,45 @@
+"""The docs in the repo stay true: README's column table, error types, the example job."""
+
+import dataclasses
+import re
+
+from batchocr import schema
+from batchocr.engines.rapidocr import RapidOCROptions
+from batchocr.engines.textlayer import TextLayerOptions
+from batchocr.spec import CommitSpec, RenderSpec, load_job
+from conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_documents_every_page_table_column_with_its_type():
+    rows = re.findall(r"^\| `(\w+)` \| ([\w\[\], =]+) \| (.+) \|$", README, re.M)
+    documented: dict[str, tuple[str, str]] = {}
+    for name, typ, meaning in rows:  # the first table naming a column is the column table
+        if name in schema.PAGE_TABLE.names:
+            documented.setdefault(name, (typ.strip(), meaning))
+    assert list(documented) == schema.PAGE_TABLE.names
+    for name, typ, meaning in schema.PAGE_TABLE_COLUMNS:
+        assert documented[name] == (str(typ), meaning)
+
+
+def test_readme_lists_every_error_type():
+    documented = set(re.findall(r"^\| `(\w+)` \| (?:document|page)", README, re.M))
+    assert documented == schema.ERROR_TYPES
+    # The pipeline refuses to write any other (tests/test_bad_input.py sees them written).
+
+
+def test_example_job_spec_loads_and_states_the_defaults():
+    spec = load_job(ROOT / "jobs" / "example.yaml")
+    assert spec.render == RenderSpec(**{**dataclasses.asdict(RenderSpec())})
+    assert spec.commit == CommitSpec()
+    assert RapidOCROptions(**spec.engines["rapidocr"]) == RapidOCROptions()
+    assert TextLayerOptions(**spec.engines["textlayer"]) == TextLayerOptions()
+
+
+def test_readme_starts_with_the_two_commands():
+    blocks = re.findall(r"```sh\n(.+?)\n```", README, re.S)
+    assert "batchocr run samples/" in blocks[0] and "pip install ." in blocks[0]
+    assert "pytest" in blocks[1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert blocks[1] in ci, ".ci/run must run exactly the README's test command"
