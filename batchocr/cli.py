@@ -69,6 +69,13 @@ def run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet)
         batchocr run samples/ out/text --engine textlayer
         batchocr run --job jobs/example.yaml --shard 3/16
     """
+    from batchocr.signals import graceful_stop
+
+    with graceful_stop() as stop:  # first: an eviction notice during start-up is honoured too
+        _run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet, stop)
+
+
+def _run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet, stop):
     from batchocr.pipeline import run_job
     from batchocr.spec import load_job
 
@@ -82,8 +89,88 @@ def run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet)
         storage_options=_storage_options(storage),
         **{"render.dpi": dpi, "render.max_side": max_side, "render.workers": workers},
     )
-    summary = run_job(spec, progress=not quiet)
+    summary = run_job(spec, progress=not quiet, stop=stop)
     click.echo(summary.line())
+
+
+@main.command()
+@click.argument("source")
+@click.argument("out")
+@click.option("--shards", type=int, required=True, help="number of shards (pods of the Indexed Job)")
+@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
+def plan(source, out, shards, storage):
+    """List SOURCE once and freeze which shard each document belongs to.
+
+    Writes OUT/_plan/ (uri, size, etag of every document, shards balanced by
+    size). A later `batchocr run SOURCE OUT --shard I/N` takes shard I's documents
+    from the plan, so every pod agrees and blobs added mid-run wait for the next
+    plan. Planning again over an existing plan keeps every planned document on
+    its shard and balances only the new ones.
+
+    \b
+    Example:
+        batchocr plan az://scans/ az://results/run1 --shards 16
+    """
+    from batchocr.plan import make_plan
+    from batchocr.storage import Store
+
+    options = _storage_options(storage)
+    info = make_plan(Store(source, options), Store(out, options), shards)
+    sizes = [s["bytes"] for s in info.per_shard]
+    click.echo(f"planned {info.documents} documents ({info.bytes / 1e6:.1f} MB) into {info.shards} shards "
+               f"({min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each) -> {out}/_plan/")
+
+
+@main.command()
+@click.argument("out")
+@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
+def status(out, storage):
+    """Show each shard of OUT: done, partial or not started; pages and error pages.
+
+    \b
+    Example:
+        batchocr status out/demo
+    """
+    from batchocr.status import status as shard_status
+    from batchocr.storage import Store
+
+    store = Store(out, _storage_options(storage))
+    if not store.exists():
+        raise click.UsageError(f"OUT {out} does not exist")
+    rows = shard_status(store)
+    click.echo(f"{'shard':>5}  {'state':<11} {'documents':>9} {'pages':>8} {'errors':>7}  planned")
+    for r in rows:
+        planned = "" if r.planned_documents is None else str(r.planned_documents)
+        click.echo(f"{r.shard:>5}  {r.state:<11} {r.documents:>9} {r.pages:>8} {r.error_pages:>7}  {planned}")
+    states = [r.state for r in rows]
+    click.echo(f"{states.count('done')}/{len(rows)} shards done, {states.count('partial')} partial, "
+               f"{states.count('not started')} not started; {sum(r.pages for r in rows)} pages, "
+               f"{sum(r.error_pages for r in rows)} error pages")
+
+
+@main.command()
+@click.argument("out")
+@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
+def compact(out, storage):
+    """Rewrite each shard's part files as one, one row per (doc_id, page_index).
+
+    A page redone by a resumed run can have rows in two parts; compaction keeps
+    the row of the document's latest version, a text row over an error row,
+    otherwise the latest. Safe to run while a run writes: parts committed
+    meanwhile are left alone.
+
+    \b
+    Example:
+        batchocr compact out/demo
+    """
+    from batchocr.compact import compact as compact_out
+    from batchocr.storage import Store
+
+    store = Store(out, _storage_options(storage))
+    if not store.exists("pages"):
+        raise click.UsageError(f"no page table under {out}")
+    for c in compact_out(store):
+        click.echo(f"shard {c.shard}: {c.parts_before} parts, {c.rows_before} rows -> 1 part, {c.rows_after} rows")
 
 
 @main.command("eval")

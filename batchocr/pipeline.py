@@ -7,11 +7,9 @@ plus the progress bar, SIGTERM/SIGINT, the run record and the done-marker.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import platform
 import secrets
-import signal
 import sys
 import threading
 import time
@@ -22,12 +20,14 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from batchocr import __version__, engines, schema
-from batchocr.errors import BoundaryError, Interrupted
+from batchocr.errors import BoundaryError, ConfigError, Interrupted
+from batchocr.plan import planned_documents, read_plan
 from batchocr.render import RenderTask
 from batchocr.renderpool import RenderPool
 from batchocr.sharding import shard_of
+from batchocr.signals import graceful_stop
 from batchocr.sink import PartWriter, committed_keys, completed, done_marker, shard_dir
-from batchocr.sources import list_documents
+from batchocr.sources import DocRef, list_documents
 from batchocr.spec import JobSpec
 from batchocr.storage import Store
 
@@ -68,9 +68,16 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def run_job(spec: JobSpec, progress: bool = True) -> RunSummary:
-    """Run one shard of a job to completion (or until SIGTERM/SIGINT: then commit
-    what has finished and raise Interrupted)."""
+def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None = None,
+            stop: threading.Event | None = None) -> RunSummary:
+    """Run one shard of a job to completion, or until SIGTERM/SIGINT (or `stop`
+    set): then commit what has finished and raise Interrupted. `engine` defaults
+    to the spec's."""
+    if stop is None:
+        with graceful_stop() as stop:
+            return run_job(spec, progress, engine, stop)
+    if stop.is_set():
+        raise Interrupted("batchocr: interrupted before the run started (nothing done; rerun to resume)")
     started = time.monotonic()
     started_at = dt.datetime.now(dt.UTC)
     run_id = new_run_id()
@@ -79,11 +86,14 @@ def run_job(spec: JobSpec, progress: bool = True) -> RunSummary:
     source = Store(spec.source, spec.storage_options)
     summary = RunSummary(run_id=run_id, shard=str(shard), out=spec.out)
 
-    engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
+    if engine is None:
+        engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
     record = _run_record(spec, engine, run_id, started_at)
     out.write_json(f"_runs/{run_id}.json", record | {"status": "running"})
 
-    done = completed(committed_keys(out, shard.index))
+    keys = committed_keys(out, shard.index)
+    done = completed(keys)
+    documents = _documents(source, out, spec)
     writer = PartWriter(out, shard.index, run_id, spec.commit)
     inflight: dict[tuple[str, int], dict] = {}
     timings = {"render_wait_s": 0.0, "engine_s": 0.0, "write_s": 0.0}
@@ -92,13 +102,13 @@ def run_job(spec: JobSpec, progress: bool = True) -> RunSummary:
                smoothing=0.1, mininterval=0.5 if sys.stderr.isatty() else 30)
 
     def tasks() -> Iterator[RenderTask]:
-        for doc in list_documents(source):
-            if shard_of(doc.uri, shard.count) != shard.index:
-                continue
+        for doc in documents:
             skip = done.get((doc.doc_id, doc.etag), frozenset())
             if skip is None:
                 summary.documents_skipped += 1
                 continue
+            if summary.documents == 0 and out.exists(done_marker(shard.index)):
+                out.fs.rm(out.path(done_marker(shard.index)))  # there is work again: not done
             summary.documents += 1
             bar.set_postfix_str(f"docs {summary.documents}", refresh=False)
             yield RenderTask(doc, skip)
@@ -139,7 +149,7 @@ def run_job(spec: JobSpec, progress: bool = True) -> RunSummary:
             if good.num_rows:
                 yield good
 
-    with _stop_on_signals() as stop, RenderPool(spec.render, engine.needs, spec.storage_options) as pool:
+    with RenderPool(spec.render, engine.needs, spec.storage_options) as pool:
         try:
             t_engine = time.monotonic()
             for results in engine.run(feed(pool, stop)):
@@ -168,14 +178,32 @@ def run_job(spec: JobSpec, progress: bool = True) -> RunSummary:
 
     if summary.interrupted:
         raise Interrupted(summary.line() + " (finished pages committed; rerun to resume)")
-    if summary.documents:
-        out.write_json(done_marker(shard.index), {
-            "shard": shard.index, "shards": shard.count, "run_id": run_id,
-            "documents": summary.documents + summary.documents_skipped,
-            "pages_this_run": summary.pages, "error_pages_this_run": summary.error_pages,
-            "finished_at": dt.datetime.now(dt.UTC).isoformat(),
-        })
+    # Every page of the shard has a row now: only then is the marker written.
+    before = keys.column("finish_reason").to_pylist()
+    out.write_json(done_marker(shard.index), {
+        "shard": shard.index,
+        "shards": shard.count,
+        "documents": summary.documents + summary.documents_skipped,
+        "pages": len(before) + summary.pages,
+        "error_pages": before.count("error") + summary.error_pages,
+        "run_ids": sorted(set(keys.column("run_id").to_pylist()) | {run_id}),
+        "last_run": {"run_id": run_id, "seconds": round(summary.seconds, 3), "pages": summary.pages},
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+    })
     return summary
+
+
+def _documents(source: Store, out: Store, spec: JobSpec) -> Iterator[DocRef]:
+    """This shard's documents: from the plan in OUT if there is one, else the listing."""
+    plan = read_plan(out)
+    shard = spec.shard
+    if plan is None:
+        return (d for d in list_documents(source) if shard_of(d.uri, shard.count) == shard.index)
+    if plan.shards != shard.count:
+        raise ConfigError(f"{spec.out} has a plan of {plan.shards} shards: run with --shard I/{plan.shards}")
+    if plan.source != source.canonical:
+        raise ConfigError(f"{spec.out} has a plan for {plan.source}, not {source.canonical}")
+    return planned_documents(out, shard.index)
 
 
 def _run_record(spec: JobSpec, engine, run_id: str, started_at: dt.datetime) -> dict[str, Any]:
@@ -211,26 +239,3 @@ def _finish(summary: RunSummary, status: str, writer: PartWriter) -> dict[str, A
         "pages_per_s": round(summary.pages_per_s, 3),
         "parts": writer.parts,
     }
-
-
-@contextlib.contextmanager
-def _stop_on_signals():
-    """SIGTERM (a spot eviction notice) and SIGINT set a flag: no new work is taken,
-    finished pages are committed, and the run raises Interrupted. A second SIGINT
-    stops at once."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def handler(signum, frame):
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)

@@ -67,11 +67,16 @@ def render_document(
     if doc.size == 0:
         yield schema.batch(schema.PAGES, [doc_error(doc, "empty_file", f"{doc.uri}: the file is empty (0 bytes)")])
         return
+    pymupdf.TOOLS.mupdf_warnings(reset=True)
     try:
         pdoc = open_document(doc, storage_options)
     except Exception as exc:  # noqa: BLE001 - any failure to open is this document's error row
-        yield schema.batch(schema.PAGES, [doc_error(doc, "open_failed", f"{doc.uri}: cannot open as {doc.filetype}: {exc}")])
+        kind = _error_kind(exc, "open_failed")
+        yield schema.batch(schema.PAGES, [doc_error(doc, kind, f"{doc.uri}: cannot open as {doc.filetype}: {exc}")])
         return
+    # MuPDF silently repairs truncated and corrupt files; what it reported goes in
+    # each page's `warning` (pages of a repaired file may come out blank).
+    repaired = _warnings() if getattr(pdoc, "is_repaired", False) else ""
     with pdoc:
         if pdoc.needs_pass:
             yield schema.batch(schema.PAGES, [doc_error(doc, "encrypted", f"{doc.uri}: the document is password-protected")])
@@ -84,7 +89,11 @@ def render_document(
         for index in range(count):
             if index in task.skip:
                 continue
-            rows.append(_render_page(pdoc, doc, index, count, spec, needs))
+            row = _render_page(pdoc, doc, index, count, spec, needs)
+            warning = "; ".join(w for w in (repaired, _warnings()) if w)
+            if warning:
+                row["warning"] = f"MuPDF: {warning}"[:1000]
+            rows.append(row)
             if len(rows) >= spec.batch_pages:
                 yield schema.batch(schema.PAGES, rows)
                 rows = []
@@ -95,6 +104,7 @@ def render_document(
 def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, spec: RenderSpec, needs: Needs) -> dict:
     try:
         page = pdoc[index]
+        _check_images(page, spec)
         zoom, dpi = page_scale(page, pdoc.is_pdf, spec)
         row = {
             "doc_id": doc.doc_id,
@@ -114,8 +124,34 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
             row |= {"width": round(page.rect.width * zoom), "height": round(page.rect.height * zoom)}
         return row
     except Exception as exc:  # noqa: BLE001 - FzErrorLimit and friends are not RuntimeErrors
-        kind = "too_large" if "Limit" in type(exc).__name__ else "render_failed"
+        kind = _error_kind(exc, "render_failed")
         return page_error(doc, index, count, kind, f"{doc.uri}: page {index}: {type(exc).__name__}: {exc}")
+
+
+class ImageTooLarge(Exception):
+    pass
+
+
+def _check_images(page: pymupdf.Page, spec: RenderSpec) -> None:
+    """A decompression bomb (a tiny file claiming a 30000x30000 image: 1.9 GB of RAM
+    to decode) is refused from its header, before MuPDF decodes it."""
+    for info in page.get_image_info():
+        pixels = info["width"] * info["height"]
+        if pixels > spec.max_image_pixels:
+            raise ImageTooLarge(
+                f"an image of {info['width']}x{info['height']} = {pixels / 1e6:.0f} Mpx is above "
+                f"render.max_image_pixels ({spec.max_image_pixels / 1e6:.0f} Mpx)"
+            )
+
+
+def _error_kind(exc: Exception, default: str) -> str:
+    # pymupdf.mupdf.FzErrorLimit ("image dimensions might overflow") is not a RuntimeError.
+    return "too_large" if isinstance(exc, ImageTooLarge) or "Limit" in type(exc).__name__ else default
+
+
+def _warnings() -> str:
+    text = pymupdf.TOOLS.mupdf_warnings(reset=True)
+    return " / ".join(dict.fromkeys(line for line in text.splitlines() if line))
 
 
 def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[float, float]:

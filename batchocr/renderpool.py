@@ -114,7 +114,8 @@ class RenderPool:
             if not busy or stop():
                 return
             now = time.monotonic()
-            ready = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - now))
+            # Wake at least twice a second to notice stop().
+            ready = wait([w.conn for w in busy], timeout=min(0.5, max(0.0, min(w.deadline for w in busy) - now)))
             for w in busy:
                 if w.conn in ready:
                     try:

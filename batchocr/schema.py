@@ -24,6 +24,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("output_tokens", pa.int32(), "tokens generated (VLM engines; null otherwise)"),
     ("error_type", pa.string(), "short machine-readable reason when `finish_reason` is `error` or `skipped` (see Errors)"),
     ("error_message", pa.string(), "a sentence a person can act on; null when there was no error"),
+    ("warning", pa.string(), "what MuPDF reported while repairing a damaged (truncated, corrupt) file: the page was read but may be incomplete or blank; null for sound files"),
     ("latency_ms", pa.float32(), "engine time for this page in milliseconds (render time not included)"),
     ("run_id", pa.string(), "the run that wrote the row (`OUT/_runs/<run_id>.json` describes it)"),
     ("shard", pa.int32(), "shard number of the document"),
@@ -55,6 +56,7 @@ PAGES = pa.schema(
         ("text_layer", pa.large_string()),  # the PDF's own text; null if not asked for
         ("error_type", pa.string()),  # set when the page (or document) failed to render
         ("error_message", pa.string()),
+        ("warning", pa.string()),  # MuPDF repaired the file (see the page table)
     ]
 )
 
@@ -84,6 +86,7 @@ CARRIED = [
     "width",
     "height",
     "dpi",
+    "warning",
 ]
 
 

@@ -14,7 +14,7 @@ from batchocr import schema
 from batchocr.spec import CommitSpec
 from batchocr.storage import Store
 
-KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count"]
+KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "run_id"]
 
 
 def shard_dir(shard: int) -> str:
@@ -23,6 +23,14 @@ def shard_dir(shard: int) -> str:
 
 def done_marker(shard: int) -> str:
     return f"_done/shard={shard:05d}.json"
+
+
+def shards_present(store: Store) -> list[int]:
+    """Shards that have a folder under OUT/pages."""
+    if not store.exists("pages"):
+        return []
+    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in store.fs.ls(store.path("pages"), detail=False))
+    return sorted(int(n.split("=", 1)[1]) for n in names if n.startswith("shard="))
 
 
 def to_parquet(table: pa.Table) -> bytes:
@@ -75,7 +83,7 @@ class PartWriter:
 
 
 def committed_keys(store: Store, shard: int) -> pa.Table:
-    """(doc_id, source_etag, page_index, page_count) of every row committed in a shard."""
+    """The key columns (KEY_COLUMNS) of every row committed in a shard."""
     tables = [
         pq.read_table(io.BytesIO(store.read_bytes(rel)), columns=KEY_COLUMNS)
         for rel in store.find(shard_dir(shard), suffix=".parquet")

@@ -25,6 +25,9 @@ class RenderSpec:
     # A page that would render to more pixels than this is scaled down to fit;
     # guards memory against absurd page sizes.
     max_pixels: int = 40_000_000
+    # An image (an image file, or one inside a PDF page) larger than this is refused
+    # as `too_large` before it is decoded: decompression bombs.
+    max_image_pixels: int = 200_000_000
     # Render worker processes (PyMuPDF is not thread-safe). 0 = one per CPU, at most 4.
     workers: int = 0
     # A document whose worker sends nothing for this long is killed and recorded as an error.
@@ -33,7 +36,7 @@ class RenderSpec:
     batch_pages: int = 4
 
     def __post_init__(self):
-        _positive(self, "dpi", "batch_pages", "max_pixels")
+        _positive(self, "dpi", "batch_pages", "max_pixels", "max_image_pixels")
         if self.max_side is not None and self.max_side < 32:
             raise ConfigError(f"render.max_side must be >= 32, got {self.max_side}")
         if self.workers < 0:

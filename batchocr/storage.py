@@ -29,6 +29,11 @@ class Store:
     def is_local(self) -> bool:
         return isinstance(self.fs, LocalFileSystem)
 
+    @property
+    def canonical(self) -> str:
+        """The root as a full URI: the same folder spelled two ways compares equal."""
+        return self.uri(self.root)
+
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts) if parts else self.root
 

@@ -1,0 +1,65 @@
+"""Compaction: each shard's part files rewritten as one, one row per (doc_id, page_index).
+
+Which row survives: rows of a document's latest version (etag) only; then a text
+row beats an error row; otherwise the latest. The new file is committed
+atomically before the parts it replaces are deleted, so a crash in between
+leaves duplicates (which the next compaction removes), never a loss. Parts
+committed by a run while compaction works are not touched.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from dataclasses import dataclass
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchocr import schema
+from batchocr.sink import shard_dir, shards_present, to_parquet
+from batchocr.storage import Store
+
+
+@dataclass(frozen=True)
+class Compacted:
+    shard: int
+    parts_before: int
+    rows_before: int
+    rows_after: int
+
+
+def dedupe(rows: pl.DataFrame) -> pl.DataFrame:
+    latest_etag = rows.group_by("doc_id").agg(pl.col("source_etag").sort_by("processed_at").last())
+    rows = rows.join(latest_etag, on=["doc_id", "source_etag"], how="semi")
+    # A document-level error row (-1) of the kept version goes if the version has page rows.
+    paged = rows.filter(pl.col("page_index") >= 0).select("doc_id").unique()
+    rows = rows.filter((pl.col("page_index") >= 0) | ~pl.col("doc_id").is_in(paged["doc_id"].implode()))
+    return (
+        rows.with_columns((pl.col("finish_reason") != "error").alias("_text"))
+        .sort(["doc_id", "page_index", "_text", "processed_at"], nulls_last=False)
+        .unique(subset=["doc_id", "page_index"], keep="last", maintain_order=True)
+        .drop("_text")
+    )
+
+
+def compact_shard(out: Store, shard: int) -> Compacted | None:
+    parts = out.find(shard_dir(shard), suffix=".parquet")
+    if not parts:
+        return None
+    tables = [pq.read_table(io.BytesIO(out.read_bytes(p))).cast(schema.PAGE_TABLE) for p in parts]
+    rows = pl.from_arrow(pa.concat_tables(tables))
+    kept = dedupe(rows).sort(["doc_id", "page_index"])
+    if len(parts) == 1 and kept.height == rows.height:
+        return Compacted(shard, 1, rows.height, rows.height)  # already compact
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    name = f"{shard_dir(shard)}/part-compact-{stamp}-00000.parquet"
+    out.write_atomic(name, to_parquet(kept.to_arrow().cast(schema.PAGE_TABLE)))
+    for p in parts:
+        out.fs.rm(out.path(p))
+    return Compacted(shard, len(parts), rows.height, kept.height)
+
+
+def compact(out: Store) -> list[Compacted]:
+    return [c for s in shards_present(out) if (c := compact_shard(out, s)) is not None]

@@ -1,0 +1,111 @@
+"""A frozen plan: the container listed once, every document given a shard, balanced
+by size, so that every pod agrees on its documents and blobs added mid-run wait
+for the next plan.
+
+    OUT/_plan/shard=NNNNN.parquet   uri, size, etag, mtime of that shard's documents
+    OUT/_plan/plan.json             written last: source, shard count, totals
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import heapq
+import io
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchocr.errors import ConfigError
+from batchocr.sink import to_parquet
+from batchocr.sources import DocRef, list_documents
+from batchocr.storage import Store
+
+PLAN = "_plan/plan.json"
+DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string()), ("mtime", pa.float64())])
+
+
+def shard_file(shard: int) -> str:
+    return f"_plan/shard={shard:05d}.parquet"
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    source: str
+    shards: int
+    documents: int
+    bytes: int
+    created_at: str
+    per_shard: tuple[dict, ...] = ()  # {"shard", "documents", "bytes"} of each shard
+
+
+def balance(docs: Iterable[DocRef], shards: int, keep: Mapping[str, int] | None = None) -> dict[int, list[DocRef]]:
+    """Largest documents first onto the lightest shard (LPT). Documents in `keep`
+    (an earlier plan) stay on their shard; only new ones are placed."""
+    keep = keep or {}
+    out: dict[int, list[DocRef]] = {i: [] for i in range(shards)}
+    load = [0] * shards
+    new = []
+    for doc in docs:
+        if doc.uri in keep:
+            out[keep[doc.uri]].append(doc)
+            load[keep[doc.uri]] += doc.size
+        else:
+            new.append(doc)
+    heap = [(load[i], i) for i in range(shards)]
+    heapq.heapify(heap)
+    for doc in sorted(new, key=lambda d: (-d.size, d.uri)):
+        size, i = heapq.heappop(heap)
+        out[i].append(doc)
+        heapq.heappush(heap, (size + doc.size, i))
+    return out
+
+
+def read_plan(out: Store) -> PlanInfo | None:
+    if not out.exists(PLAN):
+        return None
+    raw = out.read_json(PLAN)
+    return PlanInfo(**raw | {"per_shard": tuple(raw.get("per_shard", ()))})
+
+
+def planned_documents(out: Store, shard: int) -> Iterator[DocRef]:
+    table = pq.read_table(io.BytesIO(out.read_bytes(shard_file(shard))))
+    for row in table.to_pylist():
+        yield DocRef(uri=row["uri"], size=row["size"], etag=row["etag"], mtime=row["mtime"])
+
+
+def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
+    """List SOURCE once and write the plan. An existing plan is extended: its
+    documents keep their shards (their output is there), new ones are balanced in."""
+    if shards < 1:
+        raise ConfigError(f"--shards must be >= 1, got {shards}")
+    old = read_plan(out)
+    keep: dict[str, int] = {}
+    if old is not None:
+        if old.shards != shards:
+            raise ConfigError(
+                f"{out.url} already has a plan of {old.shards} shards; a plan's shard count cannot change "
+                f"(documents would move away from their output). Use --shards {old.shards} or a new OUT."
+            )
+        if old.source != source.canonical:
+            raise ConfigError(f"{out.url} has a plan for {old.source}, not {source.canonical}")
+        for i in range(shards):
+            keep.update((d.uri, i) for d in planned_documents(out, i))
+    assignment = balance(list_documents(source), shards, keep)
+    for i, docs in assignment.items():
+        rows = [{"uri": d.uri, "size": d.size, "etag": d.etag, "mtime": d.mtime} for d in sorted(docs, key=lambda d: d.uri)]
+        out.write_atomic(shard_file(i), to_parquet(pa.Table.from_pylist(rows, schema=DOCS)))
+    info = PlanInfo(
+        source=source.canonical,
+        shards=shards,
+        documents=sum(len(d) for d in assignment.values()),
+        bytes=sum(d.size for docs in assignment.values() for d in docs),
+        created_at=dt.datetime.now(dt.UTC).isoformat(),
+        per_shard=tuple(
+            {"shard": i, "documents": len(docs), "bytes": sum(d.size for d in docs)} for i, docs in assignment.items()
+        ),
+    )
+    out.write_json(PLAN, dataclasses.asdict(info))
+    return info

@@ -1,0 +1,31 @@
+"""SIGTERM (a spot eviction notice) and SIGINT: stop taking work, commit, exit 75."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def graceful_stop() -> Iterator[threading.Event]:
+    """Within the block, SIGTERM and SIGINT set the returned event instead of
+    killing the process; a second SIGINT stops at once. Enter it as early as
+    possible: a signal before that kills the process the default way."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,127 @@
+"""Bad input becomes error rows, the rest of the shard goes on, the run ends in bounded time."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from batchocr import read_pages, schema
+from batchocr.render import Needs, RenderTask
+from batchocr.renderpool import RenderPool
+from batchocr.sources import list_documents
+from batchocr.spec import RenderSpec
+from batchocr.storage import Store
+from conftest import SAMPLES, run_cli
+from corpus import bad_corpus, slow_pdf, text_corpus, text_pdf
+
+EXPECTED = {  # file -> (rows, page_index of the error row, error_type)
+    "empty.pdf": (1, -1, "empty_file"),
+    "notes.pdf": (1, -1, "open_failed"),
+    "header-only.pdf": (1, -1, "open_failed"),
+    "encrypted.pdf": (1, -1, "encrypted"),
+    "random.png": (1, 0, "render_failed"),
+    "huge.png": (1, 0, "too_large"),
+    "bomb.png": (1, 0, "too_large"),
+}
+
+
+def test_every_kind_of_bad_input_in_one_shard(tmp_path):
+    src = tmp_path / "src"
+    kinds = bad_corpus(src)
+    good = text_corpus(src / "good", documents=3, pages=2)
+    thousands = text_pdf(src / "thousands.pdf", 2000)
+    out = tmp_path / "out"
+    start = time.monotonic()
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    assert time.monotonic() - start < 240
+    pages = read_pages(str(out)).collect()
+    by_doc = {name: pages.filter(pages["source_uri"].str.ends_with("/" + name)) for name in kinds}
+
+    for name, (rows, index, error_type) in EXPECTED.items():
+        rows_of = by_doc[name]
+        assert rows_of.height == rows, name
+        assert rows_of["page_index"].to_list() == [index], name
+        assert rows_of["finish_reason"].to_list() == ["error"], name
+        assert rows_of["error_type"].to_list() == [error_type], name
+        assert name in rows_of["error_message"][0], "the message names the document"
+    # Repairable damage: every page has a row, and MuPDF's report is kept.
+    for name in ("garbled.pdf", "truncated.pdf"):
+        rows_of = by_doc[name]
+        assert sorted(rows_of["page_index"]) == [0, 1, 2], name
+        assert rows_of["warning"].null_count() == 0 and "repair" in rows_of["warning"][0], name
+    assert "bomb" in kinds["bomb.png"]
+    assert "20000x20000" in by_doc["bomb.png"]["error_message"][0]
+
+    # Every good page is there, with its text.
+    for name, texts in good.items():
+        rows_of = pages.filter(pages["source_uri"].str.ends_with("/good/" + name)).sort("page_index")
+        assert rows_of["text"].to_list() == [t.strip() for t in texts]
+    big = pages.filter(pages["source_uri"].str.ends_with("/thousands.pdf")).sort("page_index")
+    assert big["page_index"].to_list() == list(range(2000))
+    assert big["text"][1999] == thousands[1999].strip()
+    # One row per page, no duplicates, and only declared error types.
+    assert pages.select("doc_id", "page_index").is_unique().all()
+    assert set(pages["error_type"].drop_nulls()) <= schema.ERROR_TYPES
+    assert "errors" in proc.stdout
+
+
+def _collect(pool, tasks):
+    return [row for batch in pool.run(tasks) for row in batch.to_pylist()]
+
+
+def test_a_hung_renderer_is_killed_and_the_document_recorded(tmp_path):
+    slow_pdf(tmp_path / "slow.pdf", pages=3)
+    docs = {d.name: d for d in list_documents(Store(str(tmp_path)))}
+    for sample in ("receipt.png", "fax.tiff"):
+        docs[sample] = next(d for d in list_documents(Store(str(SAMPLES / sample))))
+    spec = RenderSpec(workers=1, timeout_s=1.5, batch_pages=1)
+    start = time.monotonic()
+    with RenderPool(spec, Needs(image=True)) as pool:
+        rows = _collect(pool, [RenderTask(docs["slow.pdf"]), RenderTask(docs["receipt.png"]), RenderTask(docs["fax.tiff"])])
+        assert pool.replaced == 1
+    assert time.monotonic() - start < 30
+    slow = [r for r in rows if r["source_uri"].endswith("slow.pdf")]
+    # batch_pages=1: page 0 arrived (a few seconds), then page 1 made no progress in time.
+    # Or the first page itself was too slow: then one document-level row.
+    errors = [r for r in slow if r["error_type"] == "timeout"]
+    assert errors and all("no progress" in r["error_message"] for r in errors)
+    assert sorted(r["page_index"] for r in slow) in ([-1], [0, 1, 2], [1, 2])
+    assert [r["page_index"] for r in rows if r["source_uri"].endswith("fax.tiff")] == [0, 1, 2]
+    assert [r["error_type"] for r in rows if r["source_uri"].endswith("receipt.png")] == [None]
+
+
+def test_a_renderer_that_dies_is_replaced_and_the_document_recorded(tmp_path):
+    slow_pdf(tmp_path / "slow.pdf", pages=2)
+    (slow,) = list_documents(Store(str(tmp_path)))
+    (receipt,) = list_documents(Store(str(SAMPLES / "receipt.png")))
+    with RenderPool(RenderSpec(workers=1, timeout_s=120), Needs(image=True)) as pool:
+        victim = pool.workers[0].process.pid
+        # The OOM killer, or a segfault in MuPDF, as seen from the pool: the worker vanishes.
+        threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
+        rows = _collect(pool, [RenderTask(slow), RenderTask(receipt)])
+        assert pool.replaced == 1 and pool.workers[0].process.pid != victim
+    assert [(r["page_index"], r["error_type"]) for r in rows if r["source_uri"].endswith("slow.pdf")] == [(-1, "renderer_crashed")]
+    assert "died" in rows[0]["error_message"]
+    assert [r["error_type"] for r in rows if r["source_uri"].endswith("receipt.png")] == [None]
+
+
+@pytest.mark.parametrize("engine", ["rapidocr"])
+def test_a_hanging_document_does_not_stall_the_run(tmp_path, engine):
+    """End to end with the real OCR engine: the slow document times out, the
+    others are read, the run exits 0 in bounded time."""
+    src = tmp_path / "src"
+    src.mkdir()
+    slow_pdf(src / "slow.pdf", pages=2)
+    (src / "receipt.png").write_bytes((SAMPLES / "receipt.png").read_bytes())
+    job = tmp_path / "job.yaml"
+    job.write_text(f"source: {src}\nout: {tmp_path / 'out'}\nengine: {engine}\nrender: {{timeout_s: 1.5, workers: 1}}\n")
+    start = time.monotonic()
+    run_cli("run", "--job", str(job), "-q", check=True)
+    assert time.monotonic() - start < 120
+    pages = read_pages(str(tmp_path / "out")).collect()
+    slow = pages.filter(pages["source_uri"].str.ends_with("slow.pdf"))
+    assert set(slow["error_type"]) == {"timeout"}
+    receipt = pages.filter(pages["source_uri"].str.ends_with("receipt.png"))
+    assert receipt["finish_reason"].to_list() == ["stop"] and "TOTAL" in receipt["text"][0].upper()
