@@ -196,3 +196,30 @@ def test_join_lines_groups_boxes_on_one_line():
 
     boxes = [box(400, 10, 500, 30), box(10, 12, 100, 31), box(10, 50, 200, 70)]
     assert join_lines(boxes, ["12.00", "Total", "Thank you"]) == "Total 12.00\nThank you"
+
+
+def test_compaction_keeps_text_over_error_else_the_latest():
+    import datetime as dt
+
+    import polars as pl
+
+    from batchocr.compact import dedupe
+
+    t = [dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=i) for i in range(6)]
+    rows = pa.Table.from_pylist([
+        {"doc_id": "a", "source_etag": "e", "page_index": 0, "finish_reason": "stop", "text": "old", "processed_at": t[0]},
+        {"doc_id": "a", "source_etag": "e", "page_index": 0, "finish_reason": "error", "processed_at": t[1]},
+        {"doc_id": "a", "source_etag": "e", "page_index": 1, "finish_reason": "stop", "text": "first", "processed_at": t[0]},
+        {"doc_id": "a", "source_etag": "e", "page_index": 1, "finish_reason": "stop", "text": "second", "processed_at": t[2]},
+        {"doc_id": "b", "source_etag": "v1", "page_index": 0, "finish_reason": "stop", "text": "v1", "processed_at": t[0]},
+        {"doc_id": "b", "source_etag": "v2", "page_index": -1, "finish_reason": "error", "processed_at": t[3]},
+        {"doc_id": "c", "source_etag": "e", "page_index": -1, "finish_reason": "error", "processed_at": t[0]},
+        {"doc_id": "c", "source_etag": "e", "page_index": 0, "finish_reason": "stop", "text": "ok", "processed_at": t[4]},
+    ], schema=schema.PAGE_TABLE)
+    kept = dedupe(pl.from_arrow(rows)).sort("doc_id", "page_index")
+    assert kept.select("doc_id", "page_index", "text", "finish_reason").rows() == [
+        ("a", 0, "old", "stop"),  # a text row beats a later error row
+        ("a", 1, "second", "stop"),  # otherwise the latest
+        ("b", -1, None, "error"),  # the document's latest version is what counts
+        ("c", 0, "ok", "stop"),  # a document error row goes once the document has pages
+    ]

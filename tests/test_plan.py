@@ -1,0 +1,105 @@
+"""The plan: a partition of the container, balanced by size, stable when extended;
+status and compact read back what runs left."""
+
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchocr import read_pages
+from batchocr.errors import ConfigError
+from batchocr.plan import balance, make_plan, planned_documents, read_plan
+from batchocr.sources import DocRef
+from batchocr.status import status
+from batchocr.storage import Store
+from conftest import SAMPLES, run_cli
+from corpus import text_corpus
+
+docs_strategy = st.lists(
+    st.builds(DocRef, uri=st.text(min_size=1, max_size=20), size=st.integers(0, 10**9), etag=st.just("e")),
+    unique_by=lambda d: d.uri, max_size=150,
+)
+
+
+@settings(max_examples=200)
+@given(docs_strategy, st.integers(1, 40))
+def test_plan_shards_partition_any_list(docs, n):
+    plan = balance(docs, n)
+    assert sorted(plan) == list(range(n))
+    assert sorted(d.uri for shard in plan.values() for d in shard) == sorted(d.uri for d in docs)
+
+
+@settings(max_examples=100)
+@given(docs_strategy, st.integers(1, 16))
+def test_plan_is_balanced_by_size(docs, n):
+    """LPT's bound: no shard exceeds the mean load by more than the largest document."""
+    plan = balance(docs, n)
+    loads = [sum(d.size for d in plan[i]) for i in range(n)]
+    largest = max((d.size for d in docs), default=0)
+    assert max(loads) <= sum(loads) / n + largest
+
+
+@given(docs_strategy, docs_strategy, st.integers(1, 16))
+def test_extending_a_plan_keeps_every_planned_document_on_its_shard(old, new, n):
+    first = balance(old, n)
+    keep = {d.uri: i for i, shard in first.items() for d in shard}
+    second = balance(old + [d for d in new if d.uri not in keep], n, keep)
+    assert {d.uri: i for i, shard in second.items() for d in shard if d.uri in keep} == keep
+
+
+def test_plan_on_disk_then_run_each_shard_then_status_and_compact(tmp_path):
+    src = tmp_path / "src"
+    text_corpus(src, documents=12, pages=2)
+    out = tmp_path / "out"
+    proc = run_cli("plan", str(src), str(out), "--shards", "3", check=True)
+    assert "planned 12 documents" in proc.stdout and "3 shards" in proc.stdout
+    info = read_plan(Store(str(out)))
+    assert info.shards == 3 and info.documents == 12
+    planned = [[d.uri for d in planned_documents(Store(str(out)), i)] for i in range(3)]
+    assert sorted(u for p in planned for u in p) == sorted(f"file://{src}/doc{i:05d}.pdf" for i in range(12))
+
+    # A blob added after planning waits for the next plan.
+    text_corpus(src / "late", documents=1, pages=1)
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", "0/3", "-q", check=True)
+    proc = run_cli("status", str(out), check=True)
+    assert "1/3 shards done, 0 partial, 2 not started; 8 pages" in proc.stdout
+    for i in (1, 2):
+        run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", f"{i}/3", "-q", check=True)
+    pages = read_pages(str(out)).collect()
+    assert pages.height == 24 and not pages["source_uri"].str.contains("/late/").any()
+    assert [r.state for r in status(Store(str(out)))] == ["done"] * 3
+
+    # The plan's shard count is the one to use.
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q")
+    assert proc.returncode == 2 and "plan of 3 shards" in proc.stderr
+    # Planning again places the new blob and leaves the others where they were.
+    run_cli("plan", str(src), str(out), "--shards", "3", check=True)
+    replanned = [[d.uri for d in planned_documents(Store(str(out)), i)] for i in range(3)]
+    assert all(set(p) <= set(r) for p, r in zip(planned, replanned))
+    assert sum(map(len, replanned)) == 13
+    with pytest.raises(ConfigError, match="cannot change"):
+        make_plan(Store(str(src)), Store(str(out)), 4)
+
+
+def test_status_of_a_partial_shard_and_compact_dedupes(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(SAMPLES / "report.pdf", src / "report.pdf")
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    # A second run with a changed document (new etag) writes its pages again.
+    (src / "report.pdf").write_bytes((SAMPLES / "report.pdf").read_bytes() + b"\n")
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    assert read_pages(str(out)).collect().height == 6
+    (out / "_done" / "shard=00000.json").unlink()
+    proc = run_cli("status", str(out), check=True)
+    assert "partial" in proc.stdout and "0/1 shards done, 1 partial" in proc.stdout
+
+    proc = run_cli("compact", str(out), check=True)
+    assert "shard 0: 2 parts, 6 rows -> 1 part, 3 rows" in proc.stdout
+    pages = read_pages(str(out)).collect()
+    assert pages.height == 3 and pages["source_etag"].n_unique() == 1
+    assert len(list((out / "pages" / "shard=00000").glob("*.parquet"))) == 1
+    proc = run_cli("compact", str(out), check=True)  # idempotent
+    assert "1 parts, 3 rows -> 1 part, 3 rows" in proc.stdout
