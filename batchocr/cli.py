@@ -49,6 +49,8 @@ def _storage_options(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.argument("source", required=False)
 @click.argument("out", required=False)
 @click.option("--engine", type=click.Choice(ENGINES), help="OCR engine [default: rapidocr, or the job spec's]")
+@click.option("--model", help="vllm engine: the model folder (or hub name)")
+@click.option("--preset", help="vllm engine: model preset (prompt, image size, sampling), e.g. olmocr-2, qwen2.5-vl")
 @click.option("--job", "job", type=click.Path(dir_okay=False), help="job spec YAML (see jobs/example.yaml); flags override it")
 @click.option("--dpi", type=int, help="render PDF pages at this resolution [default: 200]")
 @click.option("--max-side", type=int, help="scale pages down so the longest side is at most this many pixels")
@@ -56,7 +58,7 @@ def _storage_options(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else 0/1]")
 @click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for SOURCE and OUT (repeatable)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet):
+def run(source, out, engine, model, preset, job, dpi, max_side, workers, shard, storage, quiet):
     """OCR every document under SOURCE into a page table under OUT.
 
     SOURCE and OUT are folders or fsspec URLs. Every page gets exactly one row in
@@ -68,14 +70,16 @@ def run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet)
         batchocr run samples/ out/demo
         batchocr run samples/ out/text --engine textlayer
         batchocr run --job jobs/example.yaml --shard 3/16
+        batchocr run az://scans/ az://results/ --engine vllm --model /models/olmOCR-2-7B-1025 --preset olmocr-2
     """
     from batchocr.signals import graceful_stop
 
     with graceful_stop() as stop:  # first: an eviction notice during start-up is honoured too
-        _run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet, stop)
+        _run(source, out, engine, {"model": model, "preset": preset}, job, dpi, max_side, workers, shard,
+             storage, quiet, stop)
 
 
-def _run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet, stop):
+def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard, storage, quiet, stop):
     from batchocr.pipeline import run_job
     from batchocr.spec import load_job
 
@@ -87,6 +91,7 @@ def _run(source, out, engine, job, dpi, max_side, workers, shard, storage, quiet
         engine=engine,
         shard=shard_spec,
         storage_options=_storage_options(storage),
+        engine_options={k: v for k, v in engine_options.items() if v is not None},
         **{"render.dpi": dpi, "render.max_side": max_side, "render.workers": workers},
     )
     summary = run_job(spec, progress=not quiet, stop=stop)

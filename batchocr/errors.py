@@ -18,6 +18,11 @@ class ConfigError(BatchocrError):
     exit_code = EXIT_CONFIG
 
 
+class StorageError(BatchocrError):
+    """SOURCE or OUT failed beyond what the storage client's own retries could mend
+    (service down, connection lost for good): committed work is intact, a rerun resumes."""
+
+
 class BoundaryError(BatchocrError):
     """A stage broke the one-row-per-page contract (a bug, never bad input)."""
 

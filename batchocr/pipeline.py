@@ -7,6 +7,7 @@ plus the progress bar, SIGTERM/SIGINT, the run record and the done-marker.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import platform
 import secrets
@@ -28,7 +29,7 @@ from batchocr.sharding import shard_of
 from batchocr.signals import graceful_stop
 from batchocr.sink import PartWriter, committed_keys, completed, done_marker, shard_dir
 from batchocr.sources import DocRef, list_documents
-from batchocr.spec import JobSpec
+from batchocr.spec import JobSpec, RenderSpec
 from batchocr.storage import Store
 
 
@@ -88,7 +89,8 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
 
     if engine is None:
         engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
-    record = _run_record(spec, engine, run_id, started_at)
+    render = _render_spec(spec, engine)
+    record = _run_record(spec, engine, run_id, started_at) | {"render": dataclasses.asdict(render)}
     out.write_json(f"_runs/{run_id}.json", record | {"status": "running"})
 
     keys = committed_keys(out, shard.index)
@@ -149,10 +151,10 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
             if good.num_rows:
                 yield good
 
-    with RenderPool(spec.render, engine.needs, spec.storage_options) as pool:
+    with RenderPool(render, engine.needs, spec.storage_options) as pool:
         try:
             t_engine = time.monotonic()
-            for results in engine.run(feed(pool, stop)):
+            for results in engine.run(feed(pool, stop), stop):
                 rows = []
                 for res in results.to_pylist():
                     meta = inflight.pop((res["doc_id"], res["page_index"]), None)
@@ -191,6 +193,12 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
     })
     return summary
+
+
+def _render_spec(spec: JobSpec, engine) -> RenderSpec:
+    """The engine's wishes (a VLM's page size) where the job spec leaves them unset."""
+    hints = getattr(engine, "render_hints", {})
+    return dataclasses.replace(spec.render, **{k: v for k, v in hints.items() if getattr(spec.render, k) is None})
 
 
 def _documents(source: Store, out: Store, spec: JobSpec) -> Iterator[DocRef]:

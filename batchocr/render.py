@@ -105,7 +105,7 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
     try:
         page = pdoc[index]
         _check_images(page, spec)
-        zoom, dpi = page_scale(page, pdoc.is_pdf, spec)
+        matrix, dpi = page_scale(page, pdoc.is_pdf, spec)
         row = {
             "doc_id": doc.doc_id,
             "source_uri": doc.uri,
@@ -118,14 +118,27 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
         if needs.text_layer:
             row["text_layer"] = page.get_text(sort=True) if pdoc.is_pdf else ""
         if needs.image:
-            pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB, alpha=False)
+            # clip to the exact target size: MuPDF may round a pixel up
+            target = pymupdf.IRect(0, 0, round(page.rect.width * matrix.a), round(page.rect.height * matrix.d))
+            pix = page.get_pixmap(matrix=matrix, colorspace=pymupdf.csRGB, alpha=False, clip=page.rect)
+            if (pix.width, pix.height) != (target.width, target.height):
+                pix = _fit(pix, target)
             row |= {"width": pix.width, "height": pix.height, "image": pix.samples}
         else:
-            row |= {"width": round(page.rect.width * zoom), "height": round(page.rect.height * zoom)}
+            row |= {"width": round(page.rect.width * matrix.a), "height": round(page.rect.height * matrix.d)}
         return row
     except Exception as exc:  # noqa: BLE001 - FzErrorLimit and friends are not RuntimeErrors
         kind = _error_kind(exc, "render_failed")
         return page_error(doc, index, count, kind, f"{doc.uri}: page {index}: {type(exc).__name__}: {exc}")
+
+
+def _fit(pix: pymupdf.Pixmap, target: pymupdf.IRect) -> pymupdf.Pixmap:
+    """Crop or pad (white) a pixmap to exactly target's size."""
+    out = pymupdf.Pixmap(pymupdf.csRGB, target, False)
+    out.clear_with(255)
+    pix.set_origin(0, 0)
+    out.copy(pix, target & pix.irect)
+    return out
 
 
 class ImageTooLarge(Exception):
@@ -154,12 +167,14 @@ def _warnings() -> str:
     return " / ".join(dict.fromkeys(line for line in text.splitlines() if line))
 
 
-def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[float, float]:
-    """(zoom from points to pixels, resulting dpi) for one page.
+def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[pymupdf.Matrix, float]:
+    """The matrix from page points to pixels, and the resulting dpi, for one page.
 
     PDF pages render at spec.dpi. Image files keep their own pixels: their page is
     sized in points from the image's own resolution, so zoom = pixels / points.
-    Then max_side and max_pixels scale down, never up.
+    Then max_side and max_pixels scale down, never up; size_multiple rounds both
+    sides down to a multiple (a VLM's patch grid: its processor then has nothing
+    to resize).
     """
     rect = page.rect
     if is_pdf:
@@ -175,4 +190,9 @@ def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[floa
     if w * h * shrink * shrink > spec.max_pixels:
         shrink = math.sqrt(spec.max_pixels / (w * h))
     zoom *= shrink
-    return zoom, round(zoom * 72, 2)
+    zx = zy = zoom
+    m = spec.size_multiple or 1
+    if m > 1 and rect.width and rect.height:
+        zx = max(m, math.floor(rect.width * zoom / m) * m) / rect.width
+        zy = max(m, math.floor(rect.height * zoom / m) * m) / rect.height
+    return pymupdf.Matrix(zx, zy), round(zoom * 72, 2)

@@ -16,7 +16,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("width", pa.int32(), "width of the rendered page image in pixels"),
     ("height", pa.int32(), "height of the rendered page image in pixels"),
     ("dpi", pa.float32(), "resolution the page was rendered at (image files: their own, after any downscaling)"),
-    ("engine", pa.string(), "engine that produced the row: `rapidocr` or `textlayer`"),
+    ("engine", pa.string(), "engine that produced the row: `rapidocr`, `textlayer` or `vllm`"),
     ("model", pa.string(), "model (or library version) the engine used"),
     ("text", pa.large_string(), "the page text, lines separated by `\\n`; null on error rows"),
     ("finish_reason", pa.string(), "`stop` (read), `error` (see `error_type`), `skipped` (nothing to read, e.g. no text layer); VLM engines add `length` (hit max tokens) and `repetition` (looping output cut off)"),
@@ -25,6 +25,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("error_type", pa.string(), "short machine-readable reason when `finish_reason` is `error` or `skipped` (see Errors)"),
     ("error_message", pa.string(), "a sentence a person can act on; null when there was no error"),
     ("warning", pa.string(), "what MuPDF reported while repairing a damaged (truncated, corrupt) file: the page was read but may be incomplete or blank; null for sound files"),
+    ("attempts", pa.int32(), "engine attempts at this page: VLM retries of a looping output count (null for CPU engines)"),
     ("latency_ms", pa.float32(), "engine time for this page in milliseconds (render time not included)"),
     ("run_id", pa.string(), "the run that wrote the row (`OUT/_runs/<run_id>.json` describes it)"),
     ("shard", pa.int32(), "shard number of the document"),
@@ -35,7 +36,7 @@ PAGE_TABLE = pa.schema([pa.field(n, t) for n, t, _ in PAGE_TABLE_COLUMNS])
 # Every `error_type` a row can carry (README's Errors table lists the same).
 ERROR_TYPES = {
     "empty_file", "open_failed", "encrypted", "no_pages", "render_failed", "too_large",
-    "timeout", "renderer_crashed", "engine_error", "no_text_layer",
+    "timeout", "renderer_crashed", "engine_error", "no_text_layer", "rejected", "repetition",
 }
 
 # What a render worker sends: page metadata, the page image and the PDF's text layer.
@@ -71,6 +72,7 @@ RESULTS = pa.schema(
         ("output_tokens", pa.int32()),
         ("error_type", pa.string()),
         ("error_message", pa.string()),
+        ("attempts", pa.int32()),
         ("latency_ms", pa.float32()),
     ]
 )

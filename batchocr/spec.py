@@ -12,7 +12,7 @@ import yaml
 
 from batchocr.errors import ConfigError
 
-ENGINES = ("rapidocr", "textlayer")
+ENGINES = ("rapidocr", "textlayer", "vllm")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,9 @@ class RenderSpec:
     # If set, pages are scaled down so that their longest side is at most this many
     # pixels (VLM presets use it: olmOCR-2 wants 1288).
     max_side: int | None = None
+    # If set, both sides are rounded down to a multiple of this (a VLM's patch
+    # grid, e.g. 28 for Qwen2.5-VL). VLM presets set max_side and size_multiple.
+    size_multiple: int | None = None
     # A page that would render to more pixels than this is scaled down to fit;
     # guards memory against absurd page sizes.
     max_pixels: int = 40_000_000
@@ -162,6 +165,7 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     top = {k: raw[k] for k in ("source", "out", "engine") if raw.get(k) is not None}
     storage = dict(raw.get("storage_options") or {})
     shard = Shard.parse(str(raw["shard"])) if raw.get("shard") is not None else None
+    extra_engine_options: dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:
             continue
@@ -172,6 +176,8 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
             shard = value
         elif key == "storage_options":
             storage.update(value)
+        elif key == "engine_options":  # flags such as --model: into the chosen engine's section
+            extra_engine_options.update(value)
         else:
             top[key] = value
 
@@ -183,6 +189,9 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     engines = raw.get("engines") or {}
     if not isinstance(engines, dict) or not all(isinstance(v, dict) for v in engines.values()):
         raise ConfigError(f"{where}: 'engines' must map an engine name to its options")
+    if extra_engine_options:
+        name = top.get("engine", "rapidocr")
+        engines = {**engines, name: {**engines.get(name, {}), **extra_engine_options}}
     return JobSpec(
         source=top.get("source", ""),
         out=top.get("out", ""),

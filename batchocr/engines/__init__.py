@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import threading
 from typing import Any, Iterator, Mapping, Protocol
 
 import pyarrow as pa
@@ -21,9 +22,10 @@ class Engine(Protocol):
     model: str  # what goes in the table's `model` column
     needs: Needs  # what the render stage must produce for it
 
-    def run(self, pages: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event) -> Iterator[pa.RecordBatch]:
         """Consume page batches (schema.PAGES, no error rows) lazily; yield
-        schema.RESULTS batches holding exactly one row per page received."""
+        schema.RESULTS batches holding exactly one row per page received. Once
+        `stop` is set, return soon: pages not yet output are redone by the next run."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -36,6 +38,7 @@ class Engine(Protocol):
 _MODULES = {
     "rapidocr": "batchocr.engines.rapidocr",
     "textlayer": "batchocr.engines.textlayer",
+    "vllm": "batchocr.engines.vllm",
 }
 
 

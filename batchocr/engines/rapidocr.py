@@ -7,6 +7,7 @@ switched off before onnxruntime is imported.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -63,13 +64,15 @@ class RapidOCREngine:
             *(getattr(v, "value", v) for v in (cfg.Det.ocr_version, cfg.Det.model_type, cfg.Rec.model_type))
         )
 
-    def run(self, pages: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
+        stop = stop or threading.Event()
         for batch in pages:
             cols = batch.select(["doc_id", "page_index", "width", "height", "image"]).to_pydict()
-            rows = [
-                self._page(*row)
-                for row in zip(cols["doc_id"], cols["page_index"], cols["width"], cols["height"], cols["image"])
-            ]
+            rows = []
+            for row in zip(cols["doc_id"], cols["page_index"], cols["width"], cols["height"], cols["image"]):
+                if stop.is_set():  # seconds a page: a SIGTERM does not wait for the whole batch
+                    break
+                rows.append(self._page(*row))
             yield schema.batch(schema.RESULTS, rows)
 
     def _page(self, doc_id: str, page_index: int, width: int, height: int, image: bytes) -> dict:

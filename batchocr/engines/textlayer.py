@@ -3,6 +3,7 @@ for born-digital pages. A page without one is `skipped`, with the reason."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -28,7 +29,7 @@ class TextLayerEngine:
         self.options = options
         self.model = f"pymupdf-{pymupdf.__version__}"
 
-    def run(self, pages: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
         for batch in pages:
             rows = []
             cols = batch.select(["doc_id", "page_index", "text_layer"]).to_pydict()

@@ -1,0 +1,139 @@
+"""Model presets for the vLLM engine: one small function per OCR VLM, as in vLLM's
+offline examples. A preset knows the model's prompt, the image size it wants
+(pages are rendered to it, so vLLM's processor has nothing to resize), its
+sampling defaults and the engine arguments it needs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from batchocr.errors import ConfigError
+
+# The Qwen-VL family's chat format with one image before the instruction.
+QWEN_TEMPLATE = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{instruction}<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+PLAIN_OCR = (
+    "Read all the text on this page and return it as plain text in natural reading order. "
+    "Return only the text of the page."
+)
+
+OLMOCR_INSTRUCTION = (
+    "Attached is one page of a document that you must process. Just return the plain text "
+    "representation of this document as if you were reading it naturally. Convert equations "
+    "to LaTeX and tables to HTML.\nIf there are any figures or charts, label them with the "
+    "following markdown syntax ![Alt text describing the contents of the figure]"
+    "(page_startx_starty_width_height.png)\nReturn your output as markdown, with a front matter "
+    "section on top specifying values for the primary_language, is_rotation_valid, "
+    "rotation_correction, is_table, and is_diagram parameters."
+)
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def strip_front_matter(text: str) -> str:
+    """olmOCR answers with a YAML front matter block before the page text."""
+    match = re.match(r"\A---\s*\n.*?\n---\s*\n?", text, re.S)
+    return text[match.end():] if match else text
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    # The prompt, with the model's image placeholder; {instruction} is filled in.
+    template: str
+    instruction: str
+    # Pages are rendered so that the longest side is at most max_side pixels and
+    # both sides are multiples of size_multiple (patch size x spatial merge).
+    max_side: int
+    size_multiple: int
+    max_tokens: int
+    temperature: float
+    max_model_len: int
+    # Temperatures for retries of a page whose output loops (olmOCR's ladder).
+    retry_temperatures: tuple[float, ...] = (0.2, 0.4, 0.8)
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    sampling_args: dict[str, Any] = field(default_factory=dict)
+    postprocess: Callable[[str], str] = _identity
+
+    def prompt(self, instruction: str | None = None) -> str:
+        return self.template.format(instruction=instruction or self.instruction)
+
+
+def _qwen_pixels(max_side: int, multiple: int) -> dict[str, int]:
+    # The processor's default max_pixels (1,003,520) would shrink a 1288-px page
+    # again (to ~1,280 tokens): allow the whole rendered page through.
+    return {"min_pixels": 4 * multiple * multiple, "max_pixels": max_side * max_side}
+
+
+def qwen2_5_vl() -> Preset:
+    return Preset("qwen2.5-vl", QWEN_TEMPLATE, PLAIN_OCR, max_side=1288, size_multiple=28,
+                  max_tokens=4096, temperature=0.0, max_model_len=8192,
+                  mm_processor_kwargs=_qwen_pixels(1288, 28))
+
+
+def qwen3_vl() -> Preset:
+    # Qwen3-VL: patch 16, spatial merge 2.
+    return Preset("qwen3-vl", QWEN_TEMPLATE, PLAIN_OCR, max_side=1280, size_multiple=32,
+                  max_tokens=4096, temperature=0.0, max_model_len=8192,
+                  mm_processor_kwargs=_qwen_pixels(1280, 32))
+
+
+def olmocr_2() -> Preset:
+    # allenai/olmOCR-2-7B-1025 (Qwen2.5-VL-7B fine-tune): 1288 px longest side,
+    # temperature 0.1, retries at rising temperatures when the output loops.
+    return Preset("olmocr-2", QWEN_TEMPLATE, OLMOCR_INSTRUCTION, max_side=1288, size_multiple=28,
+                  max_tokens=8000, temperature=0.1, max_model_len=16384,
+                  retry_temperatures=(0.2, 0.3, 0.5, 0.8), mm_processor_kwargs=_qwen_pixels(1288, 28),
+                  postprocess=strip_front_matter)
+
+
+def paddleocr_vl() -> Preset:
+    # PaddlePaddle/PaddleOCR-VL (0.9B, ERNIE-4.5 + NaViT encoder); task prompt "OCR:".
+    return Preset("paddleocr-vl",
+                  "<|begin_of_sentence|>User: <|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>{instruction}\nAssistant: ",
+                  "OCR:", max_side=1596, size_multiple=28, max_tokens=4096, temperature=0.0,
+                  max_model_len=16384, engine_args={"trust_remote_code": True})
+
+
+def deepseek_ocr() -> Preset:
+    # deepseek-ai/DeepSeek-OCR: vLLM's recipe bans repeated 30-grams in a 90-token
+    # window with its own logits processor (table tags whitelisted).
+    return Preset("deepseek-ocr", "<image>\n{instruction}", "Free OCR.", max_side=1024, size_multiple=16,
+                  max_tokens=8192, temperature=0.0, max_model_len=8192,
+                  engine_args={"logits_processors": [
+                      "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]},
+                  sampling_args={"skip_special_tokens": False, "extra_args": {
+                      "ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}})
+
+
+def dots_ocr() -> Preset:
+    # rednote-hilab/dots.ocr: the plain-text OCR task prompt.
+    return Preset("dots-ocr", "<|img|><|imgpad|><|endofimg|>{instruction}",
+                  "Extract the text content from this image.", max_side=1596, size_multiple=28,
+                  max_tokens=8192, temperature=0.1, max_model_len=16384,
+                  engine_args={"trust_remote_code": True})
+
+
+PRESETS: dict[str, Callable[[], Preset]] = {
+    "qwen2.5-vl": qwen2_5_vl,
+    "qwen3-vl": qwen3_vl,
+    "olmocr-2": olmocr_2,
+    "paddleocr-vl": paddleocr_vl,
+    "deepseek-ocr": deepseek_ocr,
+    "dots-ocr": dots_ocr,
+}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown vLLM preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]()

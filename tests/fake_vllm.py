@@ -1,0 +1,143 @@
+"""A stand-in for vLLM at its API boundary only (what batchocr calls): `vllm.SamplingParams`,
+`vllm.sampling_params.RequestOutputKind`, and an `LLM` whose `llm_engine` has
+`renderer.render_cmpl`, `add_request`, `step`, `abort_request`, `engine_core.shutdown`.
+
+It behaves like an engine with continuous batching: up to max_num_seqs requests
+decode one token a step; a page's answer length depends on its index; pages whose
+image is dark loop ("7 8 9 7 8 9 ...") at low temperature; prompts longer than
+max_model_len are rejected at add_request, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import types
+from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    detokenize: bool = True
+    seed: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    skip_special_tokens: bool = True
+    extra_args: dict | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[Completion]
+    finished: bool
+
+
+@dataclass
+class _Request:
+    params: SamplingParams
+    prompt_len: int
+    loops: bool
+    length: int
+    emitted: list[int] = field(default_factory=list)
+
+
+class _Renderer:
+    def render_cmpl(self, prompts):
+        (p,) = prompts
+        image = p["multi_modal_data"]["image"]
+        w, h = image.size
+        dark = image.getpixel((w // 2, h // 2))[0] < 60
+        return [{"type": "multimodal", "prompt": p["prompt"], "size": (w, h), "dark": dark}]
+
+
+class _Core:
+    def __init__(self):
+        self.shut = False
+
+    def shutdown(self):
+        self.shut = True
+
+
+class FakeEngine:
+    def __init__(self, max_num_seqs: int, max_model_len: int):
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.renderer = _Renderer()
+        self.engine_core = _Core()
+        self.requests: dict[str, _Request] = {}
+        self.order: list[str] = []
+        self.aborted: list[str] = []
+        self.added = 0
+        self.peak_waiting = 0
+
+    def add_request(self, request_id, engine_input, params):
+        w, h = engine_input["size"]
+        prompt_len = (w // 28) * (h // 28) + 20
+        if prompt_len > self.max_model_len:
+            raise ValueError(f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
+                             f"length of {self.max_model_len}")
+        length = 3 + (w * 7 + h) % 11
+        self.requests[request_id] = _Request(params, prompt_len, engine_input["dark"], length)
+        self.order.append(request_id)
+        self.added += 1
+        self.peak_waiting = max(self.peak_waiting, len(self.order) - self.max_num_seqs)
+
+    def abort_request(self, ids):
+        for rid in ids:
+            self.aborted.append(rid)
+            self.requests.pop(rid, None)
+            if rid in self.order:
+                self.order.remove(rid)
+
+    def step(self):
+        outs = []
+        for rid in list(self.order[: self.max_num_seqs]):
+            req = self.requests[rid]
+            n = len(req.emitted)
+            token = (7 + n % 3) if req.loops and req.params.temperature < 0.15 else 100 + n
+            req.emitted.append(token)
+            done = (not req.loops or req.params.temperature >= 0.15) and n + 1 >= req.length
+            reason = "stop" if done else None
+            if not done and n + 1 >= req.params.max_tokens:
+                done, reason = True, "length"
+            outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], f"w{token} ", reason)], done))
+            if done:
+                self.order.remove(rid)
+                del self.requests[rid]
+        return outs
+
+
+class LLM:
+    def __init__(self, max_num_seqs: int = 8, max_model_len: int = 4096, **kwargs):
+        self.kwargs = kwargs
+        self.llm_engine = FakeEngine(max_num_seqs, max_model_len)
+
+
+def install(monkeypatch) -> None:
+    """Make `import vllm` find this stand-in (for the test's duration)."""
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "fake"
+    vllm.LLM = LLM
+    vllm.SamplingParams = SamplingParams
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = RequestOutputKind
+    vllm.sampling_params = sampling
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)

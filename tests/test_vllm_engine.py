@@ -1,0 +1,167 @@
+"""The vLLM engine on the CPU: vLLM absent, or stood in for at its API boundary
+(tests/fake_vllm.py). The real thing runs on the GPU: bench/gpu/."""
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import fake_vllm
+from batchocr import schema
+from batchocr.engines import create
+from batchocr.engines.presets import PRESETS, get_preset, strip_front_matter
+from batchocr.engines.repetition import RepetitionCheck
+from batchocr.engines.vllm import VLLMEngine, VLLMOptions
+from batchocr.errors import BatchocrError, ConfigError
+from batchocr.pipeline import run_job
+from batchocr.spec import load_job
+from conftest import SAMPLES, count_pages, read_table, sample_documents
+
+PLACEHOLDERS = {"qwen2.5-vl": "<|image_pad|>", "qwen3-vl": "<|image_pad|>", "olmocr-2": "<|image_pad|>",
+                "paddleocr-vl": "<|IMAGE_PLACEHOLDER|>", "deepseek-ocr": "<image>", "dots-ocr": "<|imgpad|>"}
+
+
+def test_without_vllm_installed_the_error_says_what_to_install():
+    with pytest.raises(ConfigError, match=r"pip install 'batchocr\[vllm\]'"):
+        create("vllm", {"model": "/models/x"})
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_each_preset_builds_a_prompt_with_one_image_and_its_instruction(name):
+    preset = get_preset(name)
+    prompt = preset.prompt()
+    assert prompt.count(PLACEHOLDERS[name]) == 1
+    assert preset.instruction in prompt and "{instruction}" not in prompt
+    assert preset.prompt("Only the tables.").endswith(("Only the tables.", "Only the tables.<|im_end|>\n<|im_start|>assistant\n",
+                                                      "Only the tables.\nAssistant: "))
+    assert preset.max_side % preset.size_multiple == 0 and preset.max_tokens > 0
+    if "min_pixels" in preset.mm_processor_kwargs:  # the processor must not shrink a rendered page again
+        assert preset.mm_processor_kwargs["max_pixels"] >= preset.max_side ** 2
+
+
+def test_olmocr_front_matter_is_stripped():
+    text = "---\nprimary_language: en\nis_rotation_valid: True\n---\nInvoice 12\nTotal 3"
+    assert strip_front_matter(text) == "Invoice 12\nTotal 3"
+    assert strip_front_matter("no front matter") == "no front matter"
+
+
+def test_unknown_preset_and_missing_model_are_config_errors():
+    with pytest.raises(ConfigError, match="unknown vLLM preset"):
+        VLLMOptions(model="/m", preset="gpt-5")
+    with pytest.raises(ConfigError, match="needs a model"):
+        VLLMOptions()
+
+
+def test_repetition_check():
+    check = RepetitionCheck(span=60, max_period=10)
+    assert check.looping([1, 2, 3] * 30)
+    assert check.looping([5] * 60)
+    assert check.looping(list(range(40)) + [4, 5, 6, 7] * 15)
+    assert not check.looping(list(range(100)))
+    assert not check.looping([1, 2, 3] * 19)  # too short to call it a loop
+    assert not check.looping(list(range(30)) + [1, 2] * 20)  # the loop does not fill the span
+
+
+def _pages(n: int, dark: set[int] = frozenset(), big: set[int] = frozenset()) -> list[pa.RecordBatch]:
+    rows = []
+    for i in range(n):
+        w, h = (3000, 3000) if i in big else (280 + 28 * (i % 5), 392)
+        value = 20 if i in dark else 230
+        rows.append({"doc_id": f"d{i // 3}", "page_index": i % 3, "width": w, "height": h,
+                     "image": np.full((h, w, 3), value, np.uint8).tobytes()})
+    return [schema.batch(schema.PAGES, rows[i:i + 4]) for i in range(0, n, 4)]
+
+
+def _engine(monkeypatch, **options):
+    fake_vllm.install(monkeypatch)
+    llm = fake_vllm.LLM(max_num_seqs=options.pop("max_num_seqs", 4), max_model_len=options.pop("max_model_len", 4096))
+    return VLLMEngine(VLLMOptions(model="/models/fake", **options), llm=llm), llm.llm_engine
+
+
+def _run(engine, batches, stop=None):
+    return [row for out in engine.run(iter(batches), stop or threading.Event()) for row in out.to_pylist()]
+
+
+def test_every_page_comes_back_once_with_tokens_while_the_queue_stays_full(monkeypatch):
+    engine, fake = _engine(monkeypatch, queue_pages=10, max_tokens=50)
+    rows = _run(engine, _pages(30))
+    assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(30))
+    assert all(r["finish_reason"] == "stop" and r["attempts"] == 1 for r in rows)
+    for r in rows:
+        assert r["output_tokens"] == len(r["text"].split()) and r["prompt_tokens"] > 20
+    assert fake.added == 30
+    assert fake.peak_waiting >= 5  # pages wait inside vLLM: its batch never runs short
+    engine.close()
+    assert fake.engine_core.shut
+
+
+def test_a_looping_page_is_stopped_and_retried_at_a_higher_temperature(monkeypatch):
+    engine, fake = _engine(monkeypatch, repetition_span=30, repetition_max_period=5, max_tokens=500)
+    rows = {(r["doc_id"], r["page_index"]): r for r in _run(engine, _pages(6, dark={4}))}
+    looped = rows[("d1", 1)]
+    assert looped["attempts"] == 2 and looped["finish_reason"] == "stop"
+    assert len(fake.aborted) == 1  # stopped early: far fewer than max_tokens were spent
+    assert all(r["attempts"] == 1 for key, r in rows.items() if key != ("d1", 1))
+
+
+def test_a_page_that_keeps_looping_ends_as_repetition(monkeypatch):
+    engine, fake = _engine(monkeypatch, repetition_span=30, repetition_max_period=5, max_tokens=500,
+                           max_attempts=1, temperature=0.0)
+    rows = {(r["doc_id"], r["page_index"]): r for r in _run(engine, _pages(3, dark={0}))}
+    assert rows[("d0", 0)]["finish_reason"] == "repetition"
+    assert rows[("d0", 0)]["error_type"] == "repetition" and rows[("d0", 0)]["output_tokens"] == 30
+    assert rows[("d0", 0)]["text"].startswith("w7 w8 w9")
+
+
+def test_a_rejected_request_is_an_error_row_and_the_rest_goes_on(monkeypatch):
+    engine, _ = _engine(monkeypatch, max_model_len=2000)
+    rows = {(r["doc_id"], r["page_index"]): r for r in _run(engine, _pages(6, big={2}))}
+    assert len(rows) == 6
+    bad = rows[("d0", 2)]
+    assert (bad["finish_reason"], bad["error_type"]) == ("error", "rejected")
+    assert "longer than the maximum model length" in bad["error_message"]
+    assert sum(r["finish_reason"] == "stop" for r in rows.values()) == 5
+
+
+def test_hitting_max_tokens_is_length(monkeypatch):
+    engine, _ = _engine(monkeypatch, max_tokens=3)
+    rows = _run(engine, _pages(3))
+    assert {r["finish_reason"] for r in rows} <= {"length", "stop"} and any(r["finish_reason"] == "length" for r in rows)
+    assert all(r["output_tokens"] <= 3 for r in rows)
+
+
+def test_stop_aborts_what_is_in_flight(monkeypatch):
+    engine, fake = _engine(monkeypatch, queue_pages=8, max_tokens=50)
+    stop = threading.Event()
+    seen = []
+    for out in engine.run(iter(_pages(40)), stop):
+        seen.extend(out.to_pylist())
+        stop.set()
+    assert 1 <= len(seen) < 40
+    assert fake.aborted and not fake.order  # nothing left running inside vLLM
+
+
+def test_an_engine_failure_stops_the_run(monkeypatch):
+    engine, fake = _engine(monkeypatch)
+
+    def dead():
+        raise RuntimeError("EngineCore died")
+
+    fake.step = dead
+    with pytest.raises(BatchocrError, match="vLLM engine failed"):
+        _run(engine, _pages(3))
+
+
+def test_the_pipeline_with_the_vllm_engine_renders_to_the_presets_size(monkeypatch, tmp_path):
+    engine, fake = _engine(monkeypatch, preset="olmocr-2", queue_pages=6, max_tokens=40)
+    spec = load_job(None, source=str(SAMPLES), out=str(tmp_path / "out"), engine="vllm",
+                    engine_options={"model": "/models/fake", "preset": "olmocr-2"})
+    summary = run_job(spec, progress=False, engine=engine)
+    table = read_table(tmp_path / "out")
+    assert summary.pages == table.num_rows == sum(count_pages(p) for p in sample_documents())
+    rows = table.to_pylist()
+    assert all(r["engine"] == "vllm" and r["model"] == "/models/fake" for r in rows)
+    assert all(max(r["width"], r["height"]) <= 1288 and r["width"] % 28 == 0 and r["height"] % 28 == 0 for r in rows)
+    assert all(r["output_tokens"] > 0 and r["prompt_tokens"] > 0 and r["attempts"] == 1 for r in rows)
+    assert fake.engine_core.shut  # shut down explicitly at the end of the run
