@@ -19,7 +19,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except BatchocrError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            from batchocr.storage import environment_secrets, redact
+
+            click.echo(f"Error: {redact(str(exc), environment_secrets())}", err=True)
             ctx.exit(exc.exit_code)
 
 
@@ -40,7 +42,8 @@ def _storage_options(pairs: tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--storage-option")
+            # Not echoed: what was typed may be a secret.
+            raise click.BadParameter("expected key=value (e.g. account_name=NAME)", param_hint="--storage-option")
         out[key] = value
     return out
 

@@ -57,7 +57,7 @@ def compact_shard(out: Store, shard: int) -> Compacted | None:
     name = f"{shard_dir(shard)}/part-compact-{stamp}-00000.parquet"
     out.write_atomic(name, to_parquet(kept.to_arrow().cast(schema.PAGE_TABLE)))
     for p in parts:
-        out.fs.rm(out.path(p))
+        out.remove(p)
     return Compacted(shard, len(parts), rows.height, kept.height)
 
 

@@ -110,7 +110,7 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
                 summary.documents_skipped += 1
                 continue
             if summary.documents == 0 and out.exists(done_marker(shard.index)):
-                out.fs.rm(out.path(done_marker(shard.index)))  # there is work again: not done
+                out.remove(done_marker(shard.index))  # there is work again: not done
             summary.documents += 1
             bar.set_postfix_str(f"docs {summary.documents}", refresh=False)
             yield RenderTask(doc, skip)

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pymupdf
 
 from batchocr import schema
+from batchocr.errors import BatchocrError
 from batchocr.sources import DocRef
 from batchocr.spec import RenderSpec
 from batchocr.storage import Store
@@ -55,7 +56,7 @@ def open_document(doc: DocRef, storage_options: Mapping[str, Any]) -> pymupdf.Do
     store = Store(doc.uri, storage_options)
     if store.is_local:
         return pymupdf.open(store.root, filetype=doc.filetype)
-    return pymupdf.open(stream=store.fs.cat_file(store.root), filetype=doc.filetype)
+    return pymupdf.open(stream=store.read_bytes(), filetype=doc.filetype)
 
 
 def render_document(
@@ -70,6 +71,8 @@ def render_document(
     pymupdf.TOOLS.mupdf_warnings(reset=True)
     try:
         pdoc = open_document(doc, storage_options)
+    except BatchocrError:  # storage failed for good, not this document: the run stops (see renderpool)
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure to open is this document's error row
         kind = _error_kind(exc, "open_failed")
         yield schema.batch(schema.PAGES, [doc_error(doc, kind, f"{doc.uri}: cannot open as {doc.filetype}: {exc}")])

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import pyarrow as pa
 
 from batchocr import schema
+from batchocr.errors import BatchocrError
 from batchocr.render import Needs, RenderTask, doc_error, page_error, render_document
 from batchocr.spec import RenderSpec
 
@@ -34,8 +35,12 @@ def _worker_main(conn: Connection, spec: RenderSpec, needs: Needs, storage_optio
         task = conn.recv()
         if task is None:
             return
-        for batch in render_document(task, spec, needs, storage_options):
-            conn.send(batch)
+        try:
+            for batch in render_document(task, spec, needs, storage_options):
+                conn.send(batch)
+        except BatchocrError as exc:  # SOURCE failed for good: the parent stops the run
+            conn.send(exc)
+            return
         conn.send(None)  # end of this document
 
 
@@ -126,6 +131,8 @@ class RenderPool:
                         yield from self._replace(w, "renderer_crashed", why)
                         continue
                     w.deadline = time.monotonic() + timeout
+                    if isinstance(msg, BatchocrError):
+                        raise msg  # not the document's fault: no error rows, the run stops
                     if msg is None:
                         w.task = None
                         continue

@@ -27,10 +27,7 @@ def done_marker(shard: int) -> str:
 
 def shards_present(store: Store) -> list[int]:
     """Shards that have a folder under OUT/pages."""
-    if not store.exists("pages"):
-        return []
-    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in store.fs.ls(store.path("pages"), detail=False))
-    return sorted(int(n.split("=", 1)[1]) for n in names if n.startswith("shard="))
+    return sorted(int(n.split("=", 1)[1]) for n in store.subfolders("pages") if n.startswith("shard="))
 
 
 def to_parquet(table: pa.Table) -> bytes:

@@ -1,17 +1,78 @@
-"""The one storage seam: every read and write of SOURCE and OUT goes through fsspec here."""
+"""The one storage seam: every read and write of SOURCE and OUT goes through a Store.
+
+A Store is a folder on any fsspec filesystem. Azure Blob (az://, abfs://) has its
+own backend next to this file (batchocr/azureblob.py: credentials, retry policy,
+streamed listing, error messages); everything else goes through fsspec as is.
+Storage faults leave a Store as one-line BatchocrErrors with no secret in them.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
+import re
+import urllib.parse
 import uuid
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from batchocr.errors import ConfigError
+from batchocr.errors import BatchocrError, ConfigError, StorageError
+
+AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+# Variables whose values are secrets wherever they appear (see redact).
+SECRET_VARIABLES = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
+                    "AZURE_CLIENT_SECRET")
+_SECRET_FIELDS = re.compile(
+    r"(?i)\b(AccountKey|SharedAccessSignature|sig|account_key|sas_token|connection_string|client_secret)"
+    r"(\s*[=:]\s*)([^;&\s'\",]+)")
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """text with every secret (and every key=value that names one) replaced by ***."""
+    for secret in sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True):
+        for form in (secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret)):
+            text = text.replace(form, "***")
+    return _SECRET_FIELDS.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+
+
+def environment_secrets(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    return tuple(env[k] for k in SECRET_VARIABLES if env.get(k))
+
+
+class _Fsspec:
+    """Any filesystem fsspec knows, as it is: local disk, memory://, ..."""
+
+    faults: tuple[type[BaseException], ...] = (OSError,)
+    secrets: tuple[str, ...] = ()
+
+    def __init__(self, url: str, options: Mapping[str, Any]):
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url, **options)
+        except (ImportError, ValueError) as exc:
+            raise ConfigError(f"cannot open {url}: {exc}") from None
+        self.root = self.root.rstrip("/") or "/"
+
+    def walk(self, root: str) -> Iterator[tuple[str, dict]]:
+        if self.fs.isfile(root):
+            yield root, self.fs.info(root)
+            return
+        for folder, dirs, files in self.fs.walk(root, detail=True):
+            # Top-down walk recurses into `dirs` in its order after this yield: sort it.
+            ordered = sorted(dirs.items())
+            dirs.clear()
+            dirs.update(ordered)
+            for name in sorted(files):
+                yield files[name].get("name", posixpath.join(folder, name)), files[name]
+
+    def explain(self, exc: BaseException, where: str) -> BatchocrError:
+        return StorageError(f"{where}: {type(exc).__name__}: {exc}")
+
+    def polars_options(self) -> tuple[dict[str, str] | None, Any]:
+        return None, None
 
 
 class Store:
@@ -19,11 +80,17 @@ class Store:
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None):
         self.url = url
-        try:
-            self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-        except (ImportError, ValueError) as exc:
-            raise ConfigError(f"cannot open {url}: {exc}") from None
-        self.root = self.root.rstrip("/") or "/"
+        options = dict(storage_options or {})
+        if fsspec.core.split_protocol(url)[0] in AZURE_PROTOCOLS:
+            try:
+                from batchocr.azureblob import AzureBackend
+            except ImportError as exc:
+                raise ConfigError(f"{url} needs the azure extra ({exc.name} is missing): "
+                                  "pip install 'batchocr[azure]'") from None
+            self._backend = AzureBackend(url, options)
+        else:
+            self._backend = _Fsspec(url, options)
+        self.fs, self.root = self._backend.fs, self._backend.root
 
     @property
     def is_local(self) -> bool:
@@ -37,51 +104,85 @@ class Store:
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts) if parts else self.root
 
+    def _path(self, rel: str) -> str:
+        return self.path(rel) if rel else self.root
+
     def uri(self, path: str) -> str:
         """A full URI (with protocol) for a path of this filesystem."""
         return self.fs.unstrip_protocol(path)
 
-    def exists(self, rel: str = "") -> bool:
-        return self.fs.exists(self.path(rel) if rel else self.root)
+    @contextlib.contextmanager
+    def _faults(self, doing: str, rel: str = "") -> Iterator[None]:
+        """A storage fault the client's own retries did not mend becomes one redacted
+        line (ConfigError when the user can fix it, else StorageError). A missing file
+        stays FileNotFoundError: what it means is the caller's business."""
+        try:
+            yield
+        except (FileNotFoundError, BatchocrError):
+            raise
+        except self._backend.faults as exc:
+            where = f"{self.url.rstrip('/')}{'/' + rel if rel else ''}: {doing}"
+            err = self._backend.explain(exc, where)
+            raise type(err)(redact(str(err), self._backend.secrets + environment_secrets())) from None
 
-    def read_bytes(self, rel: str) -> bytes:
-        return self.fs.cat_file(self.path(rel))
+    def exists(self, rel: str = "") -> bool:
+        with self._faults("checking it exists", rel):
+            return self.fs.exists(self._path(rel))
+
+    def read_bytes(self, rel: str = "") -> bytes:
+        with self._faults("reading", rel):
+            return self.fs.cat_file(self._path(rel))
 
     def read_json(self, rel: str) -> Any:
         return json.loads(self.read_bytes(rel))
 
     def find(self, rel: str, suffix: str = "") -> list[str]:
-        """Paths (relative to the root) of files under rel, sorted."""
-        base = self.path(rel)
-        if not self.fs.exists(base):
-            return []
-        found = self.fs.find(base)
+        """Paths (relative to the root) of files under rel, sorted; [] if there is no rel."""
         prefix = self.root.rstrip("/") + "/"
-        return sorted(p[len(prefix):] for p in found if p.endswith(suffix))
+        return sorted(p[len(prefix):] for p, _ in self._walk(self.path(rel), rel) if p.endswith(suffix))
+
+    def subfolders(self, rel: str) -> list[str]:
+        """Names of the folders right under rel."""
+        with self._faults("listing", rel):
+            try:
+                entries = self.fs.ls(self.path(rel), detail=True)
+            except FileNotFoundError:
+                return []
+        return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
 
     def write_atomic(self, rel: str, data: bytes) -> str:
         """Write a whole file so that a reader sees all of it or nothing.
 
         Local disk: a temp name in the same folder, fsync, then rename (fsspec's own
         local transactions stage in /tmp, which is a copy, not a rename, across
-        filesystems). Object stores: one upload is one commit.
+        filesystems). Object stores: one upload is one commit (a retried upload
+        rewrites the same name with the same bytes).
         """
         path = self.path(rel)
-        if self.is_local:
-            folder = posixpath.dirname(path)
-            os.makedirs(folder, exist_ok=True)
-            tmp = posixpath.join(folder, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        else:
-            self.fs.pipe_file(path, data)
+        with self._faults("writing", rel):
+            if self.is_local:
+                folder = posixpath.dirname(path)
+                os.makedirs(folder, exist_ok=True)
+                tmp = posixpath.join(folder, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            else:
+                self.fs.pipe_file(path, data)
         return path
 
     def write_json(self, rel: str, obj: Any) -> str:
         return self.write_atomic(rel, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+    def remove(self, rel: str) -> None:
+        """Delete a file; one already gone is fine (a retried delete finds it gone)."""
+        with self._faults("deleting", rel):
+            try:
+                self.fs.rm_file(self.path(rel))
+            except FileNotFoundError:
+                pass
 
     def remove_stale_temps(self, rel: str) -> None:
         """Temp files left by a killed writer (local disk only: uploads leave none)."""
@@ -94,17 +195,22 @@ class Store:
                     os.unlink(os.path.join(folder, name))
 
     def walk_files(self) -> Iterator[tuple[str, dict]]:
-        """(path, info) of every file under the root, folder by folder, in sorted order.
+        """(path, info) of every file under the root, in a stable sorted order.
 
-        Streams: one folder listing is held at a time, never the whole container.
+        Streams: one folder listing (object stores: one page of names) is held at a
+        time, never the whole container.
         """
-        if self.fs.isfile(self.root):
-            yield self.root, self.fs.info(self.root)
-            return
-        for folder, dirs, files in self.fs.walk(self.root, detail=True):
-            # Top-down walk recurses into `dirs` in its order after this yield: sort it.
-            ordered = sorted(dirs.items())
-            dirs.clear()
-            dirs.update(ordered)
-            for name in sorted(files):
-                yield files[name].get("name", posixpath.join(folder, name)), files[name]
+        return self._walk(self.root, "")
+
+    def _walk(self, path: str, rel: str) -> Iterator[tuple[str, dict]]:
+        items = iter(self._backend.walk(path))
+        while True:
+            with self._faults("listing", rel):
+                item = next(items, None)
+            if item is None:
+                return
+            yield item
+
+    def polars_options(self) -> tuple[dict[str, str] | None, Any]:
+        """(storage_options, credential_provider) for polars to read this store's files."""
+        return self._backend.polars_options()

@@ -12,10 +12,16 @@ from batchocr.storage import Store
 
 def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl.LazyFrame:
     """All committed page rows under OUT (before compaction a resumed page can
-    appear in more than one part: `batchocr compact` keeps one row per page)."""
+    appear in more than one part: `batchocr compact` keeps one row per page).
+
+    OUT anywhere, with the same storage options as `batchocr run`: polars reads
+    object stores through its own client, whose options the Store translates
+    (for Azure: account_name/account_key/endpoint instead of a connection string)."""
     store = Store(out, storage_options)
     parts = store.find("pages", suffix=".parquet")
     if not parts:
         raise ConfigError(f"no page table under {out} (expected {out}/pages/shard=*/part-*.parquet)")
+    options, credential_provider = store.polars_options()
     # The shard is a column in every file; hive parsing of shard=NNNNN would only duplicate it.
-    return pl.scan_parquet([store.uri(store.path(p)) for p in parts], hive_partitioning=False)
+    return pl.scan_parquet([store.uri(store.path(p)) for p in parts], hive_partitioning=False,
+                           storage_options=options, credential_provider=credential_provider)
