@@ -21,8 +21,8 @@ class SlowTextLayer(TextLayerEngine):
         super().__init__(TextLayerOptions())
         self.delay = seconds_per_page
 
-    def run(self, pages):
-        for results in super().run(pages):
+    def run(self, pages, stop=None):
+        for results in super().run(pages, stop):
             time.sleep(self.delay * results.num_rows)
             yield results
 

@@ -1,0 +1,97 @@
+"""Spot-safety machinery shared by the chaos tests, whatever the storage (a local
+folder, Azure Blob): a run slowed down so that kills land mid-run
+(tests/chaos_driver.py), killed at random instants and resumed, then compared
+with a clean run after compaction."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+import polars as pl
+import yaml
+
+from batchocr import read_pages
+from batchocr.compact import compact
+from batchocr.errors import EXIT_INTERRUPTED
+from batchocr.storage import Store
+from conftest import ROOT
+
+DRIVER = ROOT / "tests" / "chaos_driver.py"
+MS_PER_PAGE = 25
+KEY = ["doc_id", "page_index"]
+
+
+def write_job(tmp: Path, source: str | Path, out: str | Path, storage_options: Mapping | None = None,
+              name: str | None = None, **sections) -> Path:
+    """A textlayer job committing every 7 pages or 0.3 s; `sections` override
+    (e.g. commit={"every_pages": 3})."""
+    spec = {"source": str(source), "out": str(out), "engine": "textlayer",
+            "render": {"workers": 2, "batch_pages": 2}, "commit": {"every_pages": 7, "every_seconds": 0.3}}
+    spec |= sections
+    if storage_options:
+        spec["storage_options"] = dict(storage_options)
+    job = tmp / f"job-{name or str(out).rstrip('/').rsplit('/', 1)[-1]}.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    return job
+
+
+def start(job: Path, ms_per_page: float = MS_PER_PAGE, env: Mapping | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(DRIVER), str(job), str(ms_per_page)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+
+
+def finish(job: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    proc = start(job, **kwargs)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def table(out: str | Path, storage_options: Mapping | None = None) -> pl.DataFrame:
+    return read_pages(str(out), storage_options).select(*KEY, "text", "finish_reason", "run_id").collect()
+
+
+def run_with_kills(job: Path, sig: int, kills_wanted: int, rnd: random.Random,
+                   window: tuple[float, float] = (0.3, 2.5)) -> tuple[int, list[str]]:
+    """Start the job and kill it (its whole process group) at a random instant, again
+    and again, then let it finish. Returns the kills made and the stderr of each
+    run that SIGTERM interrupted."""
+    kills, attempts, interrupted_runs = 0, 0, []
+    while kills < kills_wanted:
+        attempts += 1
+        assert attempts < kills_wanted * 4, "the run kept finishing before the kill"
+        proc = start(job)
+        time.sleep(rnd.uniform(*window))
+        if proc.poll() is not None:  # finished before the kill: the shard is done
+            assert proc.returncode == 0, proc.stderr.read()
+            break
+        os.killpg(proc.pid, sig)
+        code = proc.wait(timeout=60)
+        kills += 1
+        if sig == signal.SIGTERM:
+            assert code in (0, EXIT_INTERRUPTED), proc.stderr.read()
+            if code == EXIT_INTERRUPTED:
+                interrupted_runs.append(proc.stderr.read())
+    done = finish(job)  # left to finish
+    assert done.returncode == 0, done.stderr
+    return kills, interrupted_runs
+
+
+def assert_same_as_clean(out: str | Path, clean: pl.DataFrame, storage_options: Mapping | None = None) -> None:
+    """Compaction leaves exactly the clean run's table, and dropped no page the
+    uncompacted table had."""
+    before = table(out, storage_options)
+    compact(Store(str(out), storage_options))
+    after = table(out, storage_options)
+    assert after.select(KEY).is_unique().all(), "duplicates after compaction"
+    assert after.sort(KEY).select(*KEY, "text", "finish_reason").equals(
+        clean.sort(KEY).select(*KEY, "text", "finish_reason")
+    )
+    assert set(before.select(*KEY).unique().rows()) == set(after.select(*KEY).rows())
