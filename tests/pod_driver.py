@@ -1,0 +1,29 @@
+"""`python tests/pod_driver.py JOB.yaml MS_PER_PAGE`: what one pod of the Indexed Job
+runs, `batchocr run --job JOB.yaml` through the real CLI (shard from
+JOB_COMPLETION_INDEX and BATCHOCR_SHARDS, exit codes as documented), with only the
+engine swapped for the textlayer engine slowed down to MS_PER_PAGE a page, so that
+kills land mid-run."""
+
+import sys
+import time
+
+from batchocr import engines
+from batchocr.cli import main
+from batchocr.engines.textlayer import TextLayerEngine, TextLayerOptions
+
+
+class SlowTextLayer(TextLayerEngine):
+    def __init__(self, seconds_per_page: float):
+        super().__init__(TextLayerOptions())
+        self.delay = seconds_per_page
+
+    def run(self, pages, stop=None):
+        for results in super().run(pages, stop):
+            time.sleep(self.delay * results.num_rows)
+            yield results
+
+
+if __name__ == "__main__":
+    delay = float(sys.argv[2]) / 1000
+    engines.create = lambda name, options: SlowTextLayer(delay)
+    main(["run", "--job", sys.argv[1], "--quiet"])

@@ -1,0 +1,79 @@
+"""Incremental runs (the nightly CronJob, or by hand): a run over the same SOURCE and OUT
+processes only the documents whose (uri, etag) is not complete in OUT: new ones and
+changed ones. Unchanged documents are not touched."""
+
+import json
+import os
+
+import polars as pl
+
+from batchocr import read_pages
+from batchocr.compact import compact
+from batchocr.sources import list_documents
+from batchocr.storage import Store
+from conftest import run_cli
+from corpus import text_corpus, text_pdf
+
+SHARDS = 2
+
+
+def _run_all_shards(src, out) -> list[str]:
+    """One run of every shard, as the CronJob's pods do; returns their run ids."""
+    run_ids = []
+    for i in range(SHARDS):
+        proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--quiet",
+                       env={"JOB_COMPLETION_INDEX": str(i), "BATCHOCR_SHARDS": str(SHARDS)}, check=True)
+        run_ids.append(proc.stdout.rsplit("(run ", 1)[1].rstrip(")\n") if "(run " in proc.stdout else None)
+    return run_ids
+
+
+def _runs(out) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")}
+
+
+def test_a_rerun_processes_exactly_the_new_and_changed_documents(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=10, pages=2)
+    _run_all_shards(src, out)
+    first = read_pages(str(out)).select("doc_id", "source_etag", "page_index", "text", "run_id").collect()
+    assert first.height == 20
+
+    # 3 new documents, 1 changed (new content: a new size and mtime, as a new ETag on a
+    # store), the other 9 untouched.
+    for i in (10, 11, 12):
+        text_pdf(src / f"doc{i:05d}.pdf", 2, seed=i)
+    changed = src / "doc00004.pdf"
+    new_text = text_pdf(changed, 3, seed=999)
+    stat = changed.stat()
+    os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    docs = {d.name: d for d in list_documents(Store(str(src)))}
+    wanted = {docs[n].doc_id for n in ("doc00010.pdf", "doc00011.pdf", "doc00012.pdf", "doc00004.pdf")}
+
+    before = set(_runs(out))
+    second_ids = [r for r in _run_all_shards(src, out) if r]
+    second = {k: v for k, v in _runs(out).items() if k not in before}
+    assert sorted(second) == sorted(second_ids)
+    assert sum(r["counts"]["documents"] for r in second.values()) == 4
+    assert sum(r["counts"]["documents_skipped"] for r in second.values()) == 9
+
+    rows = read_pages(str(out)).select("doc_id", "source_etag", "page_index", "text", "run_id").collect()
+    new_rows = rows.filter(pl.col("run_id").is_in(second_ids))
+    assert set(new_rows["doc_id"]) == wanted  # exactly those 4, nothing else redone
+    assert new_rows.height == 3 * 2 + 3
+    # Unchanged documents keep their first rows, untouched.
+    old = rows.filter(~pl.col("run_id").is_in(second_ids)).sort("doc_id", "page_index")
+    assert old.equals(first.sort("doc_id", "page_index"))
+
+    # The changed document's new version wins compaction: its 3 new pages, no old row.
+    compact(Store(str(out)))
+    table = read_pages(str(out)).select("doc_id", "source_etag", "page_index", "text").collect()
+    mine = table.filter(pl.col("doc_id") == docs["doc00004.pdf"].doc_id).sort("page_index")
+    assert mine["source_etag"].unique().to_list() == [docs["doc00004.pdf"].etag]
+    assert [t.split() for t in mine["text"]] == [t.split() for t in new_text]
+    assert table.height == 12 * 2 + 3
+
+    # A third run finds nothing to do in any shard.
+    for i in range(SHARDS):
+        proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--quiet",
+                       env={"JOB_COMPLETION_INDEX": str(i), "BATCHOCR_SHARDS": str(SHARDS)}, check=True)
+        assert "nothing to do" in proc.stdout
