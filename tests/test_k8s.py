@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from batchocr.azureblob import resolve
 from batchocr.engines import parse_options
 from batchocr.engines.vllm import VLLMOptions
 from batchocr.errors import EXIT_CONFIG, EXIT_INTERRUPTED
@@ -326,7 +327,9 @@ def test_the_pods_job_spec_loads_and_names_the_model_cache(renders, tmp_path):
     options = parse_options(VLLMOptions, spec_text["engines"]["vllm"], "vllm")
     model = Path(options.model)
     assert model.parent == Path("/models")
-    assert set(spec_text["storage_options"]) <= {"account_name", "anon"}  # identity, never a key
+    # The pod's storage options name the account and no credential: workload identity.
+    credentials, _ = resolve(spec_text["storage_options"], env={})
+    assert credentials.origin == "DefaultAzureCredential" and credentials.account_name
     fill = _one(renders["k8s/model-cache"][1], "Job", "batchocr-model-fill")
     env = {e["name"]: e["value"] for e in fill["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MODEL_DIR"] == model.name
