@@ -24,9 +24,11 @@ COPY pyproject.toml README.md ./
 COPY batchocr ./batchocr
 
 # vLLM, torch and CUDA come from the base image: the constraints (the base image's own
-# versions) make the build fail rather than let pip replace any of them.
+# versions) make the build fail rather than let pip replace any of them. The image's
+# Python is its only one, so pip may install into it even where the distribution marks
+# it externally managed (PEP 668).
 RUN python3 -m pip list --format=freeze > /tmp/base-image.txt \
-    && python3 -m pip install -c /tmp/base-image.txt ".[vllm,azure]" \
+    && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -c /tmp/base-image.txt ".[vllm,azure]" \
     && rm /tmp/base-image.txt \
     && python3 -c "import batchocr.engines.vllm, adlfs, vllm; print('batchocr on vllm', vllm.__version__)"
 
