@@ -1,0 +1,140 @@
+"""`batchocr run --engine vllm` for real on one GPU, then a SIGTERM mid-run and the resume.
+
+    python bench/gpu/e2e.py --models /tmp/models --work /tmp/e2e --json $OUT/e2e.json
+
+Needs vLLM (see bench/gpu/README.md) and the model folders of make_models.py. Runs:
+1. the Qwen2.5-VL-7B layout (random weights) over --pages A4 pages: one row per
+   page, token counts filled;
+2. the Qwen2-VL-2B layout over the same pages, SIGTERM once some parts are
+   committed: exit 75; the rerun completes: no page missing, none twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def a4_corpus(folder: Path, documents: int, pages: int) -> int:
+    import pymupdf
+    from corpus import page_text
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in range(documents):
+        doc = pymupdf.open()
+        for p in range(pages):
+            page = doc.new_page(width=595, height=842)
+            page.insert_textbox(pymupdf.Rect(50, 50, 545, 800), page_text(d * 1000 + p, lines=40), fontsize=10)
+        doc.save(folder / f"doc{d:04d}.pdf")
+    return documents * pages
+
+
+def job(path: Path, src: Path, out: Path, model: Path, max_tokens: int, every_pages: int) -> Path:
+    path.write_text(
+        f"source: {src}\nout: {out}\nengine: vllm\n"
+        f"engines:\n  vllm:\n    model: {model}\n    preset: qwen2.5-vl\n    load_format: dummy\n"
+        f"    ignore_eos: true\n    max_tokens: {max_tokens}\n    max_model_len: 4096\n"
+        f"    gpu_memory_utilization: 0.85\n"
+        f"render: {{workers: 6}}\ncommit: {{every_pages: {every_pages}, every_seconds: 20}}\n"
+    )
+    return path
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "batchocr.cli", "run", *args, "--quiet"]
+
+
+def check(out: Path, pages: int, max_tokens: int) -> dict:
+    table = pq.read_table(out / "pages", partitioning=None)
+    keys = list(zip(table["doc_id"].to_pylist(), table["page_index"].to_pylist()))
+    tokens = table["output_tokens"].to_pylist()
+    prompts = table["prompt_tokens"].to_pylist()
+    return {
+        "rows": table.num_rows, "pages": pages, "unique_keys": len(set(keys)),
+        "finish_reasons": sorted(set(table["finish_reason"].to_pylist())),
+        "output_tokens_all_max": all(t == max_tokens for t in tokens),
+        "prompt_tokens_min": min(p for p in prompts if p is not None) if any(prompts) else None,
+        "text_rows": sum(t is not None and len(t) > 0 for t in table["text"].to_pylist()),
+        "first_error": next((m for m in table["error_message"].to_pylist() if m), None),
+        "ok": table.num_rows == pages == len(set(keys)) and all(t == max_tokens for t in tokens),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", type=Path, default=Path("/tmp/models"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/e2e"))
+    ap.add_argument("--documents", type=int, default=64)
+    ap.add_argument("--pages-per-doc", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--skip", default="", help="comma list of steps to skip: full,sigterm")
+    args = ap.parse_args()
+    report: dict = {}
+    src = args.work / "src"
+    pages = a4_corpus(src, args.documents, args.pages_per_doc)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+
+    def save():
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2))
+
+    if "full" not in args.skip:
+        out = args.work / "out7b"
+        spec = job(args.work / "job7b.yaml", src, out, args.models / "qwen2.5-vl-7b", args.max_tokens, 128)
+        t0 = time.monotonic()
+        proc = subprocess.run(cli("--job", str(spec)), capture_output=True, text=True, env=env, timeout=560)
+        report["full_7b"] = {"command": f"batchocr run --job {spec} --quiet", "exit": proc.returncode,
+                             "wall_s": round(time.monotonic() - t0, 1), "stdout": proc.stdout[-2000:],
+                             "stderr_tail": proc.stderr[-3000:]}
+        if proc.returncode == 0:
+            report["full_7b"]["check"] = check(out, pages, args.max_tokens)
+            (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+            report["full_7b"]["record"] = {k: record[k] for k in ("counts", "timings", "pages_per_s", "render")}
+        print(json.dumps(report["full_7b"].get("check"), indent=1), proc.stdout, flush=True)
+        save()
+
+    if "sigterm" not in args.skip:
+        out = args.work / "out2b"
+        spec = job(args.work / "job2b.yaml", src, out, args.models / "qwen2-vl-2b", args.max_tokens, 32)
+        proc = subprocess.Popen(cli("--job", str(spec)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        deadline = time.monotonic() + 300
+        while len(list(out.glob("pages/**/*.parquet"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        parts_before = len(list(out.glob("pages/**/*.parquet")))
+        t_term = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+        first = {"exit": proc.returncode, "seconds_to_exit_after_sigterm": round(time.monotonic() - t_term, 1),
+                 "parts_when_signalled": parts_before, "stderr_tail": stderr[-1500:]}
+        committed = pq.read_table(out / "pages", partitioning=None).num_rows
+        first["rows_committed"] = committed
+        m = re.search(r"\(run (\S+)\)", stderr)
+        if m:
+            record = json.loads((out / "_runs" / f"{m.group(1)}.json").read_text())
+            first["record_status"], first["record_pages"] = record["status"], record["counts"]["pages"]
+        t0 = time.monotonic()
+        rerun = subprocess.run(cli("--job", str(spec)), capture_output=True, text=True, env=env, timeout=400)
+        report["sigterm_2b"] = {"first": first, "rerun": {"exit": rerun.returncode, "stdout": rerun.stdout[-1000:],
+                                                           "wall_s": round(time.monotonic() - t0, 1),
+                                                           "stderr_tail": rerun.stderr[-1500:]},
+                                "check": check(out, pages, args.max_tokens)}
+        print(json.dumps(report["sigterm_2b"]["check"], indent=1), json.dumps(first, indent=1), rerun.stdout, flush=True)
+        save()
+
+
+if __name__ == "__main__":
+    main()
