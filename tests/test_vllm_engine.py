@@ -12,7 +12,7 @@ from batchocr import schema
 from batchocr.engines import create
 from batchocr.engines.presets import PRESETS, get_preset, strip_front_matter
 from batchocr.engines.repetition import RepetitionCheck
-from batchocr.engines.vllm import VLLMEngine, VLLMOptions
+from batchocr.engines.vllm import CHECK_EVERY, VLLMEngine, VLLMOptions
 from batchocr.errors import BatchocrError, ConfigError
 from batchocr.pipeline import run_job
 from batchocr.spec import load_job
@@ -110,7 +110,7 @@ def test_a_page_that_keeps_looping_ends_as_repetition(monkeypatch):
                            max_attempts=1, temperature=0.0)
     rows = {(r["doc_id"], r["page_index"]): r for r in _run(engine, _pages(3, dark={0}))}
     assert rows[("d0", 0)]["finish_reason"] == "repetition"
-    assert rows[("d0", 0)]["error_type"] == "repetition" and rows[("d0", 0)]["output_tokens"] == 30
+    assert rows[("d0", 0)]["error_type"] == "repetition" and 30 <= rows[("d0", 0)]["output_tokens"] <= 30 + CHECK_EVERY
     assert rows[("d0", 0)]["text"].startswith("w7 w8 w9")
 
 
