@@ -116,11 +116,12 @@ def main() -> None:
 
     # The same pages for every mode, rendered as batchocr renders them.
     spec = RenderSpec(max_side=preset.max_side, size_multiple=preset.size_multiple)
-    pages = []
+    pages, names = [], {}
     for doc in list_documents(Store(str(work / "src"))):
+        names[doc.doc_id] = doc.name  # lengths keyed by file name: the same in every run
         for batch in render_document(RenderTask(doc), spec, Needs(image=True), {}):
             for r in batch.to_pylist():
-                pages.append((f"{r['doc_id']}/{r['page_index']}", r["width"], r["height"], r["image"]))
+                pages.append((f"{doc.name}/{r['page_index']}", r["width"], r["height"], r["image"]))
     pages = pages[: args.pages]
     lengths = {key: length_of(key, args.lengths, args.tokens) for key, *_ in pages}
     report["pages"] = len(pages)
@@ -139,6 +140,7 @@ def main() -> None:
         wall = end - start
         out_tok = report["output_tokens_total"]
         report[name] = {"wall_s": round(wall, 2), "pages_per_s": round(len(pages) / wall, 3),
+                        "start_abs": start, "end_abs": end,
                         "output_tokens_per_s": round(out_tok / wall, 1),
                         "gpu_busy_pct": sampler.between(start, end)} | (extra or {})
         if finishes:
@@ -170,7 +172,7 @@ def main() -> None:
         class Bench(VLLMEngine):
             def sampling(self, page):
                 sp = super().sampling(page)
-                sp.max_tokens = lengths[f"{page.doc_id}/{page.page_index}"]
+                sp.max_tokens = lengths[f"{names[page.doc_id]}/{page.page_index}"]
                 return sp
 
             def _row(self, page, finish_reason):
