@@ -165,3 +165,9 @@ def test_the_pipeline_with_the_vllm_engine_renders_to_the_presets_size(monkeypat
     assert all(max(r["width"], r["height"]) <= 1288 and r["width"] % 28 == 0 and r["height"] % 28 == 0 for r in rows)
     assert all(r["output_tokens"] > 0 and r["prompt_tokens"] > 0 and r["attempts"] == 1 for r in rows)
     assert fake.engine_core.shut  # shut down explicitly at the end of the run
+
+
+def test_a_missing_model_folder_is_a_config_error(monkeypatch):
+    fake_vllm.install(monkeypatch)
+    with pytest.raises(ConfigError, match="model folder /models/nowhere does not exist"):
+        VLLMEngine(VLLMOptions(model="/models/nowhere"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import threading
 import time
 from collections import deque
@@ -136,6 +137,9 @@ class VLLMEngine:
         if llm is None:
             from vllm import LLM
 
+            if options.model.startswith(("/", "./", "../")) and not os.path.isdir(options.model):
+                # A wrong path is the user's to fix: exit 2 fails the Kubernetes Job at once.
+                raise ConfigError(f"engine vllm: model folder {options.model} does not exist")
             llm = LLM(**options.llm_args(self.preset))
         self.llm = llm
         self.engine = llm.llm_engine
