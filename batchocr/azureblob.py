@@ -258,7 +258,7 @@ class AzureBackend:
                 "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, and DefaultAzureCredential found none "
                 "or was refused (in a pod: is workload identity set up for its service account, with the "
                 "'Storage Blob Data Contributor' role?)")
-        if isinstance(err, HttpResponseError):
+        if isinstance(err, HttpResponseError) and err.status_code is not None:  # None: the body was cut off
             code = getattr(err, "error_code", None)
             code = getattr(code, "value", code) or err.reason or "error"
             if code == "ContainerNotFound":

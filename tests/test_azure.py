@@ -1,0 +1,246 @@
+"""Azure Blob for real, on Azurite: `batchocr run az://scans/ az://results/run1` end to
+end, read back through pyarrow/adlfs and read_pages; plan, resume, status and compact
+on az://; credentials in their documented order; user errors; no secret anywhere."""
+
+import base64
+import io
+import json
+import urllib.parse
+
+import adlfs
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+import batchocr
+from batchocr.azureblob import polars_options, resolve
+from batchocr.errors import ConfigError
+from batchocr.sources import doc_id
+from azurite import ACCOUNT, KEY, azurite, connection_string  # noqa: F401 - azurite is a fixture
+from conftest import SAMPLES, count_pages, run_cli, sample_documents
+from corpus import text_pdf
+
+KEYS = ["doc_id", "page_index"]
+OTHER_KEY = base64.b64encode(bytes(range(7, 71))).decode()  # valid base64, wrong key: also a secret
+
+
+def _env(azurite):
+    return {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
+
+
+def _error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("Error")]
+
+
+def test_run_az_to_az_end_to_end_read_back_by_pyarrow_and_read_pages(azurite):
+    azurite.container("scans")
+    azurite.upload("scans", sample_documents())
+    azurite.container("results")
+    proc = run_cli("run", "az://scans/", "az://results/run1", "--quiet", env=_env(azurite), check=True)
+    pages = sum(count_pages(p) for p in sample_documents())
+    assert f"done: 5 documents, {pages} pages (0 errors)" in proc.stdout
+
+    # pyarrow through plain adlfs (not batchocr's filesystem), and batchocr.read_pages (polars' own client)
+    fs = adlfs.AzureBlobFileSystem(connection_string=azurite.connection_string)
+    arrow = pq.read_table("results/run1/pages", filesystem=fs, partitioning=None)
+    rows = batchocr.read_pages("az://results/run1", storage_options={"connection_string": azurite.connection_string})
+    assert isinstance(rows, pl.LazyFrame)
+    rows = rows.collect()
+    assert arrow.num_rows == rows.height == pages
+    assert pl.from_arrow(arrow).sort(KEYS).equals(rows.sort(KEYS))
+    assert rows.select(KEYS).is_unique().all()
+    for path in sample_documents():
+        uri = f"az://scans/{path.name}"
+        mine = rows.filter(pl.col("source_uri") == uri)
+        assert sorted(mine["page_index"]) == list(range(count_pages(path))), path.name
+        assert set(mine["doc_id"]) == {doc_id(uri)} and set(mine["source_size"]) == {path.stat().st_size}
+        assert mine["source_etag"].str.starts_with("0x").all()  # the blob's ETag
+    assert set(rows["finish_reason"]) == {"stop"} and rows["text"].str.len_chars().min() > 0
+
+    # the text is right: eval reads az:// (through read_pages) against the samples' truth
+    proc = run_cli("eval", "az://results/run1", "--truth", str(SAMPLES / "truth"), "--max-cer", "0.02",
+                   "--storage-option", f"connection_string={azurite.connection_string}")
+    assert proc.returncode == 0, proc.stderr
+    assert "overall:" in proc.stdout
+
+    done = json.loads(fs.cat_file("results/run1/_done/shard=00000.json"))
+    assert done["pages"] == pages and done["documents"] == 5
+    (record_path,) = fs.glob("results/run1/_runs/*.json")
+    record = json.loads(fs.cat_file(record_path))
+    assert record["status"] == "done" and record["spec"]["out"] == "az://results/run1"
+    assert sorted(f"results/run1/{p}" for p in record["parts"]) == sorted(fs.glob("results/run1/pages/*/*.parquet"))
+
+    proc = run_cli("status", "az://results/run1", env=_env(azurite), check=True)
+    assert f"1/1 shards done, 0 partial, 0 not started; {pages} pages, 0 error pages" in proc.stdout
+    proc = run_cli("run", "az://scans/", "az://results/run1", "--quiet", env=_env(azurite), check=True)
+    assert "nothing to do (5 documents already done)" in proc.stdout
+
+
+def test_plan_resume_status_and_compact_on_azure(azurite, tmp_path):
+    azurite.container("planned")
+    for i in range(6):
+        text_pdf(tmp_path / f"doc{i}.pdf", pages=2, seed=i)
+    azurite.upload("planned", sorted(tmp_path.glob("doc*.pdf")), prefix="in/")
+    env = _env(azurite)
+    src, out = "az://planned/in", "az://planned/out"
+    proc = run_cli("plan", src, out, "--shards", "2", env=env, check=True)
+    assert "planned 6 documents" in proc.stdout
+    for shard in ("0/2", "1/2"):
+        run_cli("run", src, out, "--engine", "textlayer", "--shard", shard, "-q", env=env, check=True)
+    assert "2/2 shards done, 0 partial, 0 not started; 12 pages" in run_cli("status", out, env=env).stdout
+
+    # A new blob: planned again (old documents keep their shard), then only it is processed.
+    text_pdf(tmp_path / "late.pdf", pages=3, seed=99)
+    azurite.upload("planned", [tmp_path / "late.pdf"], prefix="in/")
+    run_cli("plan", src, out, "--shards", "2", env=env, check=True)
+    lines = [run_cli("run", src, out, "--engine", "textlayer", "--shard", s, "-q", env=env, check=True).stdout
+             for s in ("0/2", "1/2")]
+    assert sorted("done: 1 documents, 3 pages" in line for line in lines) == [False, True]
+    assert sum("nothing to do" in line for line in lines) == 1
+    assert "2/2 shards done, 0 partial, 0 not started; 15 pages" in run_cli("status", out, env=env).stdout
+
+    proc = run_cli("compact", out, env=env, check=True)
+    assert proc.stdout.count("-> 1 part") == 2
+    fs = adlfs.AzureBlobFileSystem(connection_string=azurite.connection_string)
+    assert len(fs.glob("planned/out/pages/*/*.parquet")) == 2
+    rows = batchocr.read_pages(out, {"connection_string": azurite.connection_string}).collect()
+    assert rows.height == 15 and rows.select(KEYS).is_unique().all()
+
+
+def test_credentials_come_in_the_documented_order():
+    cs = connection_string(10000)
+    env = {"AZURE_STORAGE_CONNECTION_STRING": cs, "AZURE_STORAGE_ACCOUNT_KEY": KEY, "AZURE_STORAGE_SAS_TOKEN": "sv=x&sig=y",
+           "AZURE_STORAGE_ACCOUNT_NAME": "envaccount"}
+    # 1. storage options (job spec or --storage-option) win over everything in the environment
+    creds, _ = resolve({"account_key": OTHER_KEY, "account_name": "mine"}, env)
+    assert (creds.origin, creds.account_key, creds.account_name, creds.connection_string) == (
+        "storage option account_key", OTHER_KEY, "mine", None)
+    creds, _ = resolve({"sas_token": "?sv=1&sig=2"}, env)
+    assert creds.origin == "storage option sas_token" and creds.account_name == "envaccount"
+    # 2. AZURE_STORAGE_CONNECTION_STRING, 3. account key, 4. SAS token, 5. DefaultAzureCredential
+    assert resolve({}, env)[0].origin == "AZURE_STORAGE_CONNECTION_STRING"
+    env.pop("AZURE_STORAGE_CONNECTION_STRING")
+    assert resolve({}, env)[0].origin == "AZURE_STORAGE_ACCOUNT_KEY"
+    env.pop("AZURE_STORAGE_ACCOUNT_KEY")
+    assert resolve({}, env)[0].origin == "AZURE_STORAGE_SAS_TOKEN"
+    env.pop("AZURE_STORAGE_SAS_TOKEN")
+    creds, retry = resolve({"retry_total": "9"}, env)
+    assert creds.uses_default_credential and creds.account_name == "envaccount" and retry["retry_total"] == 9
+    # the account may come from an abfs:// URL (container@account.dfs.core.windows.net)
+    assert resolve({}, {}, url_account="fromurl")[0].account_name == "fromurl"
+    assert KEY not in repr(resolve({"connection_string": cs}, {})[0])
+
+
+@pytest.mark.parametrize("options, env, message", [
+    ({}, {}, "need the storage account's name"),
+    ({"account_key": KEY, "sas_token": "sv=1"}, {}, "give one credential"),
+    ({"acount_key": KEY}, {}, "unknown Azure storage option 'acount_key'"),
+    ({KEY: "x"}, {}, "unknown Azure storage option (a key that is not a name)"),
+    ({"account_name": "a", "account_key": "not base64!"}, {}, "is not valid base64"),
+    ({}, {"AZURE_STORAGE_CONNECTION_STRING": f"AccountKey={KEY};nonsense"}, "is malformed"),
+    ({"connection_string": f"Foo=1;AccountKey={KEY}"}, {}, "names no AccountName or BlobEndpoint"),
+    ({"connection_string": connection_string(1), "retry_total": "many"}, {}, "retry_total must be a number"),
+])
+def test_bad_credentials_are_config_errors_without_the_secret(options, env, message):
+    with pytest.raises(ConfigError) as err:
+        resolve(options, env)
+    assert message in str(err.value)
+    assert KEY not in str(err.value)
+
+
+def test_polars_gets_account_key_and_endpoint_instead_of_a_connection_string():
+    creds, _ = resolve({"connection_string": connection_string(10123)}, {})
+    assert polars_options(creds) == ({"account_name": ACCOUNT, "account_key": KEY, "allow_http": "true",
+                                      "endpoint": f"http://127.0.0.1:10123/{ACCOUNT}"}, None)
+    creds, _ = resolve({"connection_string": "UseDevelopmentStorage=true"}, {})
+    assert polars_options(creds) == ({"use_emulator": "true"}, None)
+    creds, _ = resolve({"account_name": "acct", "sas_token": "?sv=1&sig=2"}, {})
+    assert polars_options(creds) == ({"account_name": "acct", "sas_token": "sv=1&sig=2"}, None)
+    cs = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={KEY};EndpointSuffix=core.windows.net"
+    creds, _ = resolve({"connection_string": cs}, {})
+    assert polars_options(creds)[0] == {"account_name": "acct", "account_key": KEY,
+                                        "endpoint": "https://acct.blob.core.windows.net"}
+
+
+def test_user_errors_on_azure_are_one_line_exit_2(azurite):
+    azurite.container("scans2")
+    azurite.upload("scans2", [SAMPLES / "report.pdf"])
+    cases = [
+        (["run", "az://scans2/", "az://nosuch/run1"], _env(azurite), "the container 'nosuch' does not exist"),
+        (["run", "az://nosuch/", "az://scans2/out"], _env(azurite), "SOURCE az://nosuch/ does not exist"),
+        (["run", "az://scans2/", "az://scans2/out"],
+         {"AZURE_STORAGE_CONNECTION_STRING": connection_string(azurite.port, OTHER_KEY)},
+         "Azure refused the account key from AZURE_STORAGE_CONNECTION_STRING"),
+        (["run", "az://scans2/", "az://scans2/out", "--storage-option", f"account_key={OTHER_KEY}"],
+         _env(azurite), "need the storage account's name"),
+        (["status", "az://scans2/out", "--storage-option", "connection_string=garbage"], {}, "is malformed"),
+    ]
+    for args, env, message in cases:
+        proc = run_cli(*args, env=env)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 2, (args, output)
+        assert message in output, (args, output)
+        assert len(_error_lines(output)) == 1 and "Traceback" not in output, output
+        for secret in (KEY, OTHER_KEY):
+            assert secret not in output and urllib.parse.quote(secret, safe="") not in output
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in _strings(k) + _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def test_no_secret_in_any_output_log_run_record_marker_or_table(azurite, tmp_path):
+    """The account key goes in by every way there is; it never comes out: not on
+    stdout/stderr (progress line included), not in _runs/*.json, the done marker or
+    any cell or metadata of the parquet parts; neither when the run fails."""
+    azurite.container("secrets")
+    azurite.upload("secrets", [SAMPLES / "report.pdf", SAMPLES / "receipt.png"], prefix="in/")
+    cs = azurite.connection_string
+    job = tmp_path / "job.yaml"
+    job.write_text(f"source: az://secrets/in\nout: az://secrets/by-job\nengine: textlayer\n"
+                   f"storage_options:\n  connection_string: '{cs}'\n")
+    unreachable = connection_string(1) + ";"
+    runs = [
+        (["run", "az://secrets/in", "az://secrets/by-env", "--engine", "textlayer"], _env(azurite), 0),
+        (["run", "az://secrets/in", "az://secrets/by-flag", "--engine", "textlayer",
+          "--storage-option", f"connection_string={cs}"], {}, 0),
+        (["run", "--job", str(job)], {}, 0),
+        (["status", "az://secrets/by-job"], _env(azurite), 0),
+        (["compact", "az://secrets/by-job"], _env(azurite), 0),
+        (["run", "az://secrets/in", "az://secrets/wrong-key", "--engine", "textlayer"],
+         {"AZURE_STORAGE_CONNECTION_STRING": connection_string(azurite.port, OTHER_KEY)}, 2),
+        (["run", "az://secrets/in", "az://secrets/down", "--engine", "textlayer", "--storage-option",
+          f"connection_string={unreachable}", "--storage-option", "retry_total=1",
+          "--storage-option", "retry_backoff=0.1"], {}, 1),
+    ]
+    secrets = [KEY, OTHER_KEY]
+    secrets += [urllib.parse.quote(s, safe="") for s in secrets] + [urllib.parse.quote_plus(s) for s in secrets]
+    for args, env, code in runs:
+        proc = run_cli(*args, env=env)  # with the progress bar: the progress line is checked too
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == code, (args, output)
+        assert not [s for s in secrets if s in output], (args, output)
+        if code:
+            assert len(_error_lines(output)) == 1 and "Traceback" not in output, output
+
+    written = azurite.blobs("secrets")
+    kinds = {"runs": 0, "done": 0, "parquet": 0}
+    for name, data in written.items():
+        if name.startswith("in/"):
+            continue
+        assert not [s for s in secrets if s.encode() in data], name
+        if name.endswith(".json"):
+            kinds["runs" if "/_runs/" in name else "done"] += 1
+            assert not [s for s in secrets for text in _strings(json.loads(data)) if s in text], name
+        elif name.endswith(".parquet"):
+            kinds["parquet"] += 1
+            table = pq.read_table(io.BytesIO(data))
+            texts = _strings(table.to_pylist()) + [v.decode(errors="replace") for v in (table.schema.metadata or {}).values()]
+            assert texts and not [s for s in secrets for text in texts if s in text], name
+    assert kinds == {"runs": 3, "done": 3, "parquet": 3}, kinds

@@ -1,0 +1,110 @@
+"""Spot-safety and storage faults with az:// source and sink, on Azurite: SIGKILL at
+random instants; connections reset by a proxy (the SDK's retry policy mends them);
+an outage (the run stops, committed work intact, the rerun completes)."""
+
+import json
+import random
+import signal
+import time
+
+import pytest
+
+from azurite import azurite, connection_string  # noqa: F401 - azurite is a fixture
+from batchocr.storage import Store
+from chaos import KEY, assert_same_as_clean, finish, run_with_kills, start, table, write_job
+from corpus import text_corpus
+from faultproxy import FaultProxy
+
+SOURCE = "az://chaos/src"
+# Fast retries for tests (production defaults: 6 retries, 1 s then 1 + 2**n s).
+QUICK_RETRY = {"retry_backoff": "0.05", "retry_backoff_base": "0.3", "retry_jitter": "0.05"}
+
+
+@pytest.fixture(scope="module")
+def corpus(azurite, tmp_path_factory):
+    """50 text PDFs of 6 pages in az://chaos/src, and the table of a clean run."""
+    tmp = tmp_path_factory.mktemp("azure-chaos")
+    local = tmp / "src"
+    text_corpus(local, documents=50, pages=6)  # 300 pages
+    azurite.container("chaos")
+    azurite.upload("chaos", sorted(local.iterdir()), prefix="src/")
+    done = finish(write_job(tmp, SOURCE, "az://chaos/clean", azurite.options()))
+    assert done.returncode == 0, done.stderr
+    clean = table("az://chaos/clean", azurite.options())
+    assert clean.height == 300 and set(clean["finish_reason"]) == {"stop"}
+    return tmp, clean
+
+
+def test_sigkill_at_random_instants_on_azure_loses_and_duplicates_nothing(azurite, corpus):
+    tmp, clean = corpus
+    out = "az://chaos/killed"
+    job = write_job(tmp, SOURCE, out, azurite.options())
+    kills, _ = run_with_kills(job, signal.SIGKILL, 20, random.Random(20261130), window=(0.8, 4.0))
+    assert kills >= 20
+    assert_same_as_clean(out, clean, azurite.options())
+    assert Store(out, azurite.options()).exists("_done/shard=00000.json")
+
+
+def _parts(azurite, out: str) -> dict[str, bytes]:
+    return azurite.blobs("chaos", f"{out}/pages/")
+
+
+def test_connection_resets_are_retried_nothing_lost_no_duplicate_parts(azurite, corpus):
+    """Under a quarter of the requests to Azurite the proxy resets the connection (RST)
+    after a random number of bytes: in requests, in replies, after an upload landed
+    but before its reply.
+    One run, no resume: it completes, its table equals the clean run's row for row,
+    and the parts in storage are exactly the parts the run committed."""
+    tmp, clean = corpus
+    proxy = FaultProxy(azurite.port, reset_share=0.25, seed=11)
+    try:
+        options = {"connection_string": connection_string(proxy.port), "retry_total": "10", **QUICK_RETRY}
+        done = finish(write_job(tmp, SOURCE, "az://chaos/reset", options))
+    finally:
+        proxy.stop()
+    print(f"fault proxy: {proxy.requests} requests on {proxy.connections} connections, {proxy.resets} reset")
+    assert done.returncode == 0, done.stderr
+    assert proxy.resets >= 10, (proxy.resets, proxy.connections)
+
+    rows = table("az://chaos/reset", azurite.options())  # read back past the proxy
+    assert rows.select(KEY).is_unique().all(), "a page was committed twice"
+    assert rows.sort(KEY).select(*KEY, "text", "finish_reason").equals(
+        clean.sort(KEY).select(*KEY, "text", "finish_reason"))
+    (record,) = [json.loads(data) for data in azurite.blobs("chaos", "reset/_runs/").values()]
+    assert record["status"] == "done"
+    assert sorted(f"reset/{p}" for p in record["parts"]) == sorted(_parts(azurite, "reset"))
+    assert set(rows["run_id"]) == {record["run_id"]}
+
+
+def test_an_outage_stops_the_run_with_committed_work_intact(azurite, corpus):
+    """Storage goes away mid-run for good: after the SDK's retries the run stops with
+    one clear line and exit 1; every part committed before is still there, byte for
+    byte; once storage is back, a rerun completes the table."""
+    tmp, clean = corpus
+    proxy = FaultProxy(azurite.port, reset_share=0.0)
+    try:
+        options = {"connection_string": connection_string(proxy.port), "retry_total": "3", **QUICK_RETRY}
+        job = write_job(tmp, SOURCE, "az://chaos/outage", options, commit={"every_pages": 3, "every_seconds": 0.3})
+        proc = start(job, ms_per_page=60)
+        deadline = time.monotonic() + 120
+        while len(_parts(azurite, "outage")) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "no parts committed"
+            time.sleep(0.1)
+        proxy.set_down(True)
+        committed = _parts(azurite, "outage")
+        stdout, stderr = proc.communicate(timeout=180)
+        print(f"outage: {len(committed)} parts committed before; {proxy.resets} connections reset")
+        assert proc.returncode == 1, stderr
+        errors = [line for line in stderr.splitlines() if line.startswith("Error")]
+        assert len(errors) == 1 and "Traceback" not in stderr, stderr
+        assert "unreachable after 3 retries" in errors[0] and "rerun to resume" in errors[0], errors[0]
+        after = _parts(azurite, "outage")
+        assert {name: after.get(name) for name in committed} == committed, "committed parts changed"
+
+        proxy.set_down(False)
+        done = finish(job)
+    finally:
+        proxy.stop()
+    assert done.returncode == 0, done.stderr
+    # (equal to the clean table: the outage left no error rows behind either)
+    assert_same_as_clean("az://chaos/outage", clean, azurite.options())
