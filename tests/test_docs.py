@@ -35,6 +35,9 @@ def test_example_job_spec_loads_and_states_the_defaults():
     assert spec.commit == CommitSpec()
     assert RapidOCROptions(**spec.engines["rapidocr"]) == RapidOCROptions()
     assert TextLayerOptions(**spec.engines["textlayer"]) == TextLayerOptions()
+    from batchocr.engines.vllm import VLLMOptions
+
+    assert VLLMOptions(**spec.engines["vllm"]) == VLLMOptions(model=spec.engines["vllm"]["model"])
 
 
 def test_readme_starts_with_the_two_commands():
