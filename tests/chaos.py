@@ -1,6 +1,6 @@
 """Spot-safety machinery shared by the chaos tests, whatever the storage (a local
 folder, Azure Blob): a run slowed down so that kills land mid-run
-(tests/chaos_driver.py), killed at random instants and resumed, then compared
+(tests/pod_driver.py), killed at random instants and resumed, then compared
 with a clean run after compaction."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from batchocr.errors import EXIT_INTERRUPTED
 from batchocr.storage import Store
 from conftest import ROOT
 
-DRIVER = ROOT / "tests" / "chaos_driver.py"
+DRIVER = ROOT / "tests" / "pod_driver.py"
 MS_PER_PAGE = 25
 KEY = ["doc_id", "page_index"]
 

@@ -20,6 +20,8 @@ SPECIALS = {  # Qwen2/2.5-VL's ids
     "<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|vision_pad|>": 151654,
     "<|image_pad|>": 151655, "<|video_pad|>": 151656,
 }
+VISION_IDS = dict(image_token_id=SPECIALS["<|image_pad|>"], video_token_id=SPECIALS["<|video_pad|>"],
+                  vision_start_token_id=SPECIALS["<|vision_start|>"], vision_end_token_id=SPECIALS["<|vision_end|>"])
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}"
@@ -69,8 +71,6 @@ def processor(hf_tok, kind: str):
 def qwen2_5_vl_7b(path: Path) -> Path:
     from transformers import Qwen2_5_VLConfig
 
-    ids = dict(image_token_id=SPECIALS["<|image_pad|>"], video_token_id=SPECIALS["<|video_pad|>"],
-               vision_start_token_id=SPECIALS["<|vision_start|>"], vision_end_token_id=SPECIALS["<|vision_end|>"])
     cfg = Qwen2_5_VLConfig(
         text_config=dict(
             vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
@@ -82,7 +82,7 @@ def qwen2_5_vl_7b(path: Path) -> Path:
             depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
             spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
             out_hidden_size=3584, hidden_act="silu", in_channels=3),
-        tie_word_embeddings=False, torch_dtype="bfloat16", **ids)
+        tie_word_embeddings=False, torch_dtype="bfloat16", **VISION_IDS)
     # Without architectures vLLM takes the folder for a pooling (embedding) model.
     cfg.architectures = ["Qwen2_5_VLForConditionalGeneration"]
     return _save(path, cfg, 152064, "qwen2_5_vl")
@@ -91,8 +91,6 @@ def qwen2_5_vl_7b(path: Path) -> Path:
 def qwen2_vl_2b(path: Path) -> Path:
     from transformers import Qwen2VLConfig
 
-    ids = dict(image_token_id=SPECIALS["<|image_pad|>"], video_token_id=SPECIALS["<|video_pad|>"],
-               vision_start_token_id=SPECIALS["<|vision_start|>"], vision_end_token_id=SPECIALS["<|vision_end|>"])
     cfg = Qwen2VLConfig(
         text_config=dict(
             vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -103,7 +101,7 @@ def qwen2_vl_2b(path: Path) -> Path:
         vision_config=dict(depth=32, embed_dim=1280, hidden_size=1536, mlp_ratio=4, num_heads=16,
                            hidden_act="quick_gelu", patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
                            in_channels=3),
-        tie_word_embeddings=True, torch_dtype="bfloat16", **ids)
+        tie_word_embeddings=True, torch_dtype="bfloat16", **VISION_IDS)
     cfg.architectures = ["Qwen2VLForConditionalGeneration"]
     return _save(path, cfg, 151936, "qwen2_vl")
 
