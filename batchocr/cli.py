@@ -216,5 +216,62 @@ def eval_(out, truth, max_cer, storage):
         sys.exit(1)
 
 
+@main.command()
+@click.argument("out")
+@click.option("--truth", type=click.Path(file_okay=False), help="also CER per page against DIR/<document name>/<page_index>.txt")
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON instead of a table")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True), help="also write a self-contained HTML page with charts (needs matplotlib: batchocr[analysis])")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="slowest documents to list")
+@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for OUT (repeatable)")
+def report(out, truth, as_json, html_file, top, storage):
+    """Summarise a run from its page table: pages, documents, finish reasons, errors,
+    throughput over time, tokens and text length per page, slowest documents, pages
+    that hit the token limit or looped, and CER per page with --truth.
+
+    Reads only the columns it needs, so it stays quick on millions of pages.
+
+    \b
+    Example:
+        batchocr report out/demo --truth samples/truth --html report.html
+    """
+    from batchocr.report import build_report, format_text
+    from batchocr.table import read_pages
+
+    summary = build_report(read_pages(out, _storage_options(storage)), out=out, truth=truth, top=top)
+    if html_file:
+        from pathlib import Path
+
+        from batchocr.charts import to_html
+
+        Path(html_file).write_text(to_html(summary), encoding="utf-8")
+    click.echo(summary.to_json() if as_json else format_text(summary))
+
+
+@main.command()
+@click.argument("out")
+@click.argument("dest")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "text", "jsonl"]), default="markdown", show_default=True,
+              help="markdown or text: one file per document; jsonl: one line per document")
+@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for OUT and DEST (repeatable)")
+def export(out, dest, fmt, storage):
+    """Write whole documents out of OUT's page table into the folder DEST.
+
+    Pages in page order; a page with an error, skipped, cut off or missing is
+    marked in its place, never dropped. OUT and DEST are folders or fsspec URLs.
+
+    \b
+    Example:
+        batchocr export out/demo docs/ --format markdown
+        batchocr export az://results/run1 az://exports/run1 --format jsonl
+    """
+    from batchocr.export import export as export_documents
+    from batchocr.storage import Store
+    from batchocr.table import read_pages
+
+    options = _storage_options(storage)
+    done = export_documents(read_pages(out, options), Store(dest, options), fmt)
+    click.echo(f"exported {done.documents} documents, {done.pages} pages ({done.marked} marked) "
+               f"into {done.files} files -> {dest}")
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,122 @@
+"""Whole documents out of the page table: pages in page order, every page accounted
+for (an error, skipped or missing page is marked in its place, never dropped).
+
+- markdown: DEST/<file name>.<doc_id>.md, a `<!-- page N -->` line before each page
+- text: DEST/<file name>.<doc_id>.txt, pages separated by a form feed (as pdftotext does)
+- jsonl: DEST/documents-<shard>.jsonl, one line per document with its pages
+
+One shard is read at a time (a document's rows are all in its shard), so memory
+holds one shard's text, not the whole output's. Before compaction a redone page
+can have several rows: one per (doc_id, page_index) is kept by compaction's rule.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from batchocr.compact import dedupe
+from batchocr.storage import Store
+
+FORMATS = ("markdown", "text", "jsonl")
+COLUMNS = ["doc_id", "source_uri", "source_etag", "page_index", "page_count", "text", "finish_reason",
+           "error_type", "error_message", "processed_at"]
+FORM_FEED = "\f"
+
+
+@dataclass(frozen=True)
+class Exported:
+    documents: int
+    pages: int
+    marked: int  # pages written as error / skipped / missing, or with cut-off text (length, repetition)
+    files: int
+
+
+def file_name(uri: str, doc_id: str) -> str:
+    """The document's file name, made safe, and its doc_id: two documents of one
+    name in different folders get different files."""
+    name = re.sub(r"[^\w.-]+", "_", posixpath.basename(uri.rstrip("/"))) or "document"
+    return f"{name}.{doc_id}"
+
+
+def document_pages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per page 0..page_count-1 (a page with no row is `missing`); a document
+    that could not be opened is its one row (page_index -1)."""
+    by_index = {r["page_index"]: r for r in rows}
+    count = max((r["page_count"] or 0 for r in rows), default=0)
+    indices = sorted(set(range(count)) | set(by_index))
+    pages = []
+    for i in indices:
+        r = by_index.get(i)
+        pages.append({"page_index": i, "finish_reason": r["finish_reason"] if r else "missing",
+                      "text": r["text"] if r else None, "error_type": r["error_type"] if r else None,
+                      "error_message": r["error_message"] if r else "no row in the output (run not finished?)"})
+    return pages
+
+
+def _note(page: dict[str, Any]) -> str:
+    """Why a page is marked: '' for a page read normally."""
+    if page["finish_reason"] == "stop":
+        return ""
+    what = " ".join(filter(None, [page["finish_reason"], page["error_type"]]))
+    return f"{what}: {page['error_message']}" if page["error_message"] else what
+
+
+def _label(page: dict[str, Any]) -> str:
+    return "document" if page["page_index"] < 0 else f"page {page['page_index'] + 1}"
+
+
+def to_markdown(uri: str, pages: list[dict[str, Any]]) -> str:
+    parts = [f"# {posixpath.basename(uri.rstrip('/'))}\n\n`{uri}`\n\n"]
+    for p in pages:
+        note = _note(p)
+        parts.append(f"<!-- {_label(p)}{' · ' + note if note else ''} -->\n")
+        if p["text"] is not None:
+            parts.append(p["text"] + "\n\n")
+        else:
+            parts.append(f"> **{_label(p)} not read** — {note}\n\n")
+    return "".join(parts)
+
+
+def to_text(pages: list[dict[str, Any]]) -> str:
+    return FORM_FEED.join(p["text"] if p["text"] is not None else f"[{_label(p)} not read: {_note(p)}]"
+                          for p in pages)
+
+
+def to_json(doc: dict[str, Any], pages: list[dict[str, Any]]) -> str:
+    return json.dumps({**doc, "pages": pages}, ensure_ascii=False)
+
+
+def export(pages: pl.LazyFrame, dest: Store, fmt: str) -> Exported:
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
+    shards = pages.select(pl.col("shard").unique().sort()).collect()["shard"].to_list()
+    documents = page_total = marked = files = 0
+    for shard in shards:
+        rows = dedupe(pages.filter(pl.col("shard") == shard).select(COLUMNS).collect())
+        lines = []
+        for doc in rows.sort("source_uri", "doc_id", "page_index").partition_by("doc_id", maintain_order=True):
+            first = doc.row(0, named=True)
+            entries = document_pages(doc.to_dicts())
+            documents += 1
+            page_total += len(entries)
+            marked += sum(p["finish_reason"] != "stop" for p in entries)
+            name = file_name(first["source_uri"], first["doc_id"])
+            if fmt == "markdown":
+                dest.write_atomic(f"{name}.md", to_markdown(first["source_uri"], entries).encode())
+                files += 1
+            elif fmt == "text":
+                dest.write_atomic(f"{name}.txt", to_text(entries).encode())
+                files += 1
+            else:
+                meta = {k: first[k] for k in ("doc_id", "source_uri", "source_etag", "page_count")}
+                lines.append(to_json(meta, entries))
+        if lines:
+            dest.write_atomic(f"documents-{shard:05d}.jsonl", ("\n".join(lines) + "\n").encode())
+            files += 1
+    return Exported(documents, page_total, marked, files)

@@ -1,0 +1,155 @@
+"""`batchocr export`: every page's text back, in order, in each format; error, skipped
+and missing pages marked in place; one row per page before compaction; az:// both ways."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from azurite import azurite  # noqa: F401 - a fixture
+from batchocr.export import FORM_FEED, file_name
+from conftest import count_pages, read_table, run_cli, sample_documents
+from synthetic import resumed_output
+
+MARKER = re.compile(r"^<!-- (page (\d+)|document)(?: · (.*))? -->\n", re.M)
+
+
+def _expected(out: Path) -> dict[str, list[tuple[int, str | None, str]]]:
+    """source_uri -> [(page_index, text, finish_reason)] in page order, read by pyarrow."""
+    docs: dict[str, list] = {}
+    for r in read_table(out).to_pylist():
+        docs.setdefault(r["source_uri"], []).append((r["page_index"], r["text"], r["finish_reason"]))
+    return {uri: sorted(pages) for uri, pages in docs.items()}
+
+
+def parse_markdown(md: str) -> list[tuple[int, str, str | None]]:
+    """[(page_index, note, body)] from an exported markdown file; body exactly the page's text."""
+    marks = list(MARKER.finditer(md))
+    pages = []
+    for m, nxt in zip(marks, marks[1:] + [None]):
+        body = md[m.end(): nxt.start() if nxt else len(md)]
+        assert body.endswith("\n\n")
+        index = int(m.group(2)) - 1 if m.group(2) else -1
+        pages.append((index, m.group(3) or "", body[:-2]))
+    return pages
+
+
+def _export(out, dest, fmt, env=None):
+    return run_cli("export", str(out), str(dest), "--format", fmt, env=env, check=True)
+
+
+def _by_uri_jsonl(dest: Path) -> dict[str, dict]:
+    lines = [json.loads(line) for f in sorted(dest.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    return {d["source_uri"]: d for d in lines}
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "text", "jsonl"])
+def test_export_round_trips_every_page_in_order(rapidocr_run, tmp_path, fmt):
+    out, _ = rapidocr_run
+    proc = _export(out, tmp_path / "docs", fmt)
+    expected = _expected(out)
+    assert len(expected) == 5 and sum(map(len, expected.values())) == 10
+    assert "exported 5 documents, 10 pages (0 marked)" in proc.stdout
+    dest = tmp_path / "docs"
+    ids = {r["source_uri"]: r["doc_id"] for r in read_table(out).select(["source_uri", "doc_id"]).to_pylist()}
+    for uri, pages in expected.items():
+        doc_id = ids[uri]
+        name = file_name(uri, doc_id)
+        texts = [t for _, t, _ in pages]
+        if fmt == "markdown":
+            got = parse_markdown((dest / f"{name}.md").read_text())
+            assert [(i, note) for i, note, _ in got] == [(i, "") for i, _, _ in pages]
+            assert [body for _, _, body in got] == texts
+        elif fmt == "text":
+            assert (dest / f"{name}.txt").read_text().split(FORM_FEED) == texts
+        else:
+            doc = _by_uri_jsonl(dest)[uri]
+            assert doc["doc_id"] == doc_id and doc["page_count"] == len(pages)
+            assert [(p["page_index"], p["text"]) for p in doc["pages"]] == [(i, t) for i, t, _ in pages]
+    suffix = {"markdown": ".md", "text": ".txt", "jsonl": ".jsonl"}[fmt]
+    assert len(list(dest.glob(f"*{suffix}"))) == (1 if fmt == "jsonl" else 5)
+
+
+def test_export_marks_skipped_pages_in_place(textlayer_run, tmp_path):
+    """textlayer: the scans have no text layer. Their pages are marked, not dropped."""
+    out, _ = textlayer_run
+    _export(out, tmp_path / "md", "markdown")
+    _export(out, tmp_path / "txt", "text")
+    _export(out, tmp_path / "jl", "jsonl")
+    jl = _by_uri_jsonl(tmp_path / "jl")
+    expected = _expected(out)
+    assert {r for pages in expected.values() for _, _, r in pages} == {"stop", "skipped"}
+    for path in sample_documents():
+        (uri,) = [u for u in expected if u.endswith("/" + path.name)]
+        pages = expected[uri]
+        assert len(pages) == count_pages(path)
+        name = file_name(uri, jl[uri]["doc_id"])
+        md = parse_markdown((tmp_path / "md" / f"{name}.md").read_text())
+        txt = (tmp_path / "txt" / f"{name}.txt").read_text().split(FORM_FEED)
+        assert len(md) == len(txt) == len(jl[uri]["pages"]) == len(pages)
+        for (i, text, reason), (mi, note, body), t, j in zip(pages, md, txt, jl[uri]["pages"]):
+            assert mi == i and j["page_index"] == i and j["finish_reason"] == reason
+            if reason == "stop":
+                assert body == t == j["text"] == text and note == ""
+            else:
+                assert note.startswith("skipped no_text_layer: ")
+                assert body.startswith(f"> **page {i + 1} not read** — skipped no_text_layer")
+                assert t.startswith(f"[page {i + 1} not read: skipped no_text_layer") and j["text"] is None
+
+
+def test_export_before_compaction_keeps_one_row_per_page_like_compact(tmp_path):
+    resumed_output(tmp_path / "out")
+    _export(tmp_path / "out", tmp_path / "before", "jsonl")
+    docs = _by_uri_jsonl(tmp_path / "before")
+    pages = {uri: [(p["page_index"], p["finish_reason"], p["text"]) for p in d["pages"]] for uri, d in docs.items()}
+    assert pages == {
+        "az://s/a.pdf": [(0, "stop", "alpha"), (1, "stop", "beta!"), (2, "length", "gamma")],
+        "az://s/b.pdf": [(-1, "error", None)],
+        "az://s/c.pdf": [(0, "repetition", "new c")],  # the new version only
+        "az://s/d.pdf": [(0, "skipped", None), (1, "stop", "delta delta")],
+    }
+    # the same documents as after `batchocr compact`, byte for byte, in every format
+    shutil.copytree(tmp_path / "out", tmp_path / "compacted")
+    run_cli("compact", str(tmp_path / "compacted"), check=True)
+    for fmt in ("markdown", "text", "jsonl"):
+        _export(tmp_path / "out", tmp_path / f"b-{fmt}", fmt)
+        _export(tmp_path / "compacted", tmp_path / f"a-{fmt}", fmt)
+        before = {p.name: p.read_bytes() for p in (tmp_path / f"b-{fmt}").iterdir()}
+        after = {p.name: p.read_bytes() for p in (tmp_path / f"a-{fmt}").iterdir()}
+        assert before == after and len(before) == (2 if fmt == "jsonl" else 4)
+    b = parse_markdown(next((tmp_path / "b-markdown").glob("b.pdf.*.md")).read_text())
+    assert b == [(-1, "error open_failed: it failed (open_failed)",
+                  "> **document not read** — error open_failed: it failed (open_failed)")]
+    a = parse_markdown(next((tmp_path / "b-markdown").glob("a.pdf.*.md")).read_text())
+    assert a == [(0, "", "alpha"), (1, "", "beta!"), (2, "length", "gamma")]  # cut off: marked, text kept
+
+
+def test_export_marks_pages_with_no_row_as_missing(tmp_path):
+    """A run not finished yet: a 3-page document with a row for page 1 only."""
+    from synthetic import row, write_part
+
+    write_part(tmp_path / "out", "x", [row("file:///s/half.pdf", 1, 0, text="middle", page_count=3)])
+    _export(tmp_path / "out", tmp_path / "t", "text")
+    (txt,) = (tmp_path / "t").iterdir()
+    assert txt.read_text().split(FORM_FEED) == [
+        "[page 1 not read: missing: no row in the output (run not finished?)]", "middle",
+        "[page 3 not read: missing: no row in the output (run not finished?)]"]
+
+
+def test_export_az_to_az_and_to_local(rapidocr_run, azurite, tmp_path):  # noqa: F811 - the fixture
+    out, _ = rapidocr_run
+    azurite.container("results")
+    azurite.container("exports")
+    for part in sorted(out.glob("pages/shard=*/*.parquet")):
+        azurite.upload("results", [part], prefix=f"run1/pages/{part.parent.name}/")
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
+    _export(out, tmp_path / "local", "markdown")
+    _export("az://results/run1", "az://exports/run1", "markdown", env=env)
+    _export("az://results/run1", tmp_path / "from-az", "markdown", env=env)
+    local = {p.name: p.read_bytes() for p in (tmp_path / "local").iterdir()}
+    assert len(local) == 5
+    assert {p.name: p.read_bytes() for p in (tmp_path / "from-az").iterdir()} == local
+    blobs = azurite.blobs("exports", "run1/")
+    assert {name.removeprefix("run1/"): data for name, data in blobs.items()} == local

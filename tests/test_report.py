@@ -1,0 +1,157 @@
+"""`batchocr report`: its figures against counts computed independently (pyarrow over
+the Parquet, or by hand for a synthetic resumed output), the HTML page, the columns
+it reads, and a million-row output."""
+
+import base64
+import collections
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from batchocr.report import COLUMNS, scan
+from batchocr.table import read_pages
+from conftest import ROOT, SAMPLES, read_table, run_cli
+from synthetic import resumed_output
+
+
+def _report(out, *args):
+    proc = run_cli("report", str(out), "--json", *args, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_report_figures_equal_pyarrow_counts_on_the_real_run(rapidocr_run):
+    out, _ = rapidocr_run
+    got = _report(out, "--truth", str(SAMPLES / "truth"))
+    table = read_table(out)
+    assert got["rows"] == got["pages"] == table.num_rows == 10 and got["duplicates"] == 0
+    assert got["documents"] == len(pc.unique(table["doc_id"])) == 5
+    assert got["finish_reasons"] == {d["values"]: d["counts"] for d in pc.value_counts(table["finish_reason"]).to_pylist()}
+    assert got["error_types"] == {}
+    # text length per page
+    lengths = pc.utf8_length(table["text"]).to_pylist()
+    assert got["text_chars"]["count"] == len(lengths)
+    assert got["text_chars"]["max"] == max(lengths) and got["text_chars"]["min"] == min(lengths)
+    assert got["text_chars"]["mean"] == pytest.approx(sum(lengths) / len(lengths))
+    assert sum(got["text_chars_histogram"]["counts"]) == len(lengths)
+    assert got["output_tokens"] is None and got["prompt_tokens"] is None  # a CPU engine has no tokens
+    # throughput: pages per minute of processed_at
+    stamps = table["processed_at"].to_pylist()
+    minutes = collections.Counter(s.replace(second=0, microsecond=0) for s in stamps)
+    assert [(dt.datetime.fromisoformat(m["minute"]), m["pages"]) for m in got["per_minute"]] == sorted(minutes.items())
+    span = (max(stamps) - min(stamps)).total_seconds() / 60
+    assert got["pages_per_minute"] == pytest.approx(len(stamps) / max(span, 1))
+    assert dt.datetime.fromisoformat(got["first_at"]) == min(stamps)
+    # slowest documents: engine time summed per document
+    sums = collections.defaultdict(float)
+    for uri, ms in zip(table["source_uri"].to_pylist(), table["latency_ms"].to_pylist()):
+        sums[uri] += ms
+    assert [d["source_uri"] for d in got["slowest_documents"]] == sorted(sums, key=sums.get, reverse=True)
+    for d in got["slowest_documents"]:
+        assert d["latency_ms"] == pytest.approx(sums[d["source_uri"]], rel=1e-5)
+    assert got["flagged_total"] == 0 and got["flagged_pages"] == []
+    # CER: the same figures as `batchocr eval`
+    proc = run_cli("eval", str(out), "--truth", str(SAMPLES / "truth"), check=True)
+    errors, chars = map(int, re.search(r"overall: (\d+)/(\d+)", proc.stdout).groups())
+    assert (got["cer"]["errors"], got["cer"]["chars"]) == (errors, chars) and got["cer"]["missing"] == []
+    assert len(got["cer"]["pages"]) == 10 and got["cer"]["overall"] < 0.02
+
+
+def test_report_table_in_the_terminal(rapidocr_run):
+    out, _ = rapidocr_run
+    text = run_cli("report", str(out), check=True).stdout
+    assert re.search(r"^  documents\s+5$", text, re.M) and re.search(r"^  pages\s+10$", text, re.M)
+    assert re.search(r"^  stop\s+10\s+100\.00%$", text, re.M)
+    for doc in ("report.pdf", "scanned.pdf", "fax.tiff", "letter.jpg", "receipt.png"):
+        assert re.search(rf"s\s+\d+ pages  file://\S+/{re.escape(doc)}$", text, re.M), doc
+    assert "CER" not in text  # only with --truth
+
+
+def test_report_of_a_resumed_output_keeps_one_row_per_page(tmp_path):
+    """Before compaction: duplicates, an older version of a document, a document
+    row; VLM finish reasons and tokens. Expected figures worked out by hand."""
+    resumed_output(tmp_path)
+    got = _report(tmp_path)
+    assert (got["rows"], got["duplicates"], got["documents"], got["pages"], got["document_errors"]) == (10, 3, 4, 6, 1)
+    assert got["finish_reasons"] == {"stop": 3, "length": 1, "repetition": 1, "error": 1, "skipped": 1}
+    assert got["error_types"] == {"open_failed": 1, "no_text_layer": 1}  # the redone page's error is gone
+    assert [(m["minute"][11:16], m["pages"]) for m in got["per_minute"]] == [("12:00", 1), ("12:01", 2), ("12:02", 3)]
+    assert got["pages_per_minute"] == pytest.approx(6 / (151 / 60))
+    assert got["text_chars"]["count"] == 5 and got["text_chars"]["max"] == 11 and got["text_chars"]["mean"] == 6.2
+    assert got["output_tokens"]["count"] == 3 and got["output_tokens"]["max"] == 8000
+    assert got["output_tokens"]["p50"] == 4096 and got["prompt_tokens"]["mean"] == pytest.approx(2800 / 3)
+    assert [(d["source_uri"], d["pages"], d["latency_ms"]) for d in got["slowest_documents"]] == [
+        ("az://s/d.pdf", 2, 7001), ("az://s/a.pdf", 3, 6000), ("az://s/c.pdf", 1, 500)]
+    assert got["flagged_total"] == 2
+    assert sorted((p["source_uri"], p["page_index"], p["finish_reason"], p["output_tokens"])
+                  for p in got["flagged_pages"]) == [("az://s/a.pdf", 2, "length", 4096),
+                                                     ("az://s/c.pdf", 0, "repetition", 8000)]
+    text = run_cli("report", str(tmp_path), check=True).stdout
+    assert "10  (3 duplicates" in text and "length      page     2    4096 tokens  az://s/a.pdf" in text
+    # after compaction: the same figures, nothing left to drop
+    run_cli("compact", str(tmp_path), check=True)
+    again = _report(tmp_path)
+    assert again["rows"] == 7 and again["duplicates"] == 0
+    assert {k: v for k, v in again.items() if k not in ("rows", "duplicates")} == \
+        {k: v for k, v in got.items() if k not in ("rows", "duplicates")}
+
+
+def test_report_reads_only_the_columns_it_needs(rapidocr_run):
+    out, _ = rapidocr_run
+    plan = scan(read_pages(str(out))).explain()
+    assert f"PROJECT {len(COLUMNS) + 1}/23 COLUMNS" in plan, plan
+    assert "error_message" not in plan and "source_uri" not in plan
+
+
+def test_report_html_is_one_self_contained_page_with_charts(rapidocr_run, tmp_path):
+    out, _ = rapidocr_run
+    page = tmp_path / "report.html"
+    run_cli("report", str(out), "--truth", str(SAMPLES / "truth"), "--html", str(page), check=True)
+    html = page.read_text()
+    assert not re.search(r"(https?:)?//[\w.-]+\.\w+/", html), "no external URL"
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)">', html)
+    assert [t for t, _ in images] == ["Throughput over time", "Pages by finish_reason", "Text length per page",
+                                      "Slowest documents", "CER per page"]
+    for _, data in images:
+        assert base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n")
+    assert "overall: " in html and "report.pdf" in html
+
+
+def test_report_html_without_matplotlib_says_what_to_install(rapidocr_run, tmp_path):
+    out, _ = rapidocr_run
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from batchocr.cli import main; main(sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", code, "report", str(out), "--html", str(tmp_path / "r.html")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "Error: charts need matplotlib: pip install 'batchocr[analysis]'"
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_report_of_a_folder_without_a_page_table_is_a_user_error(tmp_path):
+    proc = run_cli("report", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: no page table under")
+    assert "Traceback" not in proc.stderr
+
+
+def test_report_over_a_million_rows(tmp_path):
+    """bench/report_memory.py: a synthetic 1,000,000-row output, the report in a fresh
+    process; its peak RSS is the figure in docs/BENCHMARKS.md."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report_memory.py"), "--rows", "1000000",
+                           "--keep", str(out), "--json"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    got = result["summary"]
+    reasons = pq.read_table(out / "pages", columns=["finish_reason", "doc_id"], partitioning=None)
+    assert got["rows"] == got["pages"] == reasons.num_rows == 1_000_000
+    assert got["documents"] == len(pc.unique(reasons["doc_id"]))
+    assert got["finish_reasons"] == {d["values"]: d["counts"]
+                                     for d in pc.value_counts(reasons["finish_reason"]).to_pylist()}
+    assert sum(m["pages"] for m in got["per_minute"]) == 1_000_000 and len(got["per_minute"]) == 180
+    assert result["peak_mb"] < 1500, f"peak RSS {result['peak_mb']:.0f} MB"
