@@ -74,7 +74,8 @@ def _label(page: dict[str, Any]) -> str:
 def to_markdown(uri: str, pages: list[dict[str, Any]]) -> str:
     parts = [f"# {posixpath.basename(uri.rstrip('/'))}\n\n`{uri}`\n\n"]
     for p in pages:
-        note = _note(p)
+        # One line, and no "-->" to end the comment early: the page markers must stay parseable.
+        note = " ".join(_note(p).split()).replace("-->", "->")
         parts.append(f"<!-- {_label(p)}{' · ' + note if note else ''} -->\n")
         if p["text"] is not None:
             parts.append(p["text"] + "\n\n")

@@ -177,7 +177,8 @@ def format_text(r: Report) -> str:
              f"  {'document error rows':<22} {r.document_errors:>12,}",
              f"  {'rows read':<22} {r.rows:>12,}  ({r.duplicates:,} duplicates of redone pages: "
              f"batchocr compact drops them)", "", "finish_reason"]
-    lines += [f"  {k:<22} {v:>12,}  {v / max(r.rows - r.duplicates, 1):7.2%}" for k, v in r.finish_reasons.items()]
+    lines += [f"  {k:<22} {v:>12,}  {v / max(r.rows - r.duplicates, 1):7.2%}"
+              for k, v in r.finish_reasons.items()] or ["  (none)"]
     lines += ["", "error_type"]
     lines += [f"  {k:<22} {v:>12,}" for k, v in r.error_types.items()] or ["  (none)"]
     lines += ["", "throughput"]

@@ -153,3 +153,15 @@ def test_export_az_to_az_and_to_local(rapidocr_run, azurite, tmp_path):  # noqa:
     assert {p.name: p.read_bytes() for p in (tmp_path / "from-az").iterdir()} == local
     blobs = azurite.blobs("exports", "run1/")
     assert {name.removeprefix("run1/"): data for name, data in blobs.items()} == local
+
+
+def test_markdown_markers_survive_any_error_message():
+    from batchocr.export import to_markdown
+
+    pages = [{"page_index": 0, "finish_reason": "error", "text": None, "error_type": "engine_error",
+              "error_message": "line one\nline two --> <!-- page 9 -->"},
+             {"page_index": 1, "finish_reason": "stop", "text": "<b>text</b>\n\n", "error_type": None,
+              "error_message": None}]
+    got = parse_markdown(to_markdown("file:///x/y.pdf", pages))
+    assert [(i, body) for i, _, body in got][1] == (1, "<b>text</b>\n\n")
+    assert [i for i, _, _ in got] == [0, 1] and "\n" not in got[0][1]
