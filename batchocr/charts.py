@@ -35,7 +35,7 @@ def figures(r: Report) -> dict[str, Any]:
     if r.per_minute:
         fig, ax = subplots(figsize=(8, 3))
         ax.plot([dt.datetime.fromisoformat(m["minute"]) for m in r.per_minute],
-                [m["pages"] for m in r.per_minute], marker="o", markersize=3)
+                [m["pages"] for m in r.per_minute], marker="o" if len(r.per_minute) <= 60 else None, markersize=3)
         ax.set(ylabel="pages per minute", ylim=(0, None))
         fig.autofmt_xdate()
         out["Throughput over time"] = fig
