@@ -244,3 +244,28 @@ def test_no_secret_in_any_output_log_run_record_marker_or_table(azurite, tmp_pat
             texts = _strings(table.to_pylist()) + [v.decode(errors="replace") for v in (table.schema.metadata or {}).values()]
             assert texts and not [s for s in secrets for text in texts if s in text], name
     assert kinds == {"runs": 3, "done": 3, "parquet": 3}, kinds
+
+
+def test_abfs_urls_name_the_same_documents_as_az(azurite, tmp_path):
+    azurite.container("spelled")
+    text_pdf(tmp_path / "a.pdf", pages=1)
+    azurite.upload("spelled", [tmp_path / "a.pdf"], prefix="in/")
+    from batchocr.sources import list_documents
+    from batchocr.storage import Store
+
+    options = azurite.options()
+    urls = ["az://spelled/in", "abfs://spelled/in/", "abfss://spelled@devstoreaccount1.dfs.core.windows.net/in"]
+    stores = [Store(url, options) for url in urls]
+    assert {s.canonical for s in stores} == {"az://spelled/in"}
+    assert {tuple(d.uri for d in list_documents(s)) for s in stores} == {("az://spelled/in/a.pdf",)}
+
+
+def test_redact_removes_secrets_in_any_spelling():
+    from batchocr.storage import redact
+
+    text = (f"key {KEY} quoted {urllib.parse.quote(KEY, safe='')} plus {urllib.parse.quote_plus(KEY)} "
+            f"AccountKey=abc123;SharedAccessSignature=sv=1&sig=zzz https://x/c?sv=1&sig=s3cr3t account_key: k")
+    out = redact(text, [KEY])
+    assert KEY not in out and urllib.parse.quote(KEY, safe="") not in out and "abc123" not in out
+    assert "s3cr3t" not in out and "zzz" not in out and "account_key: ***" in out
+    assert out.startswith("key *** quoted *** plus ***")
