@@ -30,8 +30,8 @@ from batchocr.errors import BatchocrError, ConfigError, StorageError
 PROTOCOLS = ("az", "abfs", "abfss")  # the first is how batchocr writes URIs (source_uri, plans)
 
 # Retries and timeouts of the Azure SDK's ExponentialRetry and transport; each one is
-# also a storage option (`--storage-option retry_total=10`). Waits: backoff, then
-# backoff + base**n (1 + 2, 1 + 4, ... s, +-jitter): 6 retries span about two minutes.
+# also a storage option (`--storage-option retry_total=10`). The n-th retry waits
+# backoff + base**n s (1 + 2, 1 + 4, ... 1 + 64 s, +-jitter): 6 retries span about two minutes.
 RETRY_DEFAULTS: dict[str, float] = {
     "retry_total": 6,  # retries of one request (connection errors, dropped responses, 408/5xx)
     "retry_backoff": 1.0,  # seconds: initial_backoff

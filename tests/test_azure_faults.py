@@ -16,7 +16,7 @@ from corpus import text_corpus
 from faultproxy import FaultProxy
 
 SOURCE = "az://chaos/src"
-# Fast retries for tests (production defaults: 6 retries, 1 s then 1 + 2**n s).
+# Fast retries for tests (production defaults: 6 retries, waiting 1 + 2**n s: 3, 5, 9 ... 65 s).
 QUICK_RETRY = {"retry_backoff": "0.05", "retry_backoff_base": "0.3", "retry_jitter": "0.05"}
 
 
