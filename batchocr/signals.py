@@ -7,12 +7,20 @@ import signal
 import threading
 from typing import Iterator
 
+# The stop flag while a graceful_stop() block is active: signal handlers are
+# process-wide, so nested blocks share the outer one's flag.
+_active: threading.Event | None = None
+
 
 @contextlib.contextmanager
 def graceful_stop() -> Iterator[threading.Event]:
     """Within the block, SIGTERM and SIGINT set the returned event instead of
     killing the process; a second SIGINT stops at once. Enter it as early as
     possible: a signal before that kills the process the default way."""
+    global _active
+    if _active is not None:  # nested (a wrapper entered it first): one flag for the process
+        yield _active
+        return
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -24,8 +32,10 @@ def graceful_stop() -> Iterator[threading.Event]:
         stop.set()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    _active = stop
     try:
         yield stop
     finally:
+        _active = None
         for s, h in previous.items():
             signal.signal(s, h)

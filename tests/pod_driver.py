@@ -7,8 +7,12 @@ kills land mid-run."""
 import sys
 import time
 
-from batchocr import engines
-from batchocr.cli import main
+from batchocr.signals import graceful_stop  # noqa: I001 - first: a SIGTERM during the imports counts
+
+graceful_stop().__enter__()  # the CLI's own graceful_stop() shares this flag
+
+from batchocr import engines  # noqa: E402
+from batchocr.cli import main  # noqa: E402
 from batchocr.engines.textlayer import TextLayerEngine, TextLayerOptions
 
 
