@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,51 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 SAMPLE_TYPES = (".pdf", ".png", ".jpg", ".tiff")
+
+
+class CpuMeter:
+    """CPU seconds used on the whole machine by processes other than this one and its
+    reaped children (render workers are joined, so they count as ours), and steal
+    time, over one measurement: a shared, noisy machine shows up here."""
+
+    def __init__(self):
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float]:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return (0.0, 0.0, 0.0)
+        tick = os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+        t = os.times()
+        own = t.user + t.system + t.children_user + t.children_system
+        return (user + nice + system + irq + softirq) / tick, steal / tick, own
+
+    def stop(self) -> dict:
+        end = self._read()
+        busy, steal, own = (b - a for a, b in zip(self.start, end))
+        return {"own_cpu_s": round(own, 2), "other_cpu_s": round(max(0.0, busy - own), 2), "steal_s": round(steal, 2)}
+
+
+def wait_quiet(max_wait_s: float, share: float = 0.10, window_s: float = 2.0) -> float:
+    """Wait (up to max_wait_s) until other processes use less than `share` of the
+    machine's CPUs over a window; the seconds waited."""
+    start = time.monotonic()
+    cpus = os.cpu_count() or 1
+    while time.monotonic() - start < max_wait_s:
+        meter = CpuMeter()
+        time.sleep(window_s)
+        if meter.stop()["other_cpu_s"] < share * cpus * window_s:
+            break
+    return time.monotonic() - start
+
+
+def disturbed(run: dict, share: float = 0.10) -> bool:
+    """Other processes used >= share of the machine's CPUs during either half of a pair."""
+    cpus = os.cpu_count() or 1
+    return any(run[k]["cpu"]["other_cpu_s"] >= share * cpus * run[k]["seconds"] for k in ("raw", "batchocr"))
 
 
 def build_corpus(folder: Path, copies: int) -> list[Path]:
@@ -117,6 +163,7 @@ def run_raw(ocr, pages: list[dict]) -> tuple[float, dict]:
 def run_batchocr(corpus: Path, out: Path, threads: int, render_spec) -> tuple[float, dict, dict]:
     """Wall seconds of run_job end to end, the summary + run record, and the text of
     each (doc_id, page_index) as written to the page table."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from batchocr.pipeline import run_job
@@ -127,8 +174,6 @@ def run_batchocr(corpus: Path, out: Path, threads: int, render_spec) -> tuple[fl
     start = time.perf_counter()
     summary = run_job(spec, progress=False)
     seconds = time.perf_counter() - start
-
-    import pyarrow as pa
 
     parts = sorted((out / "pages").rglob("*.parquet"))
     table = pa.concat_tables([pq.read_table(p) for p in parts]).to_pydict()
@@ -200,17 +245,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--copies", type=int, default=3, help="copies of the 10-page sample set [3: 30 pages]")
-    ap.add_argument("--repeat", type=int, default=2, help="raw/batchocr pairs [2]")
+    ap.add_argument("--repeat", type=int, default=2, help="raw/batchocr pairs, undisturbed by other load [2]")
     ap.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads, both paths [0: one per CPU, the engine default]")
     ap.add_argument("--workers", type=int, default=None, help="render workers [the RenderSpec default: one per CPU, at most 4]")
     ap.add_argument("--batch-pages", type=int, default=None, help="pages per render batch [the RenderSpec default]")
+    ap.add_argument("--wait-quiet", type=float, default=60.0, metavar="S",
+                    help="before each measurement, wait up to S seconds for other processes to use "
+                         "< 10%% of the CPUs [60; 0: don't wait]")
+    ap.add_argument("--max-pairs", type=int, default=0, metavar="N",
+                    help="run further pairs, up to N in all, until --repeat pairs were undisturbed by "
+                         "other load [0: 2 x --repeat]")
     ap.add_argument("--json", type=Path, help="write the figures and machine info here")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (corpus and OUTs)")
     args = ap.parse_args(argv)
     if args.copies < 1 or args.repeat < 1 or args.threads < 0:
         ap.error("--copies and --repeat must be >= 1, --threads >= 0")
+    args.max_pairs = args.max_pairs or 2 * args.repeat
 
     os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before onnxruntime loads, like the engine
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the temp folder is removed
     from batchocr.spec import RenderSpec
 
     overrides = {k: v for k, v in (("workers", args.workers), ("batch_pages", args.batch_pages)) if v is not None}
@@ -249,31 +302,44 @@ def main(argv: list[str] | None = None) -> int:
               f"(both untimed)", file=sys.stderr)
 
         runs, reference = [], None
-        for r in range(1, args.repeat + 1):
+        max_pairs = max(args.repeat, args.max_pairs)
+        r = 0
+        while sum(not run["disturbed"] for run in runs) < args.repeat and r < max_pairs:
+            r += 1
+            waited = wait_quiet(args.wait_quiet)
+            meter = CpuMeter()
             raw_s, raw_texts = run_raw(ocr, pages)
+            raw_cpu = meter.stop() | {"waited_quiet_s": round(waited, 1)}
             if reference is None:
                 reference = raw_texts
             raw_vs_first = compare(reference, raw_texts)
-            print(f"[{r}] raw      {raw_s:7.1f} s  {n / raw_s:.3f} pages/s", file=sys.stderr)
+            print(f"[{r}] raw      {raw_s:7.1f} s  {n / raw_s:.3f} pages/s  cpu {raw_cpu}", file=sys.stderr)
 
+            waited = wait_quiet(args.wait_quiet)
+            meter = CpuMeter()
             b_s, b_info, b_texts = run_batchocr(corpus, tmp / f"out-{r}", args.threads, render_spec)
+            b_cpu = meter.stop() | {"waited_quiet_s": round(waited, 1)}
             check = compare(raw_texts, b_texts)
             print(f"[{r}] batchocr {b_s:7.1f} s  {n / b_s:.3f} pages/s  ratio {raw_s / b_s:.3f}x  "
-                  f"(engine latency sum {b_info['latency_s']:.1f} s, {b_info['timings']})", file=sys.stderr)
+                  f"(engine latency sum {b_info['latency_s']:.1f} s, {b_info['timings']}) cpu {b_cpu}", file=sys.stderr)
             runs.append({
                 "repeat": r,
                 "raw": {"seconds": round(raw_s, 3), "pages_per_s": round(n / raw_s, 4),
-                        "differ_from_first_raw": raw_vs_first["differ_exact"]},
+                        "differ_from_first_raw": raw_vs_first["differ_exact"], "cpu": raw_cpu},
                 "batchocr": {"seconds": round(b_s, 3), "pages_per_s": round(n / b_s, 4),
                              "summary_seconds": round(b_info["summary_seconds"], 3),
                              "ocr_latency_sum_s": round(b_info["latency_s"], 3),
                              "rows": b_info["rows"], "not_stop": b_info["not_stop"], "parts": b_info["parts"],
-                             "timings": b_info["timings"], "vs_raw": check,
+                             "timings": b_info["timings"], "vs_raw": check, "cpu": b_cpu,
                              # start-up (engine load, worker spawn), Arrow conversions, pool shutdown
                              "other_s": round(b_s - b_info["latency_s"] - b_info["timings"]["render_wait_s"]
                                               - b_info["timings"]["write_s"], 3)},
                 "ratio": round(raw_s / b_s, 4),
             })
+            runs[-1]["disturbed"] = disturbed(runs[-1])
+            if runs[-1]["disturbed"]:
+                print(f"[{r}] disturbed by other load: not counted"
+                      + (", running another pair" if r < max_pairs else ""), file=sys.stderr)
         del ocr
     finally:
         if args.keep:
@@ -281,24 +347,36 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    ratio = statistics.median(run["ratio"] for run in runs)
-    ok_rows = all(run["batchocr"]["rows"] == n and run["batchocr"]["vs_raw"]["missing"] == 0
-                  and run["batchocr"]["vs_raw"]["extra"] == 0 for run in runs)
+    quiet = [run for run in runs if not run["disturbed"]]
+    ratio = statistics.median(run["ratio"] for run in (quiet or runs))
+    ok_rows = all(run["batchocr"]["rows"] == n and run["batchocr"]["not_stop"] == 0
+                  and run["batchocr"]["vs_raw"]["missing"] == 0 and run["batchocr"]["vs_raw"]["extra"] == 0
+                  for run in runs)
     differ = max(run["batchocr"]["vs_raw"]["differ_normalised"] for run in runs)
 
     print()
-    print(f"{'run':>3}  {'path':<9} {'pages':>5} {'seconds':>8} {'pages/s':>8}  notes")
+    print(f"{'run':>3}  {'path':<9} {'pages':>5} {'seconds':>8} {'pages/s':>8} {'other CPU-s':>11}  notes")
     for run in runs:
         raw, b = run["raw"], run["batchocr"]
-        print(f"{run['repeat']:>3}  {'raw':<9} {n:>5} {raw['seconds']:>8.1f} {raw['pages_per_s']:>8.3f}  OCR calls only")
+        print(f"{run['repeat']:>3}  {'raw':<9} {n:>5} {raw['seconds']:>8.1f} {raw['pages_per_s']:>8.3f} "
+              f"{raw['cpu']['other_cpu_s']:>11.1f}  OCR calls only")
         tm = b["timings"]
-        print(f"{run['repeat']:>3}  {'batchocr':<9} {n:>5} {b['seconds']:>8.1f} {b['pages_per_s']:>8.3f}  "
+        print(f"{run['repeat']:>3}  {'batchocr':<9} {n:>5} {b['seconds']:>8.1f} {b['pages_per_s']:>8.3f} "
+              f"{b['cpu']['other_cpu_s']:>11.1f}  "
               f"wall = OCR {b['ocr_latency_sum_s']:.1f} + render wait {tm['render_wait_s']:.1f} "
               f"+ write {tm['write_s']:.2f} + other {b['other_s']:.1f} s; ratio {run['ratio']:.3f}x")
     print()
-    print(f"median ratio batchocr/raw: {ratio:.3f}x (goal >= 0.9x), per pair "
-          f"[{', '.join(format(run['ratio'], '.3f') for run in runs)}]")
-    print(f"correctness: rows {'= pages' if ok_rows else '!= pages'} ({n}); "
+    pairs = ", ".join(format(run["ratio"], ".3f") + ("*" if run["disturbed"] else "") for run in runs)
+    print(f"median ratio batchocr/raw: {ratio:.3f}x (goal >= 0.9x), per pair [{pairs}]"
+          + (f"; median of the {len(quiet)} undisturbed pairs" if quiet and len(quiet) < len(runs) else "")
+          + ("; WARNING: every pair was disturbed by other load" if not quiet else ""))
+    counted = quiet or runs
+    print(f"median pages/s: raw {statistics.median(run['raw']['pages_per_s'] for run in counted):.3f}, "
+          f"batchocr {statistics.median(run['batchocr']['pages_per_s'] for run in counted):.3f} "
+          f"(batchocr wall includes engine construction, render worker spawn and the first-call warm-up)")
+    print("*: disturbed (other processes used >= 10% of the CPUs during the raw or batchocr half)")
+    print("other CPU-s: CPU seconds used meanwhile by other processes on the machine (noise; 0 is quiet)")
+    print(f"correctness: rows {'= pages, all finish_reason stop' if ok_rows else '!= pages or not all stop'} ({n}); "
           f"texts differing from raw after whitespace normalisation: {differ} of {n}")
 
     if args.json:
@@ -314,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             "raw_warmup_s": round(warm_s, 3),
             "runs": runs,
             "median_ratio": round(ratio, 4),
+            "median_over": "undisturbed pairs" if quiet else "all pairs (all disturbed)",
             "rows_equal_pages": ok_rows,
             "texts_differing_normalised": differ,
         }
