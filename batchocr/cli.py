@@ -35,6 +35,9 @@ def main():
         batchocr run samples/ out/demo
         batchocr eval out/demo --truth samples/truth
     """
+    from batchocr.renderworker import skip_pymupdf_extras
+
+    skip_pymupdf_extras()  # this process is batchocr's own: PyMuPDF's unused extras stay out
 
 
 def _storage_options(pairs: tuple[str, ...]) -> dict[str, str]:

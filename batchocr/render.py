@@ -12,6 +12,7 @@ import pyarrow as pa
 import pymupdf
 
 from batchocr import schema
+from batchocr.schema import Needs
 from batchocr.errors import BatchocrError
 from batchocr.sources import DocRef
 from batchocr.spec import RenderSpec
@@ -27,12 +28,6 @@ class RenderTask:
     skip: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True)
-class Needs:
-    """What the engine reads from a page; render only that."""
-
-    image: bool = True
-    text_layer: bool = False
 
 
 def doc_error(doc: DocRef, error_type: str, message: str, page_count: int | None = None) -> dict:

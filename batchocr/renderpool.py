@@ -11,44 +11,25 @@ the number of workers, whatever the size of the container.
 from __future__ import annotations
 
 import multiprocessing as mp
-import signal
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
 from batchocr import schema
 from batchocr.errors import BatchocrError
-from batchocr.render import Needs, RenderTask, doc_error, page_error, render_document
+from batchocr import renderworker
+from batchocr.render import RenderTask, doc_error, page_error
+from batchocr.schema import Needs
 from batchocr.spec import RenderSpec
-
-
-def _worker_main(conn: Connection, spec: RenderSpec, needs: Needs, storage_options: Mapping[str, Any]) -> None:
-    # The parent decides when to stop (SIGINT/SIGTERM go to the whole process group).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import pymupdf
-
-    pymupdf.TOOLS.mupdf_display_errors(False)  # errors become rows, not stderr noise
-    pymupdf.TOOLS.mupdf_display_warnings(False)
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        try:
-            for batch in render_document(task, spec, needs, storage_options):
-                conn.send(batch)
-        except BatchocrError as exc:  # SOURCE failed for good: the parent stops the run
-            conn.send(exc)
-            return
-        conn.send(None)  # end of this document
 
 
 class _Worker:
     def __init__(self, ctx, spec: RenderSpec, needs: Needs, storage_options: Mapping[str, Any]):
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_worker_main, args=(child, spec, needs, dict(storage_options)), daemon=True
+            target=renderworker.main, args=(child, spec, needs, dict(storage_options)), daemon=True
         )
         self.process.start()
         child.close()

@@ -194,7 +194,7 @@ def format_text(r: Report) -> str:
     lines += ["", "per page",
               _dist_line("text chars", r.text_chars), _dist_line("output tokens", r.output_tokens),
               _dist_line("prompt tokens", r.prompt_tokens), _dist_line("latency ms", r.latency_ms),
-              "", f"slowest documents (engine time, sum of latency_ms)"]
+              "", "slowest documents (engine time, sum of latency_ms)"]
     lines += [f"  {d['latency_ms'] / 1000:>9.1f} s  {d['pages']:>6,} pages  {d['source_uri']}"
               for d in r.slowest_documents] or ["  (none)"]
     lines += ["", f"pages that hit the token limit (length) or looped (repetition): {r.flagged_total:,}"]

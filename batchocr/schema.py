@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pyarrow as pa
 
 # The page table (OUT/pages/**.parquet): one row per page. README documents the
@@ -94,3 +96,11 @@ CARRIED = [
 
 def batch(schema: pa.Schema, rows: list[dict]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the engine reads from a page; render only that."""
+
+    image: bool = True
+    text_layer: bool = False

@@ -112,7 +112,8 @@ def render_corpus(corpus: Path, render_spec) -> list[dict]:
     exactly as a render worker would (same function, same spec)."""
     import numpy as np
 
-    from batchocr.render import Needs, RenderTask, render_document
+    from batchocr.render import RenderTask, render_document
+    from batchocr.schema import Needs
     from batchocr.sources import list_documents
     from batchocr.storage import Store
 

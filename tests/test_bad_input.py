@@ -8,7 +8,8 @@ import time
 import pytest
 
 from batchocr import read_pages, schema
-from batchocr.render import Needs, RenderTask
+from batchocr.render import RenderTask
+from batchocr.schema import Needs
 from batchocr.renderpool import RenderPool
 from batchocr.sources import list_documents
 from batchocr.spec import RenderSpec

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping, Protocol
 import pyarrow as pa
 
 from batchocr.errors import ConfigError
-from batchocr.render import Needs
+from batchocr.schema import Needs
 
 
 class Engine(Protocol):

@@ -18,7 +18,7 @@ import pyarrow as pa
 from batchocr import schema
 from batchocr.engines import parse_options, result
 from batchocr.errors import ConfigError
-from batchocr.render import Needs
+from batchocr.schema import Needs
 
 
 @dataclass(frozen=True)

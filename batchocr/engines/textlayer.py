@@ -12,7 +12,7 @@ import pymupdf
 
 from batchocr import schema
 from batchocr.engines import parse_options, result
-from batchocr.render import Needs
+from batchocr.schema import Needs
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from batchocr.engines import parse_options, result
 from batchocr.engines.presets import Preset, get_preset
 from batchocr.engines.repetition import RepetitionCheck
 from batchocr.errors import BatchocrError, ConfigError
-from batchocr.render import Needs
+from batchocr.schema import Needs
 
 INSTALL_HINT = "pip install 'batchocr[vllm]' (on a machine with an NVIDIA GPU)"
 CHECK_EVERY = 32  # tokens between two looks for runaway repetition

@@ -86,7 +86,6 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    import pyarrow as pa
     from e2e import a4_corpus
     from PIL import Image
     from vllm import LLM, SamplingParams
@@ -94,7 +93,8 @@ def main() -> None:
     from batchocr.engines.presets import get_preset
     from batchocr.engines.vllm import VLLMEngine, VLLMOptions
     from batchocr.pipeline import run_job
-    from batchocr.render import Needs, RenderTask, render_document
+    from batchocr.render import RenderTask, render_document
+    from batchocr.schema import Needs
     from batchocr.sources import list_documents
     from batchocr.spec import RenderSpec, load_job
     from batchocr.storage import Store
