@@ -89,6 +89,15 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
 
     if engine is None:
         engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
+    try:
+        return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop)
+    finally:
+        engine.close()  # explicitly: vLLM was seen to hang at exit otherwise
+
+
+def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.datetime, summary: RunSummary,
+         out: Store, source: Store, progress: bool, stop: threading.Event) -> RunSummary:
+    shard = spec.shard
     render = _render_spec(spec, engine)
     record = _run_record(spec, engine, run_id, started_at) | {"render": dataclasses.asdict(render)}
     out.write_json(f"_runs/{run_id}.json", record | {"status": "running"})
@@ -169,7 +178,6 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
             t = time.monotonic()
             writer.flush()  # commit whatever finished, whatever happened
             timings["write_s"] += time.monotonic() - t
-            engine.close()
             bar.close()
             summary.interrupted = stop.is_set()
             summary.seconds = time.monotonic() - started
