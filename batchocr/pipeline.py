@@ -54,7 +54,7 @@ class RunSummary:
     def line(self) -> str:
         if self.documents == 0 and not self.interrupted:
             return (f"batchocr: shard {self.shard}: nothing to do "
-                    f"({self.documents_skipped} documents already done) in {self.out}")
+                    f"({self.documents_skipped} documents already done) in {self.out} (run {self.run_id})")
         state = "interrupted after" if self.interrupted else "done:"
         skipped = f", {self.skipped_pages} skipped" if self.skipped_pages else ""
         return (
