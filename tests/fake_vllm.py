@@ -129,9 +129,20 @@ class LLM:
         self.kwargs = kwargs
         self.llm_engine = FakeEngine(max_num_seqs, max_model_len)
 
+    def generate(self, prompts, sampling_params, use_tqdm=False):
+        """One finite call, as vllm.LLM.generate: add everything, step until done."""
+        engine, ids = self.llm_engine, []
+        for prompt, params in zip(prompts, sampling_params):
+            (engine_input,) = engine.renderer.render_cmpl([prompt])
+            ids.append(f"g{engine.added}")
+            engine.add_request(ids[-1], engine_input, params)
+        done = {}
+        while engine.order:
+            done.update((o.request_id, o) for o in engine.step() if o.finished)
+        return [done[i] for i in ids]
 
-def install(monkeypatch) -> None:
-    """Make `import vllm` find this stand-in (for the test's duration)."""
+
+def _modules() -> dict[str, types.ModuleType]:
     vllm = types.ModuleType("vllm")
     vllm.__version__ = "fake"
     vllm.LLM = LLM
@@ -139,5 +150,15 @@ def install(monkeypatch) -> None:
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.RequestOutputKind = RequestOutputKind
     vllm.sampling_params = sampling
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
+    return {"vllm": vllm, "vllm.sampling_params": sampling}
+
+
+def install(monkeypatch) -> None:
+    """Make `import vllm` find this stand-in (for the test's duration)."""
+    for name, module in _modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def install_modules() -> None:
+    """The same for a whole process (bench/gpu/throughput.py --fake: a dry run on the CPU)."""
+    sys.modules.update(_modules())

@@ -1,6 +1,7 @@
-"""Plot pages finished and GPU busy over time from throughput.py's JSON.
+"""Plot pages/s, requests running in vLLM and GPU busy over time, one line per
+mode (a vLLM alone, b batchocr, c batch at a time), from throughput.py's JSON.
 
-    python bench/gpu/plot.py docs/gpu/throughput-7b-run2.json docs/gpu/throughput-7b-run2.png
+    python bench/gpu/plot.py docs/gpu/tp-7b-bf16.json docs/gpu/tp-7b-bf16.png
 """
 
 import json
@@ -11,34 +12,53 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+MODES = {"a_vllm_alone": ("a vLLM alone (one generate)", "tab:orange"),
+         "b_batchocr": ("b batchocr", "tab:blue"),
+         "c_batch_at_a_time": ("c generate per 256 pages", "tab:green")}
+
+
+def rolling(points: list[tuple[float, float]], end: float, width: float = 5.0) -> tuple[list[float], list[float]]:
+    """Sum of values per second over a trailing window of `width` seconds, every 0.5 s."""
+    xs = [x / 2 for x in range(int(end * 2) + 1)]
+    return xs, [sum(v for t, v in points if x - width < t <= x) / width for x in xs]
+
 
 def main(src: str, dst: str) -> None:
     r = json.load(open(src))
-    b = r.get("b_batchocr", {})
-    samples = r["gpu_samples"]
-    # b runs last: it ends at the last busy sample and lasted wall_s (older JSON has no start time).
-    end = b.get("end_abs") or max(t for t, u in samples if u > 0)
-    t0 = b.get("start_abs") or end - b.get("wall_s", 0)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    window = [(t - t0, u) for t, u in samples if t0 - 1 <= t <= end + 1]
-    bottom.plot([t for t, _ in window], [u for _, u in window], lw=0.8, color="tab:gray")
-    bottom.set_ylabel("GPU busy % (during b)")
-    bottom.set_xlabel("seconds since b started")
-    for name in ("a_vllm_alone", "b_batchocr", "c_batch_at_a_time"):
-        if name not in r:
+    steps = r.get("engine_steps", [])
+    gpu = r["gpu_samples"]
+    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
+    for name, (label, color) in MODES.items():
+        m = r.get(name)
+        if not m:
             continue
-        if "timeline" in r[name]:
-            ts = r[name]["timeline"]
-            # rolling pages/s over 5 s windows
-            xs = [x / 2 for x in range(int(max(ts) * 2) + 1)]
-            ys = [sum(1 for t in ts if x - 5 < t <= x) / 5 for x in xs]
-            top.plot(xs, ys, label=f"{name} ({r[name]['pages_per_s']:.2f} pages/s end to end)")
-        else:
-            top.axhline(r[name]["pages_per_s"], ls="--", color="tab:orange",
-                        label=f"{name}: {r[name]['pages_per_s']:.2f} pages/s (one call, no per-page times)")
+        t0, t1 = m["start_abs"], m["end_abs"]
+        mine = [s for s in steps if t0 <= s[0] <= t1]
+        if mine:
+            finished = [(s[0] - t0, s[5]) for s in mine]
+        else:  # no engine timeline (older JSON): the finish times recorded by the script
+            finished = [(t, 1) for t in m.get("timeline", [])]
+        xs, ys = rolling(finished, t1 - t0)
+        steady = m.get("steady") or {}
+        extra = f", steady {steady['pages_per_s']:.2f}" if steady.get("pages_per_s") else ""
+        top.plot(xs, ys, color=color, lw=1.2, label=f"{label}: {m['pages_per_s']:.2f} pages/s end to end{extra}")
+        if steady.get("window_start_s") is not None:
+            top.axvspan(steady["window_start_s"], steady["window_end_s"], color=color, alpha=0.06)
+        mid.plot([s[0] - t0 for s in mine], [s[1] for s in mine], color=color, lw=0.8, label=label)
+        busy = [(t - t0, u) for t, u in gpu if t0 <= t <= t1]
+        bottom.plot([t for t, _ in busy], [u for _, u in busy], color=color, lw=0.6, alpha=0.8,
+                    label=f"{label}: {m['gpu_busy_pct']}% overall"
+                          + (f", {steady['gpu_busy_pct']}% steady" if steady.get("gpu_busy_pct") else ""))
     top.set_ylabel("pages/s (5 s window)")
-    top.legend(fontsize=8)
-    top.set_title(f"{r['args']['model'].rsplit('/', 1)[-1]}, {r['pages']} pages, lengths {r['args']['lengths']}")
+    top.legend(fontsize=7, loc="lower center")
+    mid.set_ylabel("requests running in vLLM")
+    bottom.set_ylabel("GPU busy % (NVML)")
+    bottom.set_xlabel("seconds since the mode started")
+    bottom.legend(fontsize=7, loc="lower center")
+    args = r["args"]
+    top.set_title(f"{args['model'].rstrip('/').rsplit('/', 1)[-1]}"
+                  f"{' ' + args['quantization'] if args.get('quantization') else ''}, {r['pages']} pages, "
+                  f"lengths {args['lengths']}, max_num_seqs {args['max_num_seqs']} (shaded: steady window)")
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
 
