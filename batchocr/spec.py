@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
+from batchocr.cpus import available_cpus
 from batchocr.errors import ConfigError
 
 ENGINES = ("rapidocr", "textlayer", "vllm")
@@ -49,7 +49,7 @@ class RenderSpec:
 
     @property
     def worker_count(self) -> int:
-        return self.workers or max(1, min(4, os.cpu_count() or 1))
+        return self.workers or min(4, available_cpus())
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Fast unit and property tests of the stages' small pieces."""
 
 import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -223,3 +225,35 @@ def test_compaction_keeps_text_over_error_else_the_latest():
         ("b", -1, None, "error"),  # the document's latest version is what counts
         ("c", 0, "ok", "stop"),  # a document error row goes once the document has pages
     ]
+
+
+def test_usable_cpus_follow_the_cgroup_quota_and_the_affinity(tmp_path):
+    from batchocr.cpus import available_cpus, cgroup_quota
+
+    affinity = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_quota(v2) is None and available_cpus(v2) == affinity
+    (v2 / "cpu.max").write_text("150000 100000\n")  # limits.cpu: 1500m
+    assert cgroup_quota(v2) == 1.5 and available_cpus(v2) == min(affinity, 2)
+    (v2 / "cpu.max").write_text("50000 100000\n")
+    assert available_cpus(v2) == 1
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_quota(v1) is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    assert cgroup_quota(v1) == 1.0 and available_cpus(v1) == 1
+    assert cgroup_quota(tmp_path / "none") is None
+
+
+def test_default_workers_and_threads_follow_the_process_affinity():
+    # A process pinned to one CPU (as taskset or a cpuset cgroup would) gets one
+    # render worker and one OCR thread by default, whatever the host has.
+    code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+            "from batchocr.spec import RenderSpec; from batchocr.cpus import available_cpus; "
+            "print(RenderSpec().worker_count, available_cpus())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1", "1"]

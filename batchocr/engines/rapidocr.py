@@ -6,7 +6,6 @@ switched off before onnxruntime is imported.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchocr import schema
+from batchocr.cpus import available_cpus
 from batchocr.engines import parse_options, result
 from batchocr.errors import ConfigError
 from batchocr.schema import Needs
@@ -49,7 +49,7 @@ class RapidOCREngine:
 
         onnxruntime.disable_telemetry_events()
 
-        threads = options.threads or (os.cpu_count() or 1)
+        threads = options.threads or available_cpus()
         self._ocr = RapidOCR(
             params={
                 "Global.use_cls": options.use_cls,
