@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU throughput suite (issue #5), all of it, into RESULTS_DIR:
 #   7B layout bf16: a, c, b on 1,024 pages (max_num_seqs 256, the issue's settings),
-#                   then a and b on 1,536 pages with max_num_seqs 512;
+#                   then a and b on 1,536 pages with max_num_seqs 512, b on 3,072 with 1024;
 #   2B layout bf16: a, c, b on 1,280 pages;
 #   7B layout FP8:  a, b on 1,024 pages, then b on 1,536 pages with max_num_seqs 512.
 # With GPUS=2 (a machine of two GPUs) the two lanes run at once, one GPU each,
@@ -27,6 +27,8 @@ lane0() {
   local g=$1
   tp tp-7b-bf16 "$g" --model "$MODELS/qwen2.5-vl-7b" --pages 1024 --modes a,c,b
   tp tp-7b-bf16-seqs512 "$g" --model "$MODELS/qwen2.5-vl-7b" --pages 1536 --modes a,b --max-num-seqs 512
+  # vLLM's own default for the LLM class on a GPU of >= 70 GiB (engine/arg_utils.py)
+  tp tp-7b-bf16-seqs1024 "$g" --model "$MODELS/qwen2.5-vl-7b" --pages 3072 --modes b --max-num-seqs 1024
 }
 
 lane1() {

@@ -60,10 +60,12 @@ class Sampler(threading.Thread):
 
     def __init__(self):
         super().__init__(daemon=True)
-        import psutil
-
+        try:
+            import psutil
+        except ImportError:  # no host CPU figures then
+            psutil = None
         self.psutil = psutil
-        self.me = psutil.Process()
+        self.me = psutil.Process() if psutil else None
         try:
             import pynvml
 
@@ -80,6 +82,8 @@ class Sampler(threading.Thread):
 
     def _cpu_times(self) -> dict[int, tuple[str, float]]:
         out = {}
+        if self.me is None:
+            return out
         for p in [self.me] + self.me.children(recursive=True):
             try:
                 t = p.cpu_times()
@@ -100,8 +104,9 @@ class Sampler(threading.Thread):
                 cores: dict[str, float] = collections.defaultdict(float)
                 for pid, (name, t) in cur.items():
                     cores[name] += max(0.0, t - last.get(pid, (name, t))[1]) / (now - last_t)
-                cores["system"] = self.psutil.cpu_percent(None) / 100 * os.cpu_count()
-                self.cpu.append((now, dict(cores)))
+                if self.psutil:
+                    cores["system"] = self.psutil.cpu_percent(None) / 100 * os.cpu_count()
+                    self.cpu.append((now, dict(cores)))
                 last_t, last = now, cur
             time.sleep(0.1)
 
