@@ -60,7 +60,7 @@ def _storage_options(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--job", "job", type=click.Path(dir_okay=False), help="job spec YAML (see jobs/example.yaml); flags override it")
 @click.option("--dpi", type=int, help="render PDF pages at this resolution [default: 200]")
 @click.option("--max-side", type=int, help="scale pages down so the longest side is at most this many pixels")
-@click.option("--workers", type=int, help="render worker processes [default: one per core, at most 4]")
+@click.option("--workers", type=int, help="render worker processes [default: one per usable CPU, at most 4]")
 @click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else 0/1]")
 @click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for SOURCE and OUT (repeatable)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
@@ -276,5 +276,36 @@ def export(out, dest, fmt, storage):
     click.echo(f"exported {done.documents} documents, {done.pages} pages ({done.marked} marked) "
                f"into {done.files} files -> {dest}")
 
+def entry(argv: list[str] | None = None) -> None:
+    """The console script: `main`, then a hard exit with its code.
+
+    The exit code is the contract with Kubernetes (0 done, 1 failed, 2 bad
+    configuration: fail the Job, 75 interrupted: retry the index). Interpreter
+    finalisation can abort a process whose work is over (SIGABRT, "terminate called
+    without an active exception": a native thread pool torn down while a thread is
+    still joinable, apache/arrow#34314; seen here once in CI after an exit-2 error),
+    which would turn a configuration error into a retried crash. Everything batchocr
+    writes is committed before `main` returns, so nothing is lost by skipping it.
+    """
+    try:
+        main.main(args=argv, prog_name="batchocr")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - an unexpected crash: its traceback, exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    entry()

@@ -12,7 +12,7 @@ from batchocr.signals import graceful_stop  # noqa: I001 - first: a SIGTERM duri
 graceful_stop().__enter__()  # the CLI's own graceful_stop() shares this flag
 
 from batchocr import engines  # noqa: E402
-from batchocr.cli import main  # noqa: E402
+from batchocr.cli import entry  # noqa: E402
 from batchocr.engines.textlayer import TextLayerEngine, TextLayerOptions
 
 
@@ -30,4 +30,4 @@ class SlowTextLayer(TextLayerEngine):
 if __name__ == "__main__":
     delay = float(sys.argv[2]) / 1000
     engines.create = lambda name, options: SlowTextLayer(delay)
-    main(["run", "--job", sys.argv[1], "--quiet"])
+    entry(["run", "--job", sys.argv[1], "--quiet"])  # as the console script: hard exit with the code

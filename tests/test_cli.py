@@ -74,3 +74,20 @@ def test_run_then_eval_through_the_console_script(textlayer_run):
     proc = subprocess.run([exe, "eval", str(out), "--truth", str(SAMPLES / "truth"), "--max-cer", "0.02"],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "above --max-cer" in proc.stderr
+
+
+@pytest.mark.parametrize("args, code", [(["--version"], 0), (["run", "/nonexistent/scans", "out"], 2),
+                                        (["no-such-command"], 2)])
+def test_the_console_script_exits_hard_with_the_documented_code(args, code):
+    # Interpreter finalisation is skipped (a native thread pool torn down at exit once
+    # turned an exit 2 into SIGABRT): an atexit hook never runs, the code is kept,
+    # and what was printed is flushed.
+    import subprocess
+    import sys
+
+    script = ("import atexit, sys; atexit.register(lambda: print('FINALISED', file=sys.stderr)); "
+              "from batchocr.cli import entry; entry(sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert "FINALISED" not in proc.stderr
+    assert (proc.stdout + proc.stderr).strip(), "the output was flushed before the hard exit"
