@@ -8,6 +8,8 @@
 # else one after the other. Needs vLLM and the model folders of make_models.py.
 #
 #   GPUS=2 bash bench/gpu/suite.sh /tmp/res      # the run behind docs/BENCHMARKS.md
+#   TP_ARGS="--fake --pages 16 --max-num-seqs 4 --chunk 8 --render-workers 1" bash bench/gpu/suite.sh /tmp/dry
+#                                                # a dry run of the whole suite on the CPU
 set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/../.."
 tp() {  # NAME GPU ARGS...: one throughput.py run, bounded in time, logged
   local name=$1 gpu=$2; shift 2
   echo "$(date +%T) start $name" >>"$RES/suite.log"
-  CUDA_VISIBLE_DEVICES=$gpu timeout 1200 python3 bench/gpu/throughput.py "$@" --json "$RES/$name.json" \
+  CUDA_VISIBLE_DEVICES=$gpu timeout 1200 python3 bench/gpu/throughput.py "$@" ${TP_ARGS:-} --json "$RES/$name.json" \
     >"$RES/$name.log" 2>&1
   echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
 }
