@@ -26,8 +26,7 @@ from fsspec.asyn import sync
 
 from batchocr import __version__
 from batchocr.errors import BatchocrError, ConfigError, StorageError
-
-PROTOCOLS = ("az", "abfs", "abfss")  # the first is how batchocr writes URIs (source_uri, plans)
+from batchocr.storage import AZURE_PROTOCOLS as PROTOCOLS  # the first is how batchocr writes URIs
 
 # Retries and timeouts of the Azure SDK's ExponentialRetry and transport; each one is
 # also a storage option (`--storage-option retry_total=10`). The n-th retry waits

@@ -8,7 +8,7 @@ import sys
 import click
 
 from batchocr import __version__
-from batchocr.errors import BatchocrError
+from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError
 from batchocr.spec import ENGINES, Shard
 
 
@@ -40,7 +40,8 @@ def main():
     skip_pymupdf_extras()  # this process is batchocr's own: PyMuPDF's unused extras stay out
 
 
-def _storage_options(pairs: tuple[str, ...]) -> dict[str, str]:
+def _storage_options(ctx, param, pairs: tuple[str, ...]) -> dict[str, str]:
+    """--storage-option KEY=VALUE ... as the dict the command receives."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -49,6 +50,11 @@ def _storage_options(pairs: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter("expected key=value (e.g. account_name=NAME)", param_hint="--storage-option")
         out[key] = value
     return out
+
+
+def storage_option(what: str):
+    return click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE",
+                        callback=_storage_options, help=f"fsspec storage option for {what} (repeatable)")
 
 
 @main.command()
@@ -62,7 +68,7 @@ def _storage_options(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--max-side", type=int, help="scale pages down so the longest side is at most this many pixels")
 @click.option("--workers", type=int, help="render worker processes [default: one per usable CPU, at most 4]")
 @click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else 0/1]")
-@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for SOURCE and OUT (repeatable)")
+@storage_option("SOURCE and OUT")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 def run(source, out, engine, model, preset, job, dpi, max_side, workers, shard, storage, quiet):
     """OCR every document under SOURCE into a page table under OUT.
@@ -96,7 +102,7 @@ def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard
         out=out,
         engine=engine,
         shard=shard_spec,
-        storage_options=_storage_options(storage),
+        storage_options=storage,
         engine_options={k: v for k, v in engine_options.items() if v is not None},
         **{"render.dpi": dpi, "render.max_side": max_side, "render.workers": workers},
     )
@@ -108,7 +114,7 @@ def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard
 @click.argument("source")
 @click.argument("out")
 @click.option("--shards", type=int, required=True, help="number of shards (pods of the Indexed Job)")
-@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
+@storage_option("SOURCE and OUT")
 def plan(source, out, shards, storage):
     """List SOURCE once and freeze which shard each document belongs to.
 
@@ -125,8 +131,7 @@ def plan(source, out, shards, storage):
     from batchocr.plan import make_plan
     from batchocr.storage import Store
 
-    options = _storage_options(storage)
-    info = make_plan(Store(source, options), Store(out, options), shards)
+    info = make_plan(Store(source, storage), Store(out, storage), shards)
     sizes = [s["bytes"] for s in info.per_shard]
     click.echo(f"planned {info.documents} documents ({info.bytes / 1e6:.1f} MB) into {info.shards} shards "
                f"({min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each) -> {out}/_plan/")
@@ -134,7 +139,7 @@ def plan(source, out, shards, storage):
 
 @main.command()
 @click.argument("out")
-@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
+@storage_option("OUT")
 def status(out, storage):
     """Show each shard of OUT: done, partial or not started; pages and error pages.
 
@@ -145,7 +150,7 @@ def status(out, storage):
     from batchocr.status import status as shard_status
     from batchocr.storage import Store
 
-    store = Store(out, _storage_options(storage))
+    store = Store(out, storage)
     if not store.exists():
         raise click.UsageError(f"OUT {out} does not exist")
     rows = shard_status(store)
@@ -161,7 +166,7 @@ def status(out, storage):
 
 @main.command()
 @click.argument("out")
-@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
+@storage_option("OUT")
 def compact(out, storage):
     """Rewrite each shard's part files as one, one row per (doc_id, page_index).
 
@@ -177,7 +182,7 @@ def compact(out, storage):
     from batchocr.compact import compact as compact_out
     from batchocr.storage import Store
 
-    store = Store(out, _storage_options(storage))
+    store = Store(out, storage)
     if not store.exists("pages"):
         raise click.UsageError(f"no page table under {out}")
     for c in compact_out(store):
@@ -188,7 +193,7 @@ def compact(out, storage):
 @click.argument("out")
 @click.option("--truth", required=True, type=click.Path(file_okay=False), help="folder of <document name>/<page_index>.txt")
 @click.option("--max-cer", type=float, help="exit 1 if the overall CER is above this (e.g. 0.02)")
-@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for OUT")
+@storage_option("OUT")
 def eval_(out, truth, max_cer, storage):
     """Character error rate of OUT's page text against ground truth.
 
@@ -202,7 +207,7 @@ def eval_(out, truth, max_cer, storage):
     from batchocr.evaluate import evaluate
     from batchocr.table import read_pages
 
-    pages = read_pages(out, _storage_options(storage)).select(
+    pages = read_pages(out, storage).select(
         "source_uri", "page_index", "text", "finish_reason").collect()
     result = evaluate(pages, truth)
     for row in result.pages.iter_rows(named=True):
@@ -225,7 +230,7 @@ def eval_(out, truth, max_cer, storage):
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON instead of a table")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True), help="also write a self-contained HTML page with charts (needs matplotlib: batchocr[analysis])")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="slowest documents to list")
-@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for OUT (repeatable)")
+@storage_option("OUT")
 def report(out, truth, as_json, html_file, top, storage):
     """Summarise a run from its page table: pages, documents, finish reasons, errors,
     throughput over time, tokens and text length per page, slowest documents, pages
@@ -240,7 +245,7 @@ def report(out, truth, as_json, html_file, top, storage):
     from batchocr.report import build_report, format_text
     from batchocr.table import read_pages
 
-    summary = build_report(read_pages(out, _storage_options(storage)), out=out, truth=truth, top=top)
+    summary = build_report(read_pages(out, storage), out=out, truth=truth, top=top)
     if html_file:
         from pathlib import Path
 
@@ -255,7 +260,7 @@ def report(out, truth, as_json, html_file, top, storage):
 @click.argument("dest")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "text", "jsonl"]), default="markdown", show_default=True,
               help="markdown or text: one file per document; jsonl: one line per document")
-@click.option("--storage-option", "storage", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for OUT and DEST (repeatable)")
+@storage_option("OUT and DEST")
 def export(out, dest, fmt, storage):
     """Write whole documents out of OUT's page table into the folder DEST.
 
@@ -271,10 +276,10 @@ def export(out, dest, fmt, storage):
     from batchocr.storage import Store
     from batchocr.table import read_pages
 
-    options = _storage_options(storage)
-    done = export_documents(read_pages(out, options), Store(dest, options), fmt)
+    done = export_documents(read_pages(out, storage), Store(dest, storage), fmt)
     click.echo(f"exported {done.documents} documents, {done.pages} pages ({done.marked} marked) "
                f"into {done.files} files -> {dest}")
+
 
 def entry(argv: list[str] | None = None) -> None:
     """The console script: `main`, then a hard exit with its code.
@@ -289,16 +294,16 @@ def entry(argv: list[str] | None = None) -> None:
     """
     try:
         main.main(args=argv, prog_name="batchocr")
-        code = 0
+        code = EXIT_OK
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_FAILED)
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - an unexpected crash: its traceback, exit 1
         import traceback
 
         traceback.print_exc()
-        code = 1
+        code = EXIT_FAILED
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

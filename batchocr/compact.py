@@ -50,7 +50,7 @@ def compact_shard(out: Store, shard: int) -> Compacted | None:
         return None
     tables = [pq.read_table(io.BytesIO(out.read_bytes(p))).cast(schema.PAGE_TABLE) for p in parts]
     rows = pl.from_arrow(pa.concat_tables(tables))
-    kept = dedupe(rows).sort(["doc_id", "page_index"])
+    kept = dedupe(rows)  # sorted by (doc_id, page_index) already
     if len(parts) == 1 and kept.height == rows.height:
         return Compacted(shard, 1, rows.height, rows.height)  # already compact
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")

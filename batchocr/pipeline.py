@@ -148,10 +148,11 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             if batch is None or stop.is_set():
                 return
             failed = batch.column("error_type").is_valid()
-            errors = batch.filter(failed).select(schema.CARRIED + ["error_type", "error_message"]).to_pylist()
+            errors = batch.select(schema.CARRIED + ["error_type", "error_message"]).filter(failed).to_pylist()
+            good = batch
             if errors:
                 write([row | {"finish_reason": "error"} for row in errors])
-            good = batch.filter(pa.compute.invert(failed))
+                good = batch.filter(pa.compute.invert(failed))  # copies the pixels: only when needed
             for row in good.select(schema.CARRIED).to_pylist():
                 key = (row["doc_id"], row["page_index"])
                 if key in inflight:

@@ -18,16 +18,12 @@ from batchocr.sources import DocRef
 from batchocr.spec import RenderSpec
 from batchocr.storage import Store
 
-PDF_TYPES = {"pdf"}
-
 
 @dataclass(frozen=True)
 class RenderTask:
     doc: DocRef
     # Pages already committed by an earlier run: not rendered again (resume).
     skip: frozenset[int] = frozenset()
-
-
 
 
 def doc_error(doc: DocRef, error_type: str, message: str, page_count: int | None = None) -> dict:

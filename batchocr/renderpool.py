@@ -129,8 +129,8 @@ class RenderPool:
 
     @staticmethod
     def _note_pages(w: _Worker, batch: pa.RecordBatch) -> None:
-        cols = batch.to_pydict()
-        for index, count in zip(cols["page_index"], cols["page_count"]):
+        # Two small columns only: to_pydict() would copy every page's pixels into Python.
+        for index, count in zip(batch.column("page_index").to_pylist(), batch.column("page_count").to_pylist()):
             w.pages_seen.add(index)
             if count is not None:
                 w.page_count = count

@@ -54,10 +54,6 @@ class PartWriter:
         self.rows_committed = 0
         store.remove_stale_temps(shard_dir(shard))
 
-    @property
-    def pending_rows(self) -> int:
-        return self._pending_rows
-
     def add(self, rows: pa.Table) -> None:
         if rows.num_rows:
             self._pending.append(rows)
@@ -104,6 +100,6 @@ def completed(keys: pa.Table) -> dict[tuple[str, str], frozenset[int] | None]:
     out: dict[tuple[str, str], frozenset[int] | None] = {}
     for key, done in pages.items():
         count = counts.get(key)
-        whole = -1 in done or (count is not None and len(done & set(range(count))) >= count)
+        whole = -1 in done or (count is not None and done.issuperset(range(count)))
         out[key] = None if whole else frozenset(done)
     return out

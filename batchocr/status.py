@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchocr.plan import read_plan
+from batchocr.plan import PlanInfo, read_plan
 from batchocr.sink import committed_keys, done_marker, shards_present
 from batchocr.storage import Store
 
@@ -19,13 +19,13 @@ class ShardStatus:
     planned_documents: int | None  # from the plan, if OUT has one
 
 
-def shard_count(out: Store) -> int:
-    """From the plan, else from the done-markers and run records written so far."""
-    plan = read_plan(out)
+def shard_count(out: Store, plan: PlanInfo | None, markers: list[str]) -> int:
+    """From the plan, else from the done-markers (their paths: `markers`) and run
+    records written so far."""
     if plan is not None:
         return plan.shards
     counts = [1]
-    for rel in out.find("_done", suffix=".json"):
+    for rel in markers:
         counts.append(int(out.read_json(rel).get("shards", 1)))
     for rel in out.find("_runs", suffix=".json"):
         counts.append(int(out.read_json(rel).get("spec", {}).get("shard", {}).get("count", 1)))
@@ -34,11 +34,12 @@ def shard_count(out: Store) -> int:
 
 def status(out: Store) -> list[ShardStatus]:
     plan = read_plan(out)
+    markers = out.find("_done", suffix=".json")  # listed once: no request per shard
     rows = []
-    for shard in range(shard_count(out)):
+    for shard in range(shard_count(out, plan, markers)):
         keys = committed_keys(out, shard)
         reasons = keys.column("finish_reason").to_pylist()
-        if out.exists(done_marker(shard)):
+        if done_marker(shard) in markers:
             state = "done"
         elif reasons:
             state = "partial"

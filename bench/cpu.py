@@ -194,16 +194,14 @@ def run_batchocr(corpus: Path, out: Path, threads: int, render_spec) -> tuple[fl
     return seconds, info, texts
 
 
-def normalise(text: str | None) -> str:
-    return " ".join((text or "").split())
-
-
 def compare(raw: dict, got: dict) -> dict:
+    from batchocr.evaluate import normalise
+
     missing = sorted(set(raw) - set(got))
     extra = sorted(set(got) - set(raw))
     common = set(raw) & set(got)
     exact_diff = sum(raw[k] != got[k] for k in common)
-    norm_diff = sorted(k for k in common if normalise(raw[k]) != normalise(got[k]))
+    norm_diff = sorted(k for k in common if normalise(raw[k] or "") != normalise(got[k] or ""))
     return {"missing": len(missing), "extra": len(extra), "differ_exact": exact_diff,
             "differ_normalised": len(norm_diff), "differ_examples": [list(k) for k in norm_diff[:5]]}
 
@@ -269,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = {k: v for k, v in (("workers", args.workers), ("batch_pages", args.batch_pages)) if v is not None}
     render_spec = RenderSpec(**overrides)
-    threads = args.threads or (os.cpu_count() or 1)  # what the engine resolves 0 to
+    from batchocr.cpus import available_cpus
+
+    threads = args.threads or available_cpus()  # what the engine resolves 0 to
     info = machine_info(threads, render_spec.worker_count)
 
     tmp = Path(tempfile.mkdtemp(prefix="batchocr-bench-"))

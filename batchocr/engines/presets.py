@@ -68,32 +68,29 @@ class Preset:
         return self.template.format(instruction=instruction or self.instruction)
 
 
-def _qwen_pixels(max_side: int, multiple: int) -> dict[str, int]:
-    # The processor's default max_pixels (1,003,520) would shrink a 1288-px page
-    # again (to ~1,280 tokens): allow the whole rendered page through.
-    return {"min_pixels": 4 * multiple * multiple, "max_pixels": max_side * max_side}
+def _qwen(name: str, instruction: str, max_side: int, multiple: int, **kw: Any) -> Preset:
+    """A Qwen-VL chat preset. The processor's pixel bounds follow the page size: its
+    default max_pixels (1,003,520) would shrink a 1288-px page again (to ~1,280
+    tokens), so the whole rendered page is let through."""
+    return Preset(name, QWEN_TEMPLATE, instruction, max_side=max_side, size_multiple=multiple,
+                  mm_processor_kwargs={"min_pixels": 4 * multiple * multiple, "max_pixels": max_side * max_side},
+                  **kw)
 
 
 def qwen2_5_vl() -> Preset:
-    return Preset("qwen2.5-vl", QWEN_TEMPLATE, PLAIN_OCR, max_side=1288, size_multiple=28,
-                  max_tokens=4096, temperature=0.0, max_model_len=8192,
-                  mm_processor_kwargs=_qwen_pixels(1288, 28))
+    return _qwen("qwen2.5-vl", PLAIN_OCR, 1288, 28, max_tokens=4096, temperature=0.0, max_model_len=8192)
 
 
 def qwen3_vl() -> Preset:
     # Qwen3-VL: patch 16, spatial merge 2.
-    return Preset("qwen3-vl", QWEN_TEMPLATE, PLAIN_OCR, max_side=1280, size_multiple=32,
-                  max_tokens=4096, temperature=0.0, max_model_len=8192,
-                  mm_processor_kwargs=_qwen_pixels(1280, 32))
+    return _qwen("qwen3-vl", PLAIN_OCR, 1280, 32, max_tokens=4096, temperature=0.0, max_model_len=8192)
 
 
 def olmocr_2() -> Preset:
     # allenai/olmOCR-2-7B-1025 (Qwen2.5-VL-7B fine-tune): 1288 px longest side,
     # temperature 0.1, retries at rising temperatures when the output loops.
-    return Preset("olmocr-2", QWEN_TEMPLATE, OLMOCR_INSTRUCTION, max_side=1288, size_multiple=28,
-                  max_tokens=8000, temperature=0.1, max_model_len=16384,
-                  retry_temperatures=(0.2, 0.3, 0.5, 0.8), mm_processor_kwargs=_qwen_pixels(1288, 28),
-                  postprocess=strip_front_matter)
+    return _qwen("olmocr-2", OLMOCR_INSTRUCTION, 1288, 28, max_tokens=8000, temperature=0.1, max_model_len=16384,
+                 retry_temperatures=(0.2, 0.3, 0.5, 0.8), postprocess=strip_front_matter)
 
 
 def paddleocr_vl() -> Preset:

@@ -295,7 +295,7 @@ class VLLMEngine:
         return {"vllm": vllm.__version__, "preset": self.preset.name, "prompt": self.prompt,
                 "queue_pages": self.queue_pages, "prepare_threads": self.options.prepare_threads,
                 "max_attempts": self.options.max_attempts,
-                "llm_args": {k: v for k, v in self.options.llm_args(self.preset).items()}}
+                "llm_args": self.options.llm_args(self.preset)}
 
     def close(self) -> None:
         """Shut vLLM down explicitly: a process that finished its LLM work was seen

@@ -68,16 +68,23 @@ def processor(hf_tok, kind: str):
     return Processor(image_processor=improc, tokenizer=hf_tok, video_processor=video, chat_template=CHAT_TEMPLATE)
 
 
+def _text(vocab_size: int, hidden: int, intermediate: int, heads: int, kv_heads: int, max_positions: int,
+          tied: bool) -> dict:
+    """A Qwen2 decoder of 28 layers, M-RoPE as in both VL models, Qwen's special ids."""
+    return dict(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=28,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        bos_token_id=SPECIALS["<|endoftext|>"], eos_token_id=SPECIALS["<|im_end|>"],
+        tie_word_embeddings=tied, torch_dtype="bfloat16")
+
+
 def qwen2_5_vl_7b(path: Path) -> Path:
     from transformers import Qwen2_5_VLConfig
 
     cfg = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-            num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-            bos_token_id=SPECIALS["<|endoftext|>"], eos_token_id=SPECIALS["<|im_end|>"],
-            tie_word_embeddings=False, torch_dtype="bfloat16"),
+        text_config=_text(152064, hidden=3584, intermediate=18944, heads=28, kv_heads=4, max_positions=128000,
+                          tied=False),
         vision_config=dict(
             depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
             spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
@@ -92,12 +99,8 @@ def qwen2_vl_2b(path: Path) -> Path:
     from transformers import Qwen2VLConfig
 
     cfg = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-            num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-            bos_token_id=SPECIALS["<|endoftext|>"], eos_token_id=SPECIALS["<|im_end|>"],
-            tie_word_embeddings=True, torch_dtype="bfloat16"),
+        text_config=_text(151936, hidden=1536, intermediate=8960, heads=12, kv_heads=2, max_positions=32768,
+                          tied=True),
         vision_config=dict(depth=32, embed_dim=1280, hidden_size=1536, mlp_ratio=4, num_heads=16,
                            hidden_act="quick_gelu", patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
                            in_channels=3),

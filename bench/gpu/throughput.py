@@ -145,7 +145,8 @@ class Timeline:
     def between(self, t0: float, t1: float):
         return [s for s in self.steps if t0 <= s[0] <= t1]
 
-    def steady(self, t0: float, t1: float, max_num_seqs: int) -> dict | None:
+    def steady(self, t0: float, t1: float, max_num_seqs: int) -> tuple[dict, tuple[float, float]] | None:
+        """The steady-state figures and the window (absolute times) they cover."""
         steps = self.between(t0, t1)
         if not steps:
             return None
@@ -162,7 +163,7 @@ class Timeline:
                 "mean_running": round(sum(s[1] for s in window) / len(window), 1),
                 "mean_waiting": round(sum(s[2] for s in window) / len(window), 1),
                 "max_kv_usage": max(s[3] for s in window), "steps": len(window),
-                "mean_step_ms": round((w1 - w0) / max(1, len(window) - 1) * 1000, 2), "_t": (w0, w1)}
+                "mean_step_ms": round((w1 - w0) / max(1, len(window) - 1) * 1000, 2)}, (w0, w1)
 
 
 class StackSampler(threading.Thread):
@@ -229,20 +230,14 @@ def compute_ceiling(model: str, prompt_tokens: float, output_tokens: float, patc
 
 
 def _render_doc(args):
-    path, max_side, multiple = args
+    doc, max_side, multiple = args
     from batchocr.render import RenderTask, render_document
     from batchocr.schema import Needs
-    from batchocr.sources import list_documents
     from batchocr.spec import RenderSpec
-    from batchocr.storage import Store
 
-    (doc,) = [d for d in list_documents(Store(str(Path(path).parent))) if d.name == Path(path).name]
-    rows = []
-    for batch in render_document(RenderTask(doc), RenderSpec(max_side=max_side, size_multiple=multiple),
-                                 Needs(image=True), {}):
-        for r in batch.to_pylist():
-            rows.append((f"{doc.name}/{r['page_index']}", r["width"], r["height"], r["image"]))
-    return rows
+    spec = RenderSpec(max_side=max_side, size_multiple=multiple)
+    return [(f"{doc.name}/{r['page_index']}", r["width"], r["height"], r["image"])
+            for batch in render_document(RenderTask(doc), spec, Needs(image=True), {}) for r in batch.to_pylist()]
 
 
 def main() -> None:
@@ -275,11 +270,15 @@ def main() -> None:
     from batchocr.engines.presets import get_preset
     from batchocr.engines.vllm import VLLMEngine, VLLMOptions
     from batchocr.pipeline import run_job
+    from batchocr.sources import list_documents
     from batchocr.spec import load_job
+    from batchocr.storage import Store
 
     work = Path(tempfile.mkdtemp(prefix="tp-"))
     per_doc = 8
     a4_corpus(work / "src", math.ceil(args.pages / per_doc), per_doc)
+    docs = list(list_documents(Store(str(work / "src"))))
+    names = {d.doc_id: d.name for d in docs}  # lengths are keyed by file name: the same in every run
     options = VLLMOptions(model=args.model or "fake", preset="qwen2.5-vl", load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=8192, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -296,8 +295,7 @@ def main() -> None:
     # The same pages for every mode, rendered as batchocr renders them (in processes, while the LLM loads).
     t0 = time.monotonic()
     with ProcessPoolExecutor(8) as ex:
-        futures = ex.map(_render_doc, [(str(p), preset.max_side, preset.size_multiple)
-                                       for p in sorted((work / "src").glob("*.pdf"))])
+        futures = ex.map(_render_doc, [(d, preset.max_side, preset.size_multiple) for d in docs])
         llm = LLM(**options.llm_args(preset))
         report["llm_init_s"] = round(time.monotonic() - t0, 1)
         pages = [row for rows in futures for row in rows][: args.pages]
@@ -332,9 +330,9 @@ def main() -> None:
                             "gpu_busy_pct": sampler.gpu_between(start, end),
                             "host_cores": sampler.cpu_between(start, end),
                             "main_thread": stacks.take()} | (extra or {})
-        st = timeline.steady(start, end, args.max_num_seqs)
-        if st:
-            w0, w1 = st.pop("_t")
+        steady = timeline.steady(start, end, args.max_num_seqs)
+        if steady:
+            st, (w0, w1) = steady
             st["gpu_busy_pct"] = sampler.gpu_between(w0, w1)
             st["host_cores"] = sampler.cpu_between(w0, w1)
             r["steady"] = st
@@ -343,17 +341,35 @@ def main() -> None:
         print(name, json.dumps({k: v for k, v in r.items() if k not in ("timeline", "main_thread")}), flush=True)
         save()
 
+    class Bench(VLLMEngine):
+        """batchocr's engine with the benchmark's output lengths; notes when each page finishes."""
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.finishes: list[float] = []
+
+        def sampling(self, page):
+            sp = super().sampling(page)
+            sp.max_tokens = lengths[f"{names[page.doc_id]}/{page.page_index}"]
+            return sp
+
+        def _row(self, page, finish_reason):
+            self.finishes.append(time.monotonic())
+            return super()._row(page, finish_reason)
+
+        def close(self):  # the LLM serves the next mode
+            self._pool.shutdown(wait=False)
+
     prompt_tokens = None
     modes = args.modes.split(",")
     for mode in modes:
+        stacks.running = True
         if mode == "a":  # vLLM alone, one call
-            stacks.running = True
             start = time.monotonic()
             outs = llm.generate(requests(pages), params(pages), use_tqdm=False)
             record("a_vllm_alone", start, time.monotonic())
             prompt_tokens = len(outs[0].prompt_token_ids)
         elif mode == "c":  # batch at a time
-            stacks.running = True
             start, finishes = time.monotonic(), []
             for i in range(0, len(pages), args.chunk):
                 chunk = pages[i:i + args.chunk]
@@ -365,34 +381,14 @@ def main() -> None:
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
                 for v in args.b_variants.split(";") if v.strip()]
             for name, overrides in variants:
-                finishes: list[float] = []
-
-                class Bench(VLLMEngine):
-                    def sampling(self, page):
-                        sp = super().sampling(page)
-                        sp.max_tokens = lengths[f"{names[page.doc_id]}/{page.page_index}"]
-                        return sp
-
-                    def _row(self, page, finish_reason):
-                        finishes.append(time.monotonic())
-                        return super()._row(page, finish_reason)
-
-                    def close(self):
-                        self._pool.shutdown(wait=False)
-
-                from batchocr.sources import list_documents
-                from batchocr.storage import Store
-
-                names = {d.doc_id: d.name for d in list_documents(Store(str(work / "src")))}
                 engine = Bench(VLLMOptions(**{**options.__dict__, **overrides}), llm=llm)
                 job = load_job(None, source=str(work / "src"), out=str(work / f"out-{name}"), engine="vllm",
                                engine_options={"model": options.model}, **{"render.workers": args.render_workers})
-                stacks.running = True
                 start = time.monotonic()
                 summary = run_job(job, progress=False, engine=engine)
                 end = time.monotonic()
-                record(name, start, end, finishes, {"rows": summary.pages, "timings": summary.timings,
-                                                    "overrides": overrides, "queue_pages": engine.queue_pages})
+                record(name, start, end, engine.finishes, {"rows": summary.pages, "timings": summary.timings,
+                                                           "overrides": overrides, "queue_pages": engine.queue_pages})
         stacks.running = False
 
     sampler.running = False
