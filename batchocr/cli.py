@@ -204,15 +204,12 @@ def eval_(out, truth, max_cer, storage):
     Example:
         batchocr eval out/demo --truth samples/truth --max-cer 0.02
     """
-    from batchocr.evaluate import evaluate
+    from batchocr.evaluate import evaluate_output, page_line
     from batchocr.table import read_pages
 
-    pages = read_pages(out, storage).select(
-        "source_uri", "page_index", "text", "finish_reason").collect()
-    result = evaluate(pages, truth)
+    result = evaluate_output(read_pages(out, storage), truth)
     for row in result.pages.iter_rows(named=True):
-        click.echo(f"{row['document']:<28} page {row['page_index']:>4}  {row['errors']:>5}/{row['chars']:<6} "
-                   f"CER {row['cer']:7.2%}  {row['finish_reason']}")
+        click.echo(page_line(row))
     for page in result.missing:
         click.echo(f"{page:<28} missing from the output")
     click.echo(f"overall: {result.errors}/{result.chars} characters wrong, CER {result.cer:.2%} "

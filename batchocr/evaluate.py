@@ -98,3 +98,20 @@ def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
               "cer": pl.Float64, "finish_reason": pl.String}
     frame = pl.DataFrame(rows, schema=schema).sort("document", "page_index")
     return Evaluation(frame, missing)
+
+
+def evaluate_output(pages: pl.LazyFrame, truth_dir: str | Path) -> Evaluation:
+    """CER of an output's page table (as `read_pages` gives it), one row per page:
+    a page redone before compaction (a changed document, a retry) counts once, the
+    row `batchocr compact` would keep."""
+    from batchocr.compact import dedupe
+
+    rows = dedupe(pages.select("doc_id", "source_etag", "source_uri", "page_index", "text", "finish_reason",
+                               "processed_at").collect())
+    return evaluate(rows, truth_dir)
+
+
+def page_line(p: dict) -> str:
+    """One evaluated page, as `eval` and `report` print it."""
+    return (f"{p['document']:<28} page {p['page_index']:>4}  {p['errors']:>5}/{p['chars']:<6} "
+            f"CER {p['cer']:7.2%}  {p['finish_reason']}")

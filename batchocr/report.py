@@ -19,6 +19,7 @@ from typing import Any
 import polars as pl
 
 from batchocr.compact import dedupe
+from batchocr.evaluate import page_line
 
 # What the summary reads: dedupe's keys and the figures' columns; text only as its length.
 COLUMNS = ["doc_id", "source_etag", "page_index", "finish_reason", "error_type", "prompt_tokens",
@@ -153,11 +154,9 @@ def _uris(pages: pl.LazyFrame, doc_ids: list[str]) -> dict[str, str]:
 
 
 def _cer(pages: pl.LazyFrame, truth: str) -> dict[str, Any]:
-    from batchocr.evaluate import evaluate
+    from batchocr.evaluate import evaluate_output
 
-    rows = dedupe(pages.select("doc_id", "source_etag", "source_uri", "page_index", "text", "finish_reason",
-                               "processed_at").collect())
-    result = evaluate(rows, truth)
+    result = evaluate_output(pages, truth)
     return {"overall": result.cer, "chars": result.chars, "errors": result.errors,
             "pages": result.pages.to_dicts(), "missing": result.missing}
 
@@ -204,8 +203,7 @@ def format_text(r: Report) -> str:
         lines.append(f"  ... and {r.flagged_total - len(r.flagged_pages):,} more (--json lists {len(r.flagged_pages)})")
     if r.cer is not None:
         lines += ["", "CER against truth"]
-        lines += [f"  {p['document']:<28} page {p['page_index']:>4}  {p['errors']:>5}/{p['chars']:<6} "
-                  f"CER {p['cer']:7.2%}  {p['finish_reason']}" for p in r.cer["pages"]]
+        lines += [f"  {page_line(p)}" for p in r.cer["pages"]]
         lines += [f"  {m:<28} missing from the output" for m in r.cer["missing"]]
         lines.append(f"  overall: {r.cer['errors']}/{r.cer['chars']} characters wrong, CER {r.cer['overall']:.2%}")
     return "\n".join(lines)

@@ -91,3 +91,26 @@ def test_the_console_script_exits_hard_with_the_documented_code(args, code):
     assert proc.returncode == code, proc.stderr
     assert "FINALISED" not in proc.stderr
     assert (proc.stdout + proc.stderr).strip(), "the output was flushed before the hard exit"
+
+
+def test_eval_counts_a_redone_page_once(tmp_path):
+    # A changed document (new ETag) is OCRed again: until `compact`, OUT holds both
+    # versions' rows. eval scores each truth page once, as compaction would keep it.
+    import os
+
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(SAMPLES / "report.pdf", src / "report.pdf")
+    truth = tmp_path / "truth"
+    shutil.copytree(SAMPLES / "truth" / "report.pdf", truth / "report.pdf")
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    once = run_cli("eval", str(out), "--truth", str(truth), check=True).stdout
+    stat = (src / "report.pdf").stat()
+    os.utime(src / "report.pdf", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    assert read_table(out).num_rows == 6  # 3 pages, twice
+    twice = run_cli("eval", str(out), "--truth", str(truth), check=True).stdout
+    overall = [line for line in once.splitlines() if line.startswith("overall:")]
+    assert overall and overall == [line for line in twice.splitlines() if line.startswith("overall:")]
+    assert sum(line.startswith("report.pdf ") for line in twice.splitlines()) == 3
