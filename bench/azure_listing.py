@@ -10,7 +10,7 @@ growth of the process's peak RSS.
 
     python bench/azure_listing.py [--blobs 20000] [--json FILE]
 
-Needs Azurite (npm install -g azurite@3.35) and the azure extra.
+Needs npm (tests/tools.py installs Azurite into .tools/) and the azure extra.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Azurite, Microsoft's Azure Storage emulator (npm package `azurite`, installed by
-.ci/run), for tests and benchmarks: its blob service on a free loopback port, in a
+"""Azurite, Microsoft's Azure Storage emulator (npm package `azurite`, which
+tests/tools.py installs into the git-ignored .tools/ on first use), for tests and benchmarks: its blob service on a free loopback port, in a
 temp folder. Everything talks to it through an explicit connection string: with an
 account name alone the SDK falls back to DefaultAzureCredential, which probes
 addresses off this machine and stalls."""
@@ -7,13 +7,14 @@ addresses off this machine and stalls."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Iterable
 
 import pytest
+
+import tools
 
 ACCOUNT = "devstoreaccount1"
 # Azurite's published development key (the same in every Azurite): not a secret
@@ -27,10 +28,7 @@ def connection_string(port: int, key: str = KEY) -> str:
 
 
 def executable() -> str:
-    exe = shutil.which("azurite-blob")
-    if exe is None:
-        raise RuntimeError("azurite-blob not found: npm install -g azurite@3.35 (.ci/run does)")
-    return exe
+    return tools.azurite_blob()
 
 
 class Azurite:
@@ -101,6 +99,10 @@ class Azurite:
 
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory):
+    try:
+        tools.azurite_blob()
+    except tools.Unavailable as e:
+        pytest.skip(str(e))
     server = Azurite(tmp_path_factory.mktemp("azurite"))
     yield server
     server.stop()

@@ -2,12 +2,12 @@
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+import tools
 from conftest import SAMPLES
 
 LOOPBACK = re.compile(r'inet_addr\("127\.|inet_pton\(AF_INET6, "::1"')
@@ -38,14 +38,17 @@ def test_onnxruntime_telemetry_is_off_before_it_loads(tmp_path):
     assert set(values) == {"1"}
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (.ci/run installs it)")
 def test_a_run_makes_no_network_connection(tmp_path):
     """strace every process of a real rapidocr run: no connect() or DNS query leaves
     the machine (this caught onnxruntime's telemetry)."""
+    try:
+        strace = tools.strace()
+    except tools.Unavailable as e:
+        pytest.skip(str(e))
     trace = tmp_path / "trace"
     env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
     proc = subprocess.run(
-        ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", str(trace),
+        [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", str(trace),
          sys.executable, "-m", "batchocr.cli", "run", str(SAMPLES), str(tmp_path / "out"), "-q"],
         env=env, capture_output=True, text=True, timeout=600,
     )

@@ -1,0 +1,128 @@
+"""The outside tools some tests run, installed on first use by the test run itself, so
+README's test command passes on a fresh machine with only Python, node/npm and the
+machine's Debian packages:
+
+- Azurite 3.35.0 (the Azure Storage emulator) from npm, into `.tools/azurite/`;
+- checkov 3.3.30 into a venv of its own, `.tools/checkov/` (it pins packaging<24
+  against pytest's packaging>=24, so it cannot share the test venv);
+- strace (the no-network test traces a whole run) with apt-get when it is missing
+  and the tests run as root.
+
+`.tools/` is git-ignored and project-local; nothing is installed on PATH. An install
+runs once, under a file lock (two pytest sessions in one clone wait for each other),
+and is reused while its version is right. `AZURITE_BLOB` or `CHECKOV` name an existing
+executable instead. A tool that cannot be had raises `Unavailable`, whose message the
+tests pass to `pytest.skip`, so the summary says why.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / ".tools"
+AZURITE_VERSION = "3.35.0"
+CHECKOV_VERSION = "3.3.30"
+
+
+class Unavailable(RuntimeError):
+    """A tool the tests need could not be found or installed: the message says why."""
+
+
+@contextmanager
+def _locked():
+    TOOLS.mkdir(exist_ok=True)
+    with (TOOLS / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _version(exe: Path | str) -> str | None:
+    try:
+        proc = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _install(what: str, cmd: list[str], timeout: float) -> None:
+    log = TOOLS / f"{what}-install.log"
+    try:
+        with log.open("w") as f:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise Unavailable(f"{what} could not be installed ({' '.join(cmd[:3])} ...): {e}") from None
+    if proc.returncode != 0:
+        tail = " | ".join(log.read_text().strip().splitlines()[-3:])
+        raise Unavailable(f"{what} could not be installed (exit {proc.returncode}, {log}): {tail}")
+
+
+def azurite_blob() -> str:
+    """Azurite's blob service executable, version 3.35.0."""
+    if os.environ.get("AZURITE_BLOB"):
+        return os.environ["AZURITE_BLOB"]
+    prefix = TOOLS / "azurite"
+    exe = prefix / "node_modules" / ".bin" / "azurite-blob"
+    with _locked():
+        if _version(exe) == AZURITE_VERSION:
+            return str(exe)
+        npm = shutil.which("npm")
+        if npm is None or shutil.which("node") is None:
+            raise Unavailable(f"Azurite {AZURITE_VERSION} needs node and npm, which are not on PATH")
+        shutil.rmtree(prefix, ignore_errors=True)
+        prefix.mkdir(parents=True)
+        _install("azurite", [npm, "install", "--prefix", str(prefix), "--no-fund", "--no-audit",
+                             "--no-save", "--loglevel=error", f"azurite@{AZURITE_VERSION}"], timeout=900)
+        if (found := _version(exe)) != AZURITE_VERSION:
+            raise Unavailable(f"npm installed Azurite but {exe} --version says {found!r}, "
+                              f"not {AZURITE_VERSION}")
+        return str(exe)
+
+
+def checkov() -> str:
+    """checkov 3.3.30, in a venv of its own."""
+    if os.environ.get("CHECKOV"):
+        return os.environ["CHECKOV"]
+    venv = TOOLS / "checkov"
+    exe = venv / "bin" / "checkov"
+    with _locked():
+        if _version(exe) == CHECKOV_VERSION:
+            return str(exe)
+        shutil.rmtree(venv, ignore_errors=True)
+        # The base interpreter, not the test venv's: checkov's venv must not see pytest's packages.
+        base = getattr(sys, "_base_executable", None) or sys.executable
+        _install("checkov-venv", [base, "-m", "venv", str(venv)], timeout=300)
+        _install("checkov", [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                             "--disable-pip-version-check", f"checkov=={CHECKOV_VERSION}"], timeout=1200)
+        if (found := _version(exe)) != CHECKOV_VERSION:
+            raise Unavailable(f"pip installed checkov but {exe} --version says {found!r}, not {CHECKOV_VERSION}")
+        return str(exe)
+
+
+def strace() -> str:
+    """strace from PATH, installed with apt-get when it is missing and we are root."""
+    if found := shutil.which("strace"):
+        return found
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        raise Unavailable("strace is not installed (apt-get install strace) and the tests cannot "
+                          "install it: " + ("no apt-get" if apt is None else "not root"))
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    with _locked():
+        if found := shutil.which("strace"):
+            return found
+        for cmd in ([apt, "install", "-y", "-qq", "strace"],
+                    [apt, "update", "-qq"], [apt, "install", "-y", "-qq", "strace"]):
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+            if cmd[1] == "install" and proc.returncode == 0:
+                break
+        if found := shutil.which("strace"):
+            return found
+        tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-2:])
+        raise Unavailable(f"strace could not be installed with apt-get: {tail}")
