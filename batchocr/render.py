@@ -4,7 +4,10 @@ an exception: one bad document must not stop the shard."""
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -14,7 +17,7 @@ import pymupdf
 from batchocr import schema
 from batchocr.schema import Needs
 from batchocr.errors import BatchocrError
-from batchocr.sources import DocRef
+from batchocr.sources import DocRef, native
 from batchocr.spec import RenderSpec
 from batchocr.storage import Store
 
@@ -43,11 +46,60 @@ def page_error(doc: DocRef, page_index: int, page_count: int, error_type: str, m
     return doc_error(doc, error_type, message, page_count) | {"page_index": page_index}
 
 
+class Unreadable(Exception):
+    """The file cannot be read as a file at all (permission, a broken link, a FIFO)."""
+
+
 def open_document(doc: DocRef, storage_options: Mapping[str, Any]) -> pymupdf.Document:
-    store = Store(doc.uri, storage_options)
-    if store.is_local:
-        return pymupdf.open(store.root, filetype=doc.filetype)
-    return pymupdf.open(stream=store.read_bytes(), filetype=doc.filetype)
+    uri = native(doc.uri)
+    if uri.startswith("file://"):
+        return _open_local(uri[len("file://"):], doc)
+    store = Store(uri, storage_options)
+    data = store.read_bytes()
+    if not data:
+        raise EmptyFile()
+    return pymupdf.open(stream=data, filetype=doc.filetype)
+
+
+class EmptyFile(Exception):
+    pass
+
+
+def _open_local(path: str, doc: DocRef) -> pymupdf.Document:
+    """Opened by its bytes (any name the file system allows) and checked to be a
+    regular file first: O_NONBLOCK, since opening a FIFO would wait for a writer."""
+    try:
+        fd = os.open(os.fsencode(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise Unreadable(f"a symbolic link to a file that does not exist ({os.readlink(path)})") from None
+        raise Unreadable("the file was deleted after it was listed") from None
+    except PermissionError:
+        raise Unreadable("permission denied: this process may not read the file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Unreadable("a loop of symbolic links") from None
+        raise Unreadable(f"cannot open the file: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreadable(f"not a regular file but {_kind(st.st_mode)}")
+        if st.st_size == 0:
+            raise EmptyFile()
+        # MuPDF opens its own descriptor of the same file by this name; the path
+        # itself may not be valid UTF-8.
+        return pymupdf.open(f"/proc/self/fd/{fd}", filetype=doc.filetype)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return f"a file of mode {mode:o}"
 
 
 def render_document(
@@ -56,14 +108,17 @@ def render_document(
     """Yields batches of at most spec.batch_pages rows; the first row of a document
     that cannot be opened is its only row (page_index -1)."""
     doc = task.doc
-    if doc.size == 0:
-        yield schema.batch(schema.PAGES, [doc_error(doc, "empty_file", f"{doc.uri}: the file is empty (0 bytes)")])
-        return
     pymupdf.TOOLS.mupdf_warnings(reset=True)
     try:
         pdoc = open_document(doc, storage_options)
     except BatchocrError:  # storage failed for good, not this document: the run stops (see renderpool)
         raise
+    except EmptyFile:
+        yield schema.batch(schema.PAGES, [doc_error(doc, "empty_file", f"{doc.uri}: the file is empty (0 bytes)")])
+        return
+    except Unreadable as exc:
+        yield schema.batch(schema.PAGES, [doc_error(doc, "unreadable", f"{doc.uri}: {exc}")])
+        return
     except Exception as exc:  # noqa: BLE001 - any failure to open is this document's error row
         kind = _error_kind(exc, "open_failed")
         yield schema.batch(schema.PAGES, [doc_error(doc, kind, f"{doc.uri}: cannot open as {doc.filetype}: {exc}")])

@@ -37,7 +37,7 @@ PAGE_TABLE = pa.schema([pa.field(n, t) for n, t, _ in PAGE_TABLE_COLUMNS])
 
 # Every `error_type` a row can carry (README's Errors table lists the same).
 ERROR_TYPES = {
-    "empty_file", "open_failed", "encrypted", "no_pages", "render_failed", "too_large",
+    "empty_file", "unreadable", "open_failed", "encrypted", "no_pages", "render_failed", "too_large",
     "timeout", "renderer_crashed", "engine_error", "no_text_layer", "rejected", "repetition",
 }
 

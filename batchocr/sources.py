@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
+import re
+import urllib.parse
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -15,7 +18,7 @@ EXTENSIONS = (".pdf", ".tif", ".tiff", ".png", ".jpg", ".jpeg")
 
 @dataclass(frozen=True)
 class DocRef:
-    uri: str  # full URI with protocol: file:///data/a.pdf, az://scans/a.pdf
+    uri: str  # full URI with protocol, spelled by spell(): file:///data/a.pdf, az://scans/a.pdf
     size: int
     etag: str  # the store's ETag, or "<size>-<mtime>" where the store has none (local disk)
     mtime: float | None = None
@@ -31,6 +34,26 @@ class DocRef:
     @property
     def filetype(self) -> str:
         return posixpath.splitext(self.uri)[1].lower().lstrip(".")
+
+
+# What spell() writes as %XX: the escape itself, control characters, and (as
+# surrogate escapes, see os.fsdecode) bytes that are not UTF-8.
+_ESCAPED = re.compile(r"[%\x00-\x1f\x7f\udc80-\udcff]")
+
+
+def spell(name: str) -> str:
+    """A URI or path as listed (os.fsdecode's str: bytes that are not UTF-8 are
+    surrogate escapes) as valid UTF-8 text, losslessly: `%`, control characters
+    and bytes that are not UTF-8 become %XX (`b-\\xff.pdf` is `b-%FF.pdf`, `50%.pdf`
+    is `50%25.pdf`); every other character stays as it is (`::`, `#`, spaces,
+    any Unicode). native() turns it back."""
+    return _ESCAPED.sub(lambda m: "".join(f"%{b:02X}" for b in os.fsencode(m.group())), name)
+
+
+def native(uri: str) -> str:
+    """The name spell() was given: %XX back to its byte (non-UTF-8 bytes as
+    surrogate escapes, as os.fsdecode gives them)."""
+    return os.fsdecode(urllib.parse.unquote_to_bytes(uri)) if "%" in uri else uri
 
 
 def doc_id(uri: str) -> str:
@@ -50,7 +73,7 @@ def list_documents(store: Store) -> Iterator[DocRef]:
         if not is_document(path):
             continue
         yield DocRef(
-            uri=store.uri(path),
+            uri=spell(store.uri(path)),
             size=int(info.get("size") or 0),
             etag=_etag(info),
             mtime=_mtime(info),

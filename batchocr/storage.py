@@ -9,6 +9,7 @@ Storage faults leave a Store as one-line BatchocrErrors with no secret in them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
@@ -50,25 +51,47 @@ class _Fsspec:
     secrets: tuple[str, ...] = ()
 
     def __init__(self, url: str, options: Mapping[str, Any]):
+        # Not fsspec.core.url_to_fs: it reads `::` as a URL chain (simplecache::s3://...),
+        # and `::` is a legal character of a file name (a::b.pdf). batchocr reads each
+        # file once: it has no use for chains.
+        protocol = fsspec.core.split_protocol(url)[0] or "file"
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(url, **options)
+            cls = fsspec.get_filesystem_class(protocol)
+            self.fs = cls(**cls._get_kwargs_from_urls(url) | dict(options))
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"cannot open {url}: {exc}") from None
-        self.root = self.root.rstrip("/") or "/"
+        self.root = cls._strip_protocol(url).rstrip("/") or "/"
 
     def walk(self, root: str) -> Iterator[tuple[str, dict]]:
         if self.fs.isfile(root):
             yield root, self.fs.info(root)
             return
-        for folder, dirs, files in self.fs.walk(root, detail=True):
-            # Top-down walk recurses into `dirs` in its order after this yield: sort it.
-            ordered = sorted(dirs.items())
-            dirs.clear()
-            dirs.update(ordered)
-            for name in sorted(files):
-                yield files[name].get("name", posixpath.join(folder, name)), files[name]
+        yield from self._walk_folder(root)
+
+    def _walk_folder(self, folder: str) -> Iterator[tuple[str, dict]]:
+        """Files in name order, each folder's files before its subfolders. Not
+        fs.walk: it drops a folder it cannot list, as if it were empty (and
+        fsspec 2026.9 does not pass on_error="raise" down to subfolders)."""
+        try:
+            entries = self.fs.ls(folder, detail=True)
+        except FileNotFoundError:
+            return  # none (the caller checks the root), or deleted since its parent was listed
+        entries.sort(key=lambda e: e["name"])
+        folders = []
+        for entry in entries:
+            name = entry["name"].rstrip("/")
+            if entry.get("type") == "directory":
+                if name != folder:
+                    folders.append(name)
+            else:
+                yield name, entry
+        for sub in folders:
+            yield from self._walk_folder(sub)
 
     def explain(self, exc: BaseException, where: str) -> BatchocrError:
+        if where.endswith(": writing") and getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+            # Retrying cannot make a read-only or forbidden OUT writable.
+            return ConfigError(f"{where}: {exc.strerror}: OUT must be writable")
         return StorageError(f"{where}: {type(exc).__name__}: {exc}")
 
     def polars_options(self) -> tuple[dict[str, str] | None, Any]:
@@ -164,11 +187,17 @@ class Store:
                 folder = posixpath.dirname(path)
                 os.makedirs(folder, exist_ok=True)
                 tmp = posixpath.join(folder, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, path)
+                except BaseException:
+                    # A full disk: the half-written temp would keep it full.
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
             else:
                 self.fs.pipe_file(path, data)
         return path
