@@ -136,9 +136,13 @@ class LLM:
             (engine_input,) = engine.renderer.render_cmpl([prompt])
             ids.append(f"g{engine.added}")
             engine.add_request(ids[-1], engine_input, params)
-        done = {}
+        done, tokens = {}, {i: [] for i in ids}
         while engine.order:
-            done.update((o.request_id, o) for o in engine.step() if o.finished)
+            for o in engine.step():  # the final output holds every token, as vLLM's does
+                tokens[o.request_id] += o.outputs[0].token_ids
+                if o.finished:
+                    done[o.request_id] = RequestOutput(o.request_id, o.prompt_token_ids, [
+                        Completion(tokens[o.request_id], "", o.outputs[0].finish_reason)], True)
         return [done[i] for i in ids]
 
 

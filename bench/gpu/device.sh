@@ -2,17 +2,34 @@
 # On the lent GPU machine (no network), after the kit's parts are in /tmp/kit
 # (../shared/gpu/README.md: calls c0 and c1 copy them, the last call brings c2):
 #
-#   bash bench/gpu/device.sh start   # install vLLM + PyMuPDF, build the model folders,
-#                                    # start suite.sh in its own session (it outlives the call)
-#   bash bench/gpu/device.sh poll    # progress; results packed into $OUT/res.tar.xz
+#   bash bench/gpu/device.sh start        # install vLLM + PyMuPDF, build the model folders,
+#                                         # start suite.sh in its own session (it outlives the call)
+#   bash bench/gpu/device.sh wait 540     # until the suite is done or 540 s have passed, packing the
+#                                         # results into $OUT/res.tar.xz every 20 s (a call cut short
+#                                         # still brings the last pack back); then a summary
+#   bash bench/gpu/device.sh poll         # progress now, and the pack
 #
-# Each call must come within 30 s of the last (the machine goes back when idle);
-# a poll that sleeps (`sleep 500; bash bench/gpu/device.sh poll`) keeps it warm.
+# Each call must come within 30 s of the last (the machine goes back when idle).
 set -u
-RES=/tmp/res
+RES=${RES:-/tmp/res}
 REPO=/tmp/repo
 env_setup() {
   export PYTHONPATH=/tmp/site:/tmp/site2:$REPO VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+}
+pack() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p /tmp/pack && cp "$RES"/* /tmp/pack/ 2>/dev/null
+  for f in /tmp/tp-*/*.log; do [ -f "$f" ] && cp "$f" "/tmp/pack/$(basename "$(dirname "$f")")-$(basename "$f")"; done
+  tar -C /tmp/pack -cJf "$OUT/res.tar.xz.tmp" . 2>/dev/null && mv "$OUT/res.tar.xz.tmp" "$OUT/res.tar.xz"
+}
+summary() {
+  cat "$RES/suite.log" 2>/dev/null
+  for f in "$RES"/*.log; do
+    [ "$(basename "$f")" = suite.log ] && continue
+    echo "== $(basename "$f")"
+    grep -E '^(a_|a0_|b_|c_|\{)| child ' "$f" | cut -c1-330; tail -2 "$f" | cut -c1-300
+  done
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
 }
 case "${1:-}" in
   start)
@@ -23,19 +40,20 @@ case "${1:-}" in
     env_setup
     python3 "$REPO/bench/gpu/make_models.py" /tmp/models
     nvidia-smi --query-gpu=index,name,memory.total --format=csv
-    GPUS=$(nvidia-smi -L | wc -l) setsid nohup bash "$REPO/bench/gpu/suite.sh" "$RES" >/tmp/suite.out 2>&1 < /dev/null &
+    setsid nohup bash "$REPO/bench/gpu/suite.sh" "$RES" >/tmp/suite.out 2>&1 < /dev/null &
     sleep 3
     cat "$RES/suite.log" 2>/dev/null
     ;;
-  poll)
-    cat "$RES/suite.log" 2>/dev/null
-    for f in "$RES"/*.log; do
-      [ "$(basename "$f")" = suite.log ] && continue
-      echo "== $(basename "$f")"; grep -E '^(a_|b_|c_|\{)' "$f" | cut -c1-400; tail -2 "$f" | cut -c1-300
+  wait)
+    end=$(( $(date +%s) + ${2:-540} ))
+    while [ "$(date +%s)" -lt "$end" ] && ! grep -q "suite done" "$RES/suite.log" 2>/dev/null; do
+      pack; sleep 20
     done
-    nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
-    [ -n "${OUT:-}" ] && tar -C "$RES" -cJf "$OUT/res.tar.xz" . 2>/dev/null
+    pack; summary
+    ;;
+  poll)
+    pack; summary
     ;;
   *)
-    echo "usage: bash bench/gpu/device.sh start|poll" >&2; exit 2 ;;
+    echo "usage: bash bench/gpu/device.sh start|wait SECONDS|poll" >&2; exit 2 ;;
 esac

@@ -13,8 +13,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 MODES = {"a_vllm_alone": ("a vLLM alone (one generate)", "tab:orange"),
-         "b_batchocr": ("b batchocr", "tab:blue"),
-         "c_batch_at_a_time": ("c generate per 256 pages", "tab:green")}
+         "a0_vllm_defaults": ("a' vLLM's defaults, generate per 256 pages", "tab:red"),
+         "c_batch_at_a_time": ("c generate per 256 pages", "tab:green"),
+         "b_batchocr": ("b batchocr", "tab:blue")}
+MORE = ["tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan"]
+
+
+def modes(r: dict) -> dict:
+    """The modes of this JSON, b's variants (b_NAME: another engine, another process) after them."""
+    out = {k: v for k, v in MODES.items() if isinstance(r.get(k), dict)}
+    extra = [k for k, v in r.items() if k.startswith("b_") and k not in MODES and isinstance(v, dict) and "start_abs" in v]
+    return out | {k: (f"b {k[2:]}", MORE[i % len(MORE)]) for i, k in enumerate(extra)}
 
 
 def rolling(points: list[tuple[float, float]], end: float, width: float = 5.0) -> tuple[list[float], list[float]]:
@@ -28,10 +37,8 @@ def main(src: str, dst: str) -> None:
     steps = r.get("engine_steps", [])
     gpu = r["gpu_samples"]
     fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
-    for name, (label, color) in MODES.items():
-        m = r.get(name)
-        if not m:
-            continue
+    for name, (label, color) in modes(r).items():
+        m = r[name]
         t0, t1 = m["start_abs"], m["end_abs"]
         mine = [s for s in steps if t0 <= s[0] <= t1]
         if mine:

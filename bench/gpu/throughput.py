@@ -1,8 +1,19 @@
-"""Pages/s on one GPU, three ways, on the same pages and one vllm.LLM instance:
+"""Pages/s on one GPU at equal work, on the same pages and output lengths:
 
-  (a) vLLM alone: one `llm.generate` call over every page (images rendered beforehand);
-  (b) batchocr's pipeline: list -> render workers -> continuous feeding -> Parquet;
-  (c) a batch-at-a-time loop: `llm.generate` per chunk of --chunk pages.
+  (a)  vLLM alone: one `llm.generate` call over every page (images rendered beforehand),
+       batchocr's engine arguments;
+  (a') vLLM's own defaults (`LLM(model=...)` on this GPU), `generate` per chunk of --chunk pages:
+       what ten lines of user code get (mode a0, in its own process: its own engine);
+  (c)  batchocr's engine arguments, `generate` per chunk of --chunk pages;
+  (b)  batchocr's pipeline: list -> render workers -> continuous feeding -> Parquet; the
+       repetition guard off (--guard off, the default), since random weights loop and a guard
+       that aborts and retries pages would make b do other work than a and c;
+  (b_NAME) b again with other engine arguments (--variant NAME=ARGS), each in its own process
+       after this one's engine is gone; `--engines N`: N engine processes on the one GPU.
+
+Every mode's record holds its work: pages, attempts, finish reasons, the tokens of the rows and
+every token handed out (aborted attempts too), and the engine core's own count; `equal_work`
+says whether all modes did the same.
 
 Output lengths are fixed per page (random weights make text meaningless):
 A = --tokens for every page, B = lognormal(sigma 1) clipped to [50, 4000], mean ~1000,
@@ -18,8 +29,9 @@ this process, vLLM's engine core, the others: render workers; every second); and
 process's main thread spends its time (stack samples every 10 ms). The compute
 ceiling (pages/s at the GPU's peak dense FLOP/s) is computed from the model's config.
 
-    python bench/gpu/throughput.py --model /tmp/models/qwen2.5-vl-7b --pages 1024 --lengths B \
-        --json $OUT/tp.json [--quantization fp8] [--modes a,c,b] [--b-variants 'prepare_threads=8']
+    python bench/gpu/throughput.py --model /tmp/models/qwen2.5-vl-7b --pages 512 --lengths B \
+        --modes a,c,b,a0 --variant 'seqs512=--max-num-seqs 512' --json $OUT/tp.json
+        [--quantization fp8] [--engine-arg kv_cache_dtype=fp8] [--b-variants 'prepare_threads=8']
     python bench/gpu/throughput.py --fake --pages 64   # dry run on the CPU: checks the script only
 """
 
@@ -31,6 +43,7 @@ import hashlib
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -80,7 +93,7 @@ class Sampler(threading.Thread):
         self.cpu: list[tuple[float, dict[str, float]]] = []
         self.running = True
 
-    def _cpu_times(self) -> dict[int, tuple[str, float]]:
+    def _cpu_times(self) -> dict[int, tuple[str, float, int]]:
         out = {}
         if self.me is None:
             return out
@@ -88,7 +101,7 @@ class Sampler(threading.Thread):
             try:
                 t = p.cpu_times()
                 name = "main" if p.pid == self.me.pid else ("engine_core" if "Engine" in p.name() else "others")
-                out[p.pid] = (name, t.user + t.system)
+                out[p.pid] = (name, t.user + t.system, p.memory_info().rss)
             except self.psutil.Error:
                 pass
         return out
@@ -102,13 +115,23 @@ class Sampler(threading.Thread):
             if now - last_t >= 1.0:
                 cur = self._cpu_times()
                 cores: dict[str, float] = collections.defaultdict(float)
-                for pid, (name, t) in cur.items():
-                    cores[name] += max(0.0, t - last.get(pid, (name, t))[1]) / (now - last_t)
+                for pid, (name, t, rss) in cur.items():
+                    cores[name] += max(0.0, t - last.get(pid, (name, t, 0))[1]) / (now - last_t)
+                    cores[f"rss_gb_{name}"] += rss / 1e9  # host memory, summed over the group's processes
                 if self.psutil:
                     cores["system"] = self.psutil.cpu_percent(None) / 100 * os.cpu_count()
+                    cores["rss_gb_all"] = sum(rss for _, _, rss in cur.values()) / 1e9
                     self.cpu.append((now, dict(cores)))
                 last_t, last = now, cur
             time.sleep(0.1)
+
+    def gpu_memory_used_gb(self) -> float | None:
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used / 1e9 if self.nvml else None
+
+    def rss_peak(self, t0: float, t1: float) -> dict[str, float]:
+        rows = [c for t, c in self.cpu if t0 <= t <= t1]
+        keys = {k for r in rows for k in r if k.startswith("rss_gb_")}
+        return {k[7:]: round(max(r.get(k, 0.0) for r in rows), 2) for k in sorted(keys)} if rows else {}
 
     def gpu_between(self, t0: float, t1: float) -> float | None:
         xs = [u for t, u in self.gpu if t0 <= t <= t1]
@@ -116,7 +139,7 @@ class Sampler(threading.Thread):
 
     def cpu_between(self, t0: float, t1: float) -> dict[str, float]:
         rows = [c for t, c in self.cpu if t0 <= t <= t1]
-        keys = {k for r in rows for k in r}
+        keys = {k for r in rows for k in r if not k.startswith("rss_gb_")}
         return {k: round(sum(r.get(k, 0.0) for r in rows) / len(rows), 2) for k in sorted(keys)} if rows else {}
 
 
@@ -125,9 +148,9 @@ class Timeline:
 
     def __init__(self, llm):
         self.steps: list[tuple[float, int, int, float, int, int]] = []  # t, running, waiting, kv, tokens, finished
-        core = llm.llm_engine.engine_core
+        core = llm.llm_engine.engine_core if llm is not None else None
         if not hasattr(core, "get_output"):
-            return  # the dry run's stand-in
+            return  # no engine in this process, or the dry run's stand-in
         original = core.get_output
 
         def get_output():
@@ -240,6 +263,101 @@ def _render_doc(args):
             for batch in render_document(RenderTask(doc), spec, Needs(image=True), {}) for r in batch.to_pylist()]
 
 
+def vllm_defaults(args) -> dict:
+    """(a'): what a user writing ten lines gets, `LLM(model=...)` and nothing else, except the
+    random weights (no checkpoint here), the scheduler stats (the engine timeline needs them;
+    `LLM` turns them off by default) and the quantization or engine arguments under test."""
+    return {"model": args.model or "fake", "load_format": "dummy", "disable_log_stats": False, "seed": 0,
+            **({"quantization": args.quantization} if args.quantization else {}), **engine_args(args)}
+
+
+def engine_args(args) -> dict:
+    """--engine-arg KEY=VALUE (VALUE as JSON where it parses, else a string)."""
+    out = {}
+    for item in args.engine_arg:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def work_of_outputs(outs) -> dict:
+    """What one finite generate call did: one attempt per page, by construction."""
+    reasons = collections.Counter(str(o.outputs[0].finish_reason) for o in outs)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"requests": len(outs), "pages": len(outs), "attempts": {"1": len(outs)}, "finish_reasons": dict(reasons),
+            "output_tokens_rows": tokens, "client_tokens": tokens}
+
+
+def work_of_table(out: Path, client_tokens: int, requests: int) -> dict:
+    """What batchocr did, from its own Parquet rows (attempts, finish reasons, tokens of the kept
+    attempt) and from the engine's outputs (tokens of every attempt, aborted ones too)."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(out / "pages", columns=["finish_reason", "attempts", "output_tokens"], partitioning=None)
+    rows = t.to_pydict()
+    return {"requests": requests, "pages": t.num_rows,
+            "attempts": {str(k): v for k, v in sorted(collections.Counter(rows["attempts"]).items())},
+            "finish_reasons": dict(collections.Counter(rows["finish_reason"])),
+            "output_tokens_rows": sum(x or 0 for x in rows["output_tokens"]), "client_tokens": client_tokens}
+
+
+def wait_gpu_free(sampler, below_gb: float = 4.0, timeout: float = 120.0) -> float | None:
+    """After an engine shut down: wait until its memory is back (the next engine sizes its KV cache from it)."""
+    end = time.monotonic() + timeout
+    used = sampler.gpu_memory_used_gb()
+    while used is not None and used > below_gb and time.monotonic() < end:
+        time.sleep(1)
+        used = sampler.gpu_memory_used_gb()
+    return used
+
+
+def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
+    """This script again, in its own process (its own engine), with the same work and `extra` on top."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--pages", str(args.pages),
+            "--lengths", args.lengths, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
+            "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+            "--prepare-threads", str(args.prepare_threads), "--queue-pages", str(args.queue_pages),
+            "--render-workers", str(args.render_workers), "--guard", args.guard,
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
+    if args.quantization:
+        argv += ["--quantization", args.quantization]
+    for item in args.engine_arg:
+        argv += ["--engine-arg", item]
+    if args.fake:
+        argv.append("--fake")
+    return argv + extra
+
+
+def run_child(argv: list[str], log: Path, timeout: float) -> dict | None:
+    json_path = Path(argv[argv.index("--json") + 1])
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if not json_path.exists():
+        print(f"child failed (rc {rc}), see {log}", flush=True)
+        return None
+    return json.loads(json_path.read_text()) | {"child_rc": rc, "child_log": str(log)}
+
+
+def merge_steady(records: list[dict], steps: list[tuple]) -> dict | None:
+    """Several engines at once: the window where every one of them is in its steady state."""
+    windows = [(r["steady"]["window_start_abs"], r["steady"]["window_end_abs"]) for r in records if r.get("steady")]
+    if len(windows) < len(records):
+        return None
+    w0, w1 = max(w[0] for w in windows), min(w[1] for w in windows)
+    if w1 <= w0:
+        return None
+    inside = [s for s in steps if w0 < s[0] <= w1]
+    return {"window_s": round(w1 - w0, 1), "window_start_abs": w0, "window_end_abs": w1,
+            "pages": sum(s[5] for s in inside), "pages_per_s": round(sum(s[5] for s in inside) / (w1 - w0), 3),
+            "output_tokens_per_s": round(sum(s[4] for s in inside) / (w1 - w0), 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="")
@@ -247,14 +365,26 @@ def main() -> None:
     ap.add_argument("--lengths", choices=["A", "B"], default="B")
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--chunk", type=int, default=256)
-    ap.add_argument("--modes", default="a,c,b")
+    ap.add_argument("--modes", default="a,c,b", help="a, a0 (a': vLLM's defaults, chunks of --chunk), c, b")
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--prepare-threads", type=int, default=4)
     ap.add_argument("--queue-pages", type=int, default=0)
     ap.add_argument("--render-workers", type=int, default=8)
+    ap.add_argument("--guard", choices=["off", "on"], default="off",
+                    help="b's repetition guard; off by default: random weights loop, and a guard that aborts and "
+                         "retries pages makes b do other work than a and c (issue 12)")
+    ap.add_argument("--engine-arg", action="append", default=[], help="KEY=JSON for vllm.LLM, e.g. stream_interval=8")
     ap.add_argument("--b-variants", default="", help="more b runs on the same LLM: 'prepare_threads=8;queue_pages=512'")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=ARGS: b again in its own process with its own engine, ARGS on top of this run's "
+                         "(e.g. 'seqs512=--max-num-seqs 512'); recorded as b_NAME")
+    ap.add_argument("--engines", type=int, default=1, help="b with N engine processes on the one GPU, pages split")
+    ap.add_argument("--llm", choices=["batchocr", "defaults"], default="batchocr", help=argparse.SUPPRESS)
+    ap.add_argument("--part", default="", help=argparse.SUPPRESS)  # I/N: this process's share of the documents
+    ap.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--fake", action="store_true", help="dry run on the CPU with tests/fake_vllm.py")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -265,7 +395,6 @@ def main() -> None:
         fake_vllm.install_modules()
     from e2e import a4_corpus
     from PIL import Image
-    from vllm import LLM, SamplingParams
 
     from batchocr.engines.presets import get_preset
     from batchocr.engines.vllm import VLLMEngine, VLLMOptions
@@ -277,35 +406,124 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tp-"))
     per_doc = 8
     a4_corpus(work / "src", math.ceil(args.pages / per_doc), per_doc)
+    if args.part:  # one of several engines: every N-th document
+        i, n = map(int, args.part.split("/"))
+        for k, f in enumerate(sorted((work / "src").iterdir())):
+            if k % n != i:
+                f.unlink()
     docs = list(list_documents(Store(str(work / "src"))))
     names = {d.doc_id: d.name for d in docs}  # lengths are keyed by file name: the same in every run
+    guard = {} if args.guard == "on" else {"repetition_span": 10**6}  # never reached: max_tokens <= 4000
     options = VLLMOptions(model=args.model or "fake", preset="qwen2.5-vl", load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=8192, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                          gpu_memory_utilization=args.gpu_memory_utilization,
                           prepare_threads=args.prepare_threads, queue_pages=args.queue_pages,
-                          engine_args={"disable_log_stats": False})
+                          engine_args={"disable_log_stats": False, **engine_args(args)}, **guard)
     preset = get_preset(options.preset)
-    report: dict = {"args": vars(args) | {"json": str(args.json)}, "llm_args": options.llm_args(preset),
-                    "host_cpus": os.cpu_count()}
+    llm_args = vllm_defaults(args) if args.llm == "defaults" else options.llm_args(preset)
+    report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
+                    "llm_args": llm_args, "host_cpus": os.cpu_count()}
+    keys = [f"{d.name}/{i}" for d in docs for i in range(per_doc)][: args.pages]
+    lengths = {key: length_of(key, args.lengths, args.tokens) for key in keys}
+    report["pages"] = len(keys)
+    report["output_tokens_total"] = sum(lengths.values())
     sampler = Sampler()
     sampler.start()
     stacks = StackSampler()
     stacks.start()
+    modes = [m for m in args.modes.split(",") if m]
+    children = (["a0"] if "a0" in modes and args.llm == "batchocr" else []) + args.variant
+    here = [m for m in modes if not (m == "a0" and args.llm == "batchocr")]
+    timeline = Timeline(None)
+
+    def save():
+        if args.json:
+            args.json.write_text(json.dumps(report | {"gpu_samples": sampler.gpu, "cpu_samples": sampler.cpu,
+                                                      "engine_steps": timeline.steps}, indent=None))
+
+    if args.engines > 1:  # several engine processes on the one GPU, each b over its share of the documents
+        assert modes == ["b"], "--engines > 1 runs mode b only"
+        barrier = work / "barrier"
+        barrier.mkdir()
+        argv = lambda i: child_argv(args, ["--modes", "b", "--part", f"{i}/{args.engines}",  # noqa: E731
+                                           "--barrier", str(barrier)], work / f"w{i}.json")
+        procs = [subprocess.Popen(argv(i), stdout=open(work / f"w{i}.log", "w"), stderr=subprocess.STDOUT)
+                 for i in range(args.engines)]
+        for i, p in enumerate(procs):  # one engine at a time sizes its KV cache from the memory left
+            (barrier / f"build-{i}").touch()
+            while not (barrier / f"ready-{i}").exists() and p.poll() is None:
+                time.sleep(0.5)
+        t_go = time.monotonic()
+        (barrier / "go").touch()
+        for p in procs:
+            p.wait()
+        recs = [json.loads((work / f"w{i}.json").read_text()) for i in range(args.engines)
+                if (work / f"w{i}.json").exists()]
+        if len(recs) < args.engines or not all("b_batchocr" in r for r in recs):
+            print("an engine process failed:", [(work / f"w{i}.log").read_text()[-2000:] for i in range(args.engines)])
+            sys.exit(1)
+        for r in recs:
+            timeline.steps += r["engine_steps"]
+        timeline.steps.sort()
+        bs = [r["b_batchocr"] for r in recs]
+        start, end = min(b["start_abs"] for b in bs), max(b["end_abs"] for b in bs)
+        rec = {"engines": args.engines, "wall_s": round(end - start, 2), "start_abs": start, "end_abs": end,
+               "go_abs": t_go, "rows": sum(b["rows"] for b in bs),
+               "pages_per_s": round(sum(b["rows"] for b in bs) / (end - start), 3),
+               "output_tokens_per_s": round(sum(b["work"]["client_tokens"] for b in bs) / (end - start), 1),
+               "gpu_busy_pct": sampler.gpu_between(start, end), "host_cores": sampler.cpu_between(start, end),
+               "host_rss_peak_gb": sampler.rss_peak(start, end),
+               "work": {k: sum(b["work"][k] for b in bs) for k in ("requests", "pages", "output_tokens_rows",
+                                                                   "client_tokens")}
+               | {"engine_tokens": sum(b["work"]["engine_tokens"] for b in bs)
+                  if all(b["work"].get("engine_tokens") is not None for b in bs) else None},
+               "per_engine": [{k: b.get(k) for k in ("wall_s", "pages_per_s", "rows", "steady", "work")} for b in bs],
+               "timeline": sorted(round(b["start_abs"] + t - start, 2) for b in bs for t in b.get("timeline", []))}
+        for k in ("attempts", "finish_reasons"):
+            rec["work"][k] = dict(sum((collections.Counter(b["work"][k]) for b in bs), collections.Counter()))
+        steady = merge_steady(bs, timeline.steps)
+        if steady:
+            steady["gpu_busy_pct"] = sampler.gpu_between(steady["window_start_abs"], steady["window_end_abs"])
+            steady["window_start_s"] = round(steady["window_start_abs"] - start, 1)
+            steady["window_end_s"] = round(steady["window_end_abs"] - start, 1)
+            rec["steady"] = steady
+        report["llm_args"] = recs[0]["llm_args"]
+        report["b_batchocr"] = rec
+        print("b_batchocr", json.dumps({k: v for k, v in rec.items() if k not in ("timeline", "per_engine")}),
+              flush=True)
+        sampler.running = False
+        save()
+        os._exit(0)
 
     # The same pages for every mode, rendered as batchocr renders them (in processes, while the LLM loads).
-    t0 = time.monotonic()
-    with ProcessPoolExecutor(8) as ex:
-        futures = ex.map(_render_doc, [(d, preset.max_side, preset.size_multiple) for d in docs])
-        llm = LLM(**options.llm_args(preset))
-        report["llm_init_s"] = round(time.monotonic() - t0, 1)
-        pages = [row for rows in futures for row in rows][: args.pages]
-    timeline = Timeline(llm)
-    lengths = {key: length_of(key, args.lengths, args.tokens) for key, *_ in pages}
-    report["pages"] = len(pages)
-    report["output_tokens_total"] = sum(lengths.values())
-    w, h = pages[0][1], pages[0][2]
-    patches = (w // 14) * (h // 14)
-    report["page_size"] = [w, h]
+    need_images = any(m in ("a", "a0", "c") for m in here)
+    pages: list = []
+    llm = None
+    if here:
+        from vllm import LLM, SamplingParams
+
+        if args.barrier:  # one of several engines: build when told, say when ready, start together
+            i = args.part.split("/")[0]
+            while not (args.barrier / f"build-{i}").exists():
+                time.sleep(0.2)
+        t0 = time.monotonic()
+        with ProcessPoolExecutor(8 if need_images else 1) as ex:
+            futures = ex.map(_render_doc, [(d, preset.max_side, preset.size_multiple) for d in docs]
+                             if need_images else [])
+            llm = LLM(**llm_args)
+            report["llm_init_s"] = round(time.monotonic() - t0, 1)
+            pages = [row for rows in futures for row in rows][: args.pages]
+        report["gpu_memory_used_gb_after_init"] = sampler.gpu_memory_used_gb()
+        timeline = Timeline(llm)
+        if args.barrier:
+            (args.barrier / f"ready-{i}").touch()
+            while not (args.barrier / "go").exists():
+                time.sleep(0.05)
+    if pages:
+        w, h = pages[0][1], pages[0][2]
+        report["page_size"] = [w, h]
+    patches = (report.get("page_size", [896, 1288])[0] // 14) * (report.get("page_size", [896, 1288])[1] // 14)
     prompt = preset.prompt()
 
     def requests(chunk):
@@ -316,23 +534,21 @@ def main() -> None:
         return [SamplingParams(max_tokens=lengths[key], ignore_eos=True, detokenize=False, temperature=0.0)
                 for key, *_ in chunk]
 
-    def save():
-        if args.json:
-            args.json.write_text(json.dumps(report | {"gpu_samples": sampler.gpu, "cpu_samples": sampler.cpu,
-                                                      "engine_steps": timeline.steps}, indent=None))
-
     def record(name, start, end, finishes=None, extra=None):
         wall = end - start
-        out_tok = report["output_tokens_total"]
-        r = report[name] = {"wall_s": round(wall, 2), "pages_per_s": round(len(pages) / wall, 3),
+        r = report[name] = {"wall_s": round(wall, 2), "pages_per_s": round(len(keys) / wall, 3),
                             "start_abs": start, "end_abs": end,
-                            "output_tokens_per_s": round(out_tok / wall, 1),
+                            "output_tokens_per_s": round(report["output_tokens_total"] / wall, 1),
                             "gpu_busy_pct": sampler.gpu_between(start, end),
                             "host_cores": sampler.cpu_between(start, end),
+                            "host_rss_peak_gb": sampler.rss_peak(start, end),
                             "main_thread": stacks.take()} | (extra or {})
-        steady = timeline.steady(start, end, args.max_num_seqs)
+        if "work" in r:  # every token the engine core generated in this mode, aborted requests' too
+            r["work"]["engine_tokens"] = sum(s[4] for s in timeline.between(start, end)) if timeline.steps else None
+        steady = timeline.steady(start, end, llm_args.get("max_num_seqs") or 1024)
         if steady:
             st, (w0, w1) = steady
+            st["window_start_abs"], st["window_end_abs"] = w0, w1
             st["gpu_busy_pct"] = sampler.gpu_between(w0, w1)
             st["host_cores"] = sampler.cpu_between(w0, w1)
             r["steady"] = st
@@ -341,11 +557,30 @@ def main() -> None:
         print(name, json.dumps({k: v for k, v in r.items() if k not in ("timeline", "main_thread")}), flush=True)
         save()
 
+    class Counting:
+        """The engine as batchocr sees it, counting every token it hands out (aborted attempts too)."""
+
+        def __init__(self, engine):
+            self._engine, self.tokens, self.requests = engine, 0, 0
+
+        def __getattr__(self, name):
+            return getattr(self._engine, name)
+
+        def add_request(self, *a, **kw):
+            self.requests += 1
+            return self._engine.add_request(*a, **kw)
+
+        def step(self):
+            outs = self._engine.step()
+            self.tokens += sum(len(o.outputs[0].token_ids) for o in outs if o.outputs)
+            return outs
+
     class Bench(VLLMEngine):
         """batchocr's engine with the benchmark's output lengths; notes when each page finishes."""
 
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
+            self.engine = Counting(self.engine)
             self.finishes: list[float] = []
 
         def sampling(self, page):
@@ -360,22 +595,28 @@ def main() -> None:
         def close(self):  # the LLM serves the next mode
             self._pool.shutdown(wait=False)
 
+    def chunks():
+        start, finishes, outs = time.monotonic(), [], []
+        for i in range(0, len(pages), args.chunk):
+            chunk = pages[i:i + args.chunk]
+            outs += llm.generate(requests(chunk), params(chunk), use_tqdm=False)
+            finishes += [time.monotonic()] * len(chunk)
+        return start, finishes, outs
+
     prompt_tokens = None
-    modes = args.modes.split(",")
-    for mode in modes:
+    for mode in here:
         stacks.running = True
         if mode == "a":  # vLLM alone, one call
             start = time.monotonic()
             outs = llm.generate(requests(pages), params(pages), use_tqdm=False)
-            record("a_vllm_alone", start, time.monotonic())
+            record("a_vllm_alone", start, time.monotonic(), extra={"work": work_of_outputs(outs)})
             prompt_tokens = len(outs[0].prompt_token_ids)
-        elif mode == "c":  # batch at a time
-            start, finishes = time.monotonic(), []
-            for i in range(0, len(pages), args.chunk):
-                chunk = pages[i:i + args.chunk]
-                llm.generate(requests(chunk), params(chunk), use_tqdm=False)
-                finishes += [time.monotonic()] * len(chunk)
-            record("c_batch_at_a_time", start, time.monotonic(), finishes)
+        elif mode == "a0":  # vLLM's own defaults, a chunk at a time (needs --llm defaults: its own engine)
+            start, finishes, outs = chunks()
+            record("a0_vllm_defaults", start, time.monotonic(), finishes, {"work": work_of_outputs(outs)})
+        elif mode == "c":  # batch at a time, batchocr's engine arguments
+            start, finishes, outs = chunks()
+            record("c_batch_at_a_time", start, time.monotonic(), finishes, {"work": work_of_outputs(outs)})
         elif mode == "b":  # batchocr, the whole pipeline, the same lengths
             variants = [("b_batchocr", {})] + [
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
@@ -387,27 +628,72 @@ def main() -> None:
                 start = time.monotonic()
                 summary = run_job(job, progress=False, engine=engine)
                 end = time.monotonic()
-                record(name, start, end, engine.finishes, {"rows": summary.pages, "timings": summary.timings,
-                                                           "overrides": overrides, "queue_pages": engine.queue_pages})
+                record(name, start, end, engine.finishes, {
+                    "rows": summary.pages, "timings": summary.timings, "overrides": overrides,
+                    "queue_pages": engine.queue_pages, "guard": args.guard,
+                    "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
         stacks.running = False
 
+    if children:  # each in its own process with its own engine, after this one's is gone
+        if llm is not None:
+            core = getattr(llm.llm_engine, "engine_core", None)
+            if hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm
+            llm = None
+            import gc
+
+            gc.collect()
+        for child in children:
+            name, _, extra = child.partition("=") if child != "a0" else ("a0", "", "")
+            left = wait_gpu_free(sampler)
+            argv = child_argv(args, ["--llm", "defaults", "--modes", "a0"] if child == "a0"
+                              else ["--modes", "b", *extra.split()], work / f"child-{name}.json")
+            print(f"{time.strftime('%T')} child {name}: {' '.join(argv[2:])} (GPU memory used before: {left} GB)",
+                  flush=True)
+            got = run_child(argv, work / f"child-{name}.log", timeout=900)
+            if not got:
+                report[f"failed_{name}"] = (work / f"child-{name}.log").read_text()[-3000:]
+                save()
+                continue
+            key = "a0_vllm_defaults" if child == "a0" else "b_batchocr"
+            if key in got:
+                report[key if child == "a0" else f"b_{name}"] = got[key] | {
+                    "llm_args": got["llm_args"], "llm_init_s": got.get("llm_init_s"), "child_args": extra}
+            else:
+                report[f"failed_{name}"] = (work / f"child-{name}.log").read_text()[-3000:]
+            timeline.steps = sorted(timeline.steps + [tuple(s) for s in got.get("engine_steps", [])])
+            save()
+
     sampler.running = False
-    for x, y in (("b_batchocr", "a_vllm_alone"), ("b_batchocr", "c_batch_at_a_time")):
-        if x in report and y in report:
-            report[f"ratio_{x[0]}_{y[0]}"] = round(report[x]["pages_per_s"] / report[y]["pages_per_s"], 3)
+    pairs = [("b_batchocr", "a_vllm_alone"), ("b_batchocr", "c_batch_at_a_time"), ("b_batchocr", "a0_vllm_defaults"),
+             ("a0_vllm_defaults", "a_vllm_alone")]
+    pairs += [(k, "b_batchocr") for k in report if k.startswith("b_") and k != "b_batchocr"]
+    for x, y in pairs:
+        if isinstance(report.get(x), dict) and isinstance(report.get(y), dict):
+            report[f"ratio_{x}/{y}"] = round(report[x]["pages_per_s"] / report[y]["pages_per_s"], 3)
             sx, sy = report[x].get("steady"), report[y].get("steady")
-            if sx and sy and sx["pages_per_s"] and sy["pages_per_s"]:
-                report[f"steady_ratio_{x[0]}_{y[0]}"] = round(sx["pages_per_s"] / sy["pages_per_s"], 3)
-    mean_out = report["output_tokens_total"] / len(pages)
+            if sx and sy and sx.get("pages_per_s") and sy.get("pages_per_s"):
+                report[f"steady_ratio_{x}/{y}"] = round(sx["pages_per_s"] / sy["pages_per_s"], 3)
+    # Equal work: every mode generated the same tokens (the engine core's count where there is one).
+    done = {k: v["work"] for k, v in report.items() if isinstance(v, dict) and "work" in v}
+    report["equal_work"] = {"expected_tokens": report["output_tokens_total"],
+                            "tokens": {k: w.get("engine_tokens") or w["client_tokens"] for k, w in done.items()},
+                            "pages": {k: w["pages"] for k, w in done.items()}}
+    report["equal_work"]["equal"] = (len(set(report["equal_work"]["tokens"].values())) <= 1
+                                     and len(set(report["equal_work"]["pages"].values())) <= 1)
+    mean_out = report["output_tokens_total"] / max(1, len(keys))
     if args.model and not args.fake:
         peak = PEAK_TFLOPS["fp8" if args.quantization == "fp8" else "bf16"]
         report["compute_ceiling"] = compute_ceiling(args.model, prompt_tokens or (patches / 4 + 84), mean_out,
                                                     patches, peak)
-    print({k: v for k, v in report.items() if k.startswith(("ratio", "steady_ratio", "compute"))}, flush=True)
+    print({k: v for k, v in report.items() if k.startswith(("ratio", "steady_ratio", "compute", "equal"))},
+          flush=True)
     save()
-    core = getattr(llm.llm_engine, "engine_core", None)
-    if hasattr(core, "shutdown"):
-        core.shutdown()
+    if llm is not None:
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if hasattr(core, "shutdown"):
+            core.shutdown()
     os._exit(0)  # never hang at exit on vLLM's threads
 
 
