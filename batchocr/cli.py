@@ -9,7 +9,7 @@ import click
 
 from batchocr import __version__
 from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError
-from batchocr.spec import ENGINES, Shard
+from batchocr.spec import ENGINES, ROUTES, Shard
 
 
 class _Group(click.Group):
@@ -64,13 +64,16 @@ def storage_option(what: str):
 @click.option("--model", help="vllm engine: the model folder (or hub name)")
 @click.option("--preset", help="vllm engine: model preset (prompt, image size, sampling), e.g. olmocr-2, qwen2.5-vl")
 @click.option("--job", "job", type=click.Path(dir_okay=False), help="job spec YAML (see jobs/example.yaml); flags override it")
+@click.option("--route", type=click.Choice(ROUTES),
+              help="per page: auto takes a good text layer and sends the rest to the engine; model: every page "
+                   "to the engine; textlayer: every page with a text layer takes it [default: auto]")
 @click.option("--dpi", type=int, help="render PDF pages at this resolution [default: 200]")
 @click.option("--max-side", type=int, help="scale pages down so the longest side is at most this many pixels")
 @click.option("--workers", type=int, help="render worker processes [default: one per usable CPU, at most 4]")
 @click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else 0/1]")
 @storage_option("SOURCE and OUT")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def run(source, out, engine, model, preset, job, dpi, max_side, workers, shard, storage, quiet):
+def run(source, out, engine, model, preset, job, route, dpi, max_side, workers, shard, storage, quiet):
     """OCR every document under SOURCE into a page table under OUT.
 
     SOURCE and OUT are folders or fsspec URLs. Every page gets exactly one row in
@@ -81,6 +84,7 @@ def run(source, out, engine, model, preset, job, dpi, max_side, workers, shard, 
     Examples:
         batchocr run samples/ out/demo
         batchocr run samples/ out/text --engine textlayer
+        batchocr run samples/ out/all-ocr --route model
         batchocr run --job jobs/example.yaml --shard 3/16
         batchocr run az://scans/ az://results/ --engine vllm --model /models/olmOCR-2-7B-1025 --preset olmocr-2
     """
@@ -88,10 +92,10 @@ def run(source, out, engine, model, preset, job, dpi, max_side, workers, shard, 
 
     with graceful_stop() as stop:  # first: an eviction notice during start-up is honoured too
         _run(source, out, engine, {"model": model, "preset": preset}, job, dpi, max_side, workers, shard,
-             storage, quiet, stop)
+             storage, quiet, stop, route)
 
 
-def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard, storage, quiet, stop):
+def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard, storage, quiet, stop, route=None):
     from batchocr.pipeline import run_job
     from batchocr.spec import load_job
 
@@ -101,6 +105,7 @@ def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard
         source=source,
         out=out,
         engine=engine,
+        route=route,
         shard=shard_spec,
         storage_options=storage,
         engine_options={k: v for k, v in engine_options.items() if v is not None},

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 from tqdm import tqdm
 
-from batchocr import __version__, engines, schema
+from batchocr import __version__, engines, router, schema
 from batchocr.errors import BoundaryError, ConfigError, Interrupted
 from batchocr.plan import planned_documents, read_plan
 from batchocr.render import RenderTask
@@ -43,6 +43,7 @@ class RunSummary:
     pages: int = 0
     error_pages: int = 0  # rows with finish_reason error
     skipped_pages: int = 0  # rows with finish_reason skipped
+    routed_pages: int = 0  # pages whose text came from the text layer, not the engine (route)
     seconds: float = 0.0
     interrupted: bool = False
     timings: dict[str, float] = field(default_factory=dict)
@@ -57,6 +58,7 @@ class RunSummary:
                     f"({self.documents_skipped} documents already done) in {self.out} (run {self.run_id})")
         state = "interrupted after" if self.interrupted else "done:"
         skipped = f", {self.skipped_pages} skipped" if self.skipped_pages else ""
+        skipped += f", {self.routed_pages} from the text layer" if self.routed_pages else ""
         return (
             f"batchocr: {state} {self.documents} documents, {self.pages} pages "
             f"({self.error_pages} errors{skipped}), {self.pages_per_s:.2f} pages/s, "
@@ -124,13 +126,13 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             bar.set_postfix_str(f"docs {summary.documents}", refresh=False)
             yield RenderTask(doc, skip)
 
-    def write(rows: list[dict]) -> None:
+    def write(rows: list[dict], by=engine) -> None:
         t = time.monotonic()
         now = dt.datetime.now(dt.UTC)
         for row in rows:
             if row.get("error_type") is not None and row["error_type"] not in schema.ERROR_TYPES:
                 raise BoundaryError(f"undeclared error_type {row['error_type']!r} (add it to schema.ERROR_TYPES and README)")
-            row.update(engine=engine.name, model=engine.model, run_id=run_id, shard=shard.index, processed_at=now)
+            row.update(engine=by.name, model=by.model, run_id=run_id, shard=shard.index, processed_at=now)
             summary.pages += 1
             summary.error_pages += row["finish_reason"] == "error"
             summary.skipped_pages += row["finish_reason"] == "skipped"
@@ -153,6 +155,14 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             if errors:
                 write([row | {"finish_reason": "error"} for row in errors])
                 good = batch.filter(pa.compute.invert(failed))  # copies the pixels: only when needed
+            routed, good = router.split(good) if needs.route else (None, good)
+            if routed is not None:  # a good text layer: the textlayer engine's rows, never the model
+                results = {(r["doc_id"], r["page_index"]): r for out in layer.run(iter([routed])) for r in out.to_pylist()}
+                meta = routed.select(schema.CARRIED).to_pylist()
+                if len(results) != len(meta):
+                    raise BoundaryError(f"textlayer: {len(meta)} routed pages in, {len(results)} rows out")
+                write([m | results[(m["doc_id"], m["page_index"])] for m in meta], by=layer)
+                summary.routed_pages += len(meta)
             for row in good.select(schema.CARRIED).to_pylist():
                 key = (row["doc_id"], row["page_index"])
                 if key in inflight:
@@ -161,7 +171,9 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             if good.num_rows:
                 yield good
 
-    with RenderPool(render, engine.needs, spec.storage_options) as pool:
+    needs = router.needs(engine.needs, spec.route)
+    layer = engines.create("textlayer", spec.engines.get("textlayer", {})) if needs.route else None
+    with RenderPool(render, needs, spec.storage_options) as pool:
         try:
             t_engine = time.monotonic()
             for results in engine.run(feed(pool, stop), stop):

@@ -16,7 +16,9 @@ import pymupdf
 
 from batchocr import schema
 from batchocr.schema import Needs
+from batchocr.engines.textlayer import page_text
 from batchocr.errors import BatchocrError
+from batchocr.router import route_page
 from batchocr.sources import DocRef, native
 from batchocr.spec import RenderSpec
 from batchocr.storage import Store
@@ -165,8 +167,10 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
             "dpi": dpi,
         }
         if needs.text_layer:
-            row["text_layer"] = page.get_text(sort=True) if pdoc.is_pdf else ""
-        if needs.image:
+            row["text_layer"] = page_text(page) if pdoc.is_pdf else ""
+        if needs.route:  # a page routed to its text layer is not rendered
+            row |= route_page(page, pdoc.is_pdf, needs.route)
+        if needs.image and row.get("route") != "textlayer":
             # clip to the exact target size: MuPDF may round a pixel up
             target = pymupdf.IRect(0, 0, round(page.rect.width * matrix.a), round(page.rect.height * matrix.d))
             pix = page.get_pixmap(matrix=matrix, colorspace=pymupdf.csRGB, alpha=False, clip=page.rect)

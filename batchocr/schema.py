@@ -29,6 +29,8 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("warning", pa.string(), "what MuPDF reported while repairing a damaged (truncated, corrupt) file: the page was read but may be incomplete or blank; null for sound files"),
     ("attempts", pa.int32(), "engine attempts at this page: VLM retries of a looping output count (null for CPU engines)"),
     ("latency_ms", pa.float32(), "engine time for this page in milliseconds (render time not included)"),
+    ("route", pa.string(), "where the page's text came from (see Routing): `textlayer` (the PDF's own text layer passed) or `model` (the run's engine); null for the textlayer engine and for error rows of unrendered pages"),
+    ("route_score", pa.float32(), "quality of the page's text layer, 0 (none, or not to be trusted) to 1; `route: auto` takes the layer from 0.5"),
     ("run_id", pa.string(), "the run that wrote the row (`OUT/_runs/<run_id>.json` describes it)"),
     ("shard", pa.int32(), "shard number of the document"),
     ("processed_at", pa.timestamp("us", tz="UTC"), "when the row was written"),
@@ -60,6 +62,8 @@ PAGES = pa.schema(
         ("error_type", pa.string()),  # set when the page (or document) failed to render
         ("error_message", pa.string()),
         ("warning", pa.string()),  # MuPDF repaired the file (see the page table)
+        ("route", pa.string()),  # textlayer | model; null if the run does not route (batchocr.router)
+        ("route_score", pa.float32()),
     ]
 )
 
@@ -91,6 +95,8 @@ CARRIED = [
     "height",
     "dpi",
     "warning",
+    "route",
+    "route_score",
 ]
 
 
@@ -104,3 +110,6 @@ class Needs:
 
     image: bool = True
     text_layer: bool = False
+    # auto | model | textlayer: score each page's text layer and send the good
+    # ones to the text layer, not the engine (batchocr.router); None: no routing.
+    route: str | None = None

@@ -13,6 +13,7 @@ from batchocr.cpus import available_cpus
 from batchocr.errors import ConfigError
 
 ENGINES = ("rapidocr", "textlayer", "vllm")
+ROUTES = ("auto", "model", "textlayer")
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,14 @@ class JobSpec:
     shard: Shard = field(default_factory=Shard)
     # fsspec storage options for SOURCE and OUT (credentials: never logged).
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    # Per page: auto (a good text layer is taken, the rest go to the engine),
+    # model (every page to the engine), textlayer (every page with a text layer
+    # takes it). Only engines that read images route (batchocr/router.py).
+    route: str = "auto"
 
     def __post_init__(self):
+        if self.route not in ROUTES:
+            raise ConfigError(f"unknown route {self.route!r}; choose one of {', '.join(ROUTES)}")
         if not self.source:
             raise ConfigError("no SOURCE given")
         if not self.out:
@@ -156,13 +163,13 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
             raise ConfigError(f"job spec {path} must be a mapping at the top level")
     where = str(path) if path else "job spec"
 
-    known = {"source", "out", "engine", "engines", "render", "commit", "shard", "storage_options"}
+    known = {"source", "out", "engine", "engines", "render", "commit", "shard", "storage_options", "route"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
 
     sections = {"render": dict(raw.get("render") or {}), "commit": dict(raw.get("commit") or {})}
-    top = {k: raw[k] for k in ("source", "out", "engine") if raw.get(k) is not None}
+    top = {k: raw[k] for k in ("source", "out", "engine", "route") if raw.get(k) is not None}
     storage = dict(raw.get("storage_options") or {})
     shard = Shard.parse(str(raw["shard"])) if raw.get("shard") is not None else None
     extra_engine_options: dict[str, Any] = {}
@@ -201,4 +208,5 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
         commit=commit,
         shard=shard or Shard(),
         storage_options=storage,
+        route=top.get("route", "auto"),
     )

@@ -170,7 +170,8 @@ def run_batchocr(corpus: Path, out: Path, threads: int, render_spec) -> tuple[fl
     from batchocr.pipeline import run_job
     from batchocr.spec import JobSpec
 
-    spec = JobSpec(source=str(corpus), out=str(out), engine="rapidocr",
+    # route model: every page to rapidocr, the same work as the raw calls (bench/route.py weighs routing)
+    spec = JobSpec(source=str(corpus), out=str(out), engine="rapidocr", route="model",
                    engines={"rapidocr": {"threads": threads}}, render=render_spec)
     start = time.perf_counter()
     summary = run_job(spec, progress=False)

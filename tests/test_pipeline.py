@@ -40,11 +40,16 @@ def test_page_table_schema_is_the_contract(rapidocr_run):
     for row in rows:
         assert row["doc_id"] == doc_id(row["source_uri"])
         assert row["source_uri"].startswith("file://")
-        assert row["engine"] == "rapidocr" and row["model"].startswith("rapidocr")
         assert row["shard"] == 0 and row["run_id"]
         assert row["width"] > 100 and row["height"] > 100
         assert row["finish_reason"] == "stop" and row["error_type"] is None
-        assert row["latency_ms"] > 0
+        # route auto: the born-digital report's pages come from their text layer, the scans from the model
+        if row["source_uri"].endswith("/report.pdf"):
+            assert (row["route"], row["engine"], row["latency_ms"]) == ("textlayer", "textlayer", 0)
+            assert row["model"].startswith("pymupdf") and row["route_score"] >= 0.5
+        else:
+            assert (row["route"], row["engine"]) == ("model", "rapidocr") and row["model"].startswith("rapidocr")
+            assert row["latency_ms"] > 0 and row["route_score"] < 0.5
 
 
 def test_rapidocr_reads_the_scans_within_2_percent_cer(rapidocr_run):
@@ -85,7 +90,7 @@ def test_run_record_and_done_marker(rapidocr_run):
     assert done["last_run"]["run_id"] == record["run_id"] and done["run_ids"] == [record["run_id"]]
     assert (done["documents"], done["pages"], done["error_pages"]) == (5, 10, 0)
     # The one-line summary: documents, pages, errors, pages/s, output path.
-    assert "5 documents, 10 pages (0 errors)" in proc.stdout
+    assert "5 documents, 10 pages (0 errors, 3 from the text layer)" in proc.stdout
     assert "pages/s" in proc.stdout and str(out) in proc.stdout
 
 

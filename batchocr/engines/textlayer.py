@@ -15,6 +15,11 @@ from batchocr.engines import parse_options, result
 from batchocr.schema import Needs
 
 
+def page_text(page: pymupdf.Page) -> str:
+    """A PDF page's text layer, as this engine reads it (the render workers call it)."""
+    return page.get_text(sort=True)
+
+
 @dataclass(frozen=True)
 class TextLayerOptions:
     # Pages whose text layer has fewer non-space characters than this are skipped.

@@ -1,0 +1,140 @@
+"""Routing by text-layer quality: per-page decisions on a corpus of good, garbled,
+hidden and missing text layers, and a real run where the two routes meet."""
+
+import re
+
+import pymupdf
+import pytest
+
+from batchocr import read_pages, router
+from batchocr.errors import ConfigError
+from batchocr.render import RenderTask, render_document
+from batchocr.schema import Needs
+from batchocr.sources import DocRef
+from batchocr.spec import JobSpec, RenderSpec, load_job
+import routing_corpus
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("routing") / "src"
+    return folder, routing_corpus.build(folder)
+
+
+def _doc(path) -> DocRef:
+    st = path.stat()
+    return DocRef(uri=path.resolve().as_uri(), size=st.st_size, etag=f"{st.st_size}-{st.st_mtime_ns}", mtime=None)
+
+
+def _rendered(path, mode: str) -> list[dict]:
+    needs = router.needs(Needs(image=True), mode)
+    return [row for batch in render_document(RenderTask(_doc(path)), RenderSpec(dpi=72), needs, {})
+            for row in batch.to_pylist()]
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def test_every_page_of_the_corpus_takes_its_expected_route(corpus):
+    folder, docs = corpus
+    got, want = {}, {}
+    for name, pages in docs.items():
+        rows = _rendered(folder / name, "auto")
+        assert [r["page_index"] for r in rows] == list(range(len(pages)))
+        for row, page in zip(rows, pages):
+            key = f"{name}#{row['page_index']} ({page.what})"
+            got[key], want[key] = row["route"], page.route
+            assert (row["route_score"] >= router.MIN_SCORE) == (row["route"] == "textlayer"), key
+            if row["route"] == "textlayer":
+                # taken from the layer: exactly the page's text, and no image was rendered
+                assert row["image"] is None and _words(row["text_layer"]) == _words(page.truth), key
+                assert row["width"] == 595 and row["height"] == 842
+            else:
+                assert row["image"] is not None and len(row["image"]) == row["width"] * row["height"] * 3, key
+                assert row["text_layer"] is None
+    assert got == want
+    assert sorted(set(want.values())) == ["model", "textlayer"]
+
+
+def test_each_signal_sinks_the_score_on_its_own(corpus):
+    folder, _ = corpus
+
+    def score(name, index=0):
+        page = pymupdf.open(folder / name)[index]
+        return router.score_page(page, page.get_text(sort=True))
+
+    good = score("born-digital.pdf")
+    assert good.score == 1.0 and good.words >= 0.95 and good.hidden == good.unmapped == good.bad == 0
+    garbled = score("garbled.pdf")  # the right glyphs, the wrong characters: only the words tell
+    assert garbled.unmapped == 0 and garbled.hidden == 0 and garbled.words < 0.2 and garbled.score < 0.5
+    unmapped = score("unmapped.pdf")
+    assert unmapped.unmapped == 1.0 and unmapped.score == 0
+    hidden = score("hidden-ocr.pdf")
+    assert hidden.hidden == 1.0 and hidden.image_cover > 0.99 and hidden.score == 0
+    under = score("under-image.pdf")  # visible text, but an opaque image is drawn over it
+    assert under.hidden == 1.0 and under.words >= 0.95 and under.score == 0
+    picture = score("picture.pdf")  # a caption, the rest of the text inside a picture
+    assert picture.chars == 7 and picture.image_cover > 0.5 and picture.score < 0.5
+    logo = score("mixed.pdf", 2)  # a small image does not matter
+    assert 0 < logo.image_cover < 0.05 and logo.score == 1.0
+    assert score("scan.pdf").chars == 0 and score("scan.pdf").score == 0
+
+
+def test_replacement_and_private_use_characters_sink_the_score():
+    doc = pymupdf.open()
+    page = doc.new_page()
+    text = routing_corpus.prose(1, lines=3)
+    clean = router.score_page(page, text)
+    noisy = router.score_page(page, text[:100] + "\ufffd\ue000\x01" * 5 + text[100:])
+    assert clean.bad == 0 and noisy.bad > 0.05
+    assert noisy.score < router.MIN_SCORE <= clean.score
+
+
+def test_route_modes(corpus):
+    folder, _ = corpus
+    assert {r["route"] for r in _rendered(folder / "born-digital.pdf", "model")} == {"model"}
+    # textlayer: any layer is taken, good or not; a page without one still goes to the engine
+    assert [r["route"] for r in _rendered(folder / "mixed.pdf", "textlayer")] == ["textlayer", "model", "textlayer", "textlayer"]
+    # the textlayer engine reads every page's layer anyway: no routing, no columns
+    assert router.needs(Needs(image=False, text_layer=True), "auto").route is None
+    assert router.needs(Needs(image=True), "model").route == "model"
+
+
+def test_route_is_checked_where_it_is_given(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("source: s/\nout: o/\nroute: sometimes\n")
+    with pytest.raises(ConfigError, match="unknown route 'sometimes'"):
+        load_job(job)
+    job.write_text("source: s/\nout: o/\nroute: model\n")
+    assert load_job(job).route == "model" and load_job(job, route="textlayer").route == "textlayer"
+    assert JobSpec(source="s", out="o").route == "auto"
+    proc = run_cli("run", "s/", str(tmp_path / "o"), "--route", "never")
+    assert proc.returncode == 2 and "--route" in proc.stderr
+
+
+def test_a_real_run_routes_each_page_of_a_mixed_document(corpus, tmp_path):
+    """rapidocr reads the scans; the born-digital pages come from their layer, in the
+    same run and the same part files."""
+    folder, docs = corpus
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "mixed.pdf").write_bytes((folder / "mixed.pdf").read_bytes())
+    out = tmp_path / "out"
+    proc = run_cli("run", str(src), str(out), "-q", "--dpi", "150", check=True)
+    assert "4 pages (0 errors, 2 from the text layer)" in proc.stdout
+    pages = read_pages(str(out)).sort("page_index").collect()
+    assert pages["route"].to_list() == [p.route for p in docs["mixed.pdf"]]
+    assert pages["engine"].to_list() == ["textlayer", "rapidocr", "textlayer", "rapidocr"]
+    assert len(set(pages["run_id"])) == 1 and len(list(out.glob("pages/shard=*/*.parquet"))) == 1
+    for row, page in zip(pages.iter_rows(named=True), docs["mixed.pdf"]):
+        assert row["finish_reason"] == "stop"
+        if row["route"] == "textlayer":
+            assert _words(row["text"]) == _words(page.truth) and row["latency_ms"] == 0
+        else:  # the model read the scan, not the bad hidden layer over page 3
+            assert row["latency_ms"] > 0 and row["route_score"] < router.MIN_SCORE
+            ocr = re.sub(r"\s+", " ", row["text"]).strip()
+            truth = re.sub(r"\s+", " ", page.truth).strip()
+            same = sum(a == b for a, b in zip(ocr.split(), truth.split()))
+            assert same >= 0.9 * len(truth.split()), ocr
