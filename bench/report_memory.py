@@ -61,6 +61,7 @@ def synthetic_output(out: Path, rows: int) -> None:
             "error_message": pa.array(np.where(error, "prompt longer than max_model_len", None), pa.string()),
             "warning": pa.nulls(n, pa.string()), "attempts": np.ones(n, np.int32),
             "latency_ms": (50 + i % 97).astype(np.float32), "run_id": np.full(n, "bench"),
+            "route": np.full(n, "model"), "route_score": np.zeros(n, np.float32),
             "shard": np.full(n, shard, np.int32),
             "processed_at": pa.array(START.timestamp() * 1e6 + i * (3 * 3600e6 / rows)).cast(pa.int64())
             .cast(pa.timestamp("us", tz="UTC")),
