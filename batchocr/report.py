@@ -23,12 +23,14 @@ from batchocr.evaluate import page_line
 
 # What the summary reads: dedupe's keys and the figures' columns; text only as its length.
 COLUMNS = ["doc_id", "source_etag", "page_index", "finish_reason", "error_type", "prompt_tokens",
-           "output_tokens", "latency_ms", "processed_at"]
+           "output_tokens", "latency_ms", "processed_at", "engine", "run_id", "route"]
 FLAGGED = ("length", "repetition")  # hit max tokens; looping output cut off
 
 
 def scan(pages: pl.LazyFrame) -> pl.LazyFrame:
-    return pages.select(*COLUMNS, pl.col("text").str.len_chars().alias("text_chars"))
+    # An output written before routing existed has no route column.
+    route = [] if "route" in pages.collect_schema().names() else [pl.lit(None, pl.String).alias("route")]
+    return pages.with_columns(route).select(*COLUMNS, pl.col("text").str.len_chars().alias("text_chars"))
 
 
 def one_row_per_page(rows: pl.DataFrame) -> pl.DataFrame:
@@ -87,6 +89,8 @@ class Report:
     slowest_documents: list[dict[str, Any]]  # source_uri, doc_id, pages, latency_ms (sum)
     flagged_total: int  # pages with finish_reason length or repetition
     flagged_pages: list[dict[str, Any]]  # the first `limit` of them
+    routes: dict[str, int] = dataclasses.field(default_factory=dict)  # pages by route (textlayer, model)
+    route_saving: dict[str, Any] | None = None  # engine time the routed pages did not cost (route_saving())
     cer: dict[str, Any] | None = None  # with truth: overall, chars, errors, pages, missing
 
     def to_json(self) -> str:
@@ -139,8 +143,37 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
         flagged_total=flagged.height,
         flagged_pages=[{"source_uri": uris.get(d), "doc_id": d, "page_index": i, "finish_reason": r,
                         "output_tokens": t} for d, i, r, t in flagged_head.iter_rows()],
+        routes=dict(page_rows.drop_nulls("route")["route"].value_counts(sort=True).iter_rows()),
+        route_saving=route_saving(page_rows),
         cer=_cer(pages, truth) if truth else None,
     )
+
+
+def route_saving(page_rows: pl.DataFrame) -> dict[str, Any] | None:
+    """The engine time the pages routed to their text layer did not cost, from the
+    same output's own model pages: routed pages x engine seconds per model page.
+
+    A page's latency_ms is its own wall time inside the engine. A sequential
+    engine (rapidocr) spends exactly that on it; a concurrent one (vLLM) overlaps
+    hundreds, so its cost per page is the interval between finished pages: the
+    processed_at span of each run's model pages over the pages after its first
+    timestamp (rows written together share one). The smaller of the two is the
+    estimate. None without routed or model pages."""
+    routed = page_rows.filter(pl.col("route") == "textlayer").height
+    model = page_rows.filter((pl.col("route") == "model") & (pl.col("finish_reason") != "error")
+                             & pl.col("latency_ms").is_not_null())
+    if not routed or model.is_empty():
+        return None
+    latency_s = float(model["latency_ms"].mean()) / 1000
+    at = pl.col("processed_at")
+    runs = model.group_by("run_id").agg(after=(at > at.min()).sum(), span=(at.max() - at.min()).dt.total_microseconds())
+    after = int(runs["after"].sum())
+    interval_s = float(runs["span"].sum()) / 1e6 / after if after > 0 else None
+    per_page = min(latency_s, interval_s) if interval_s is not None else latency_s
+    engines = sorted(set(model["engine"].drop_nulls()))
+    return {"engine": ", ".join(engines), "device": "GPU" if "vllm" in engines else "CPU",
+            "routed_pages": routed, "model_pages": model.height, "seconds_per_model_page": per_page,
+            "latency_s": latency_s, "finish_interval_s": interval_s, "saved_s": routed * per_page}
 
 
 def _uris(pages: pl.LazyFrame, doc_ids: list[str]) -> dict[str, str]:
@@ -196,6 +229,13 @@ def format_text(r: Report) -> str:
               "", "slowest documents (engine time, sum of latency_ms)"]
     lines += [f"  {d['latency_ms'] / 1000:>9.1f} s  {d['pages']:>6,} pages  {d['source_uri']}"
               for d in r.slowest_documents] or ["  (none)"]
+    lines += ["", "route (where each page's text came from)"]
+    lines += [f"  {k:<22} {v:>12,}  {v / max(r.pages, 1):7.2%}" for k, v in r.routes.items()] or ["  (not routed)"]
+    if r.route_saving is not None:
+        s = r.route_saving
+        lines.append(f"  {s['device'] + ' time saved':<22} {s['saved_s']:>12,.1f} s  ({s['routed_pages']:,} pages "
+                     f"from the text layer x {s['seconds_per_model_page']:.3f} s a page of {s['engine']}, "
+                     f"from its {s['model_pages']:,} pages here)")
     lines += ["", f"pages that hit the token limit (length) or looped (repetition): {r.flagged_total:,}"]
     lines += [f"  {p['finish_reason']:<11} page {p['page_index']:>5}  {p['output_tokens'] or '':>6} tokens  "
               f"{p['source_uri']}" for p in r.flagged_pages]

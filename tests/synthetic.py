@@ -18,7 +18,7 @@ T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 
 def row(uri: str, page_index: int, seconds: float, *, text: str | None = None, finish_reason: str = "stop",
         etag: str = "e1", page_count: int | None = 1, error_type: str | None = None, latency_ms: float = 100.0,
-        output_tokens: int | None = None, prompt_tokens: int | None = None, shard: int = 0) -> dict:
+        output_tokens: int | None = None, prompt_tokens: int | None = None, shard: int = 0, **extra) -> dict:
     return {
         "doc_id": doc_id(uri), "source_uri": uri, "source_etag": etag, "source_size": 1000,
         "page_index": page_index, "page_count": page_count, "width": 100, "height": 100, "dpi": 200.0,
@@ -27,7 +27,7 @@ def row(uri: str, page_index: int, seconds: float, *, text: str | None = None, f
         "error_message": f"it failed ({error_type})" if error_type else None, "warning": None,
         "attempts": 1, "latency_ms": latency_ms, "run_id": "r", "shard": shard,
         "processed_at": T0 + dt.timedelta(seconds=seconds),
-    }
+    } | extra
 
 
 def write_part(out: Path, name: str, rows: list[dict]) -> None:

@@ -71,6 +71,42 @@ def test_report_table_in_the_terminal(rapidocr_run):
     for doc in ("report.pdf", "scanned.pdf", "fax.tiff", "letter.jpg", "receipt.png"):
         assert re.search(rf"s\s+\d+ pages  file://\S+/{re.escape(doc)}$", text, re.M), doc
     assert "CER" not in text  # only with --truth
+    # route auto: the born-digital report.pdf's 3 pages from their text layer
+    assert re.search(r"^  textlayer\s+3\s+30\.00%$", text, re.M) and re.search(r"^  model\s+7\s+70\.00%$", text, re.M)
+    assert re.search(r"^  CPU time saved\s+[\d.]+ s  \(3 pages from the text layer x [\d.]+ s a page of rapidocr, "
+                     r"from its 7 pages here\)$", text, re.M), text
+
+
+def test_report_estimates_the_engine_time_routing_saved(tmp_path):
+    """Worked by hand: a concurrent engine's pages cost the interval at which they
+    finished, a sequential one's their latency (the smaller of the two)."""
+    from synthetic import row, write_part
+
+    gpu = [row(f"az://s/scan{i}.pdf", 0, t, text="x", latency_ms=30_000, route="model", route_score=0.0)
+           for i, t in enumerate([10, 11, 11, 13])]  # 3 s for the 3 pages after the first stamp: 1 s each
+    layer = [row(f"az://s/born{i}.pdf", 0, 12, text="y", latency_ms=0, route="textlayer", route_score=1.0,
+                 engine="textlayer") for i in range(3)]
+    error = [row("az://s/bad.pdf", -1, 12, finish_reason="error", error_type="open_failed", page_count=None)]
+    write_part(tmp_path / "gpu", "r-00000", gpu + layer + error)
+    got = _report(tmp_path / "gpu")
+    assert got["routes"] == {"model": 4, "textlayer": 3}
+    saving = got["route_saving"]
+    assert (saving["device"], saving["engine"], saving["routed_pages"], saving["model_pages"]) == ("GPU", "vllm", 3, 4)
+    assert saving["finish_interval_s"] == pytest.approx(1.0) and saving["latency_s"] == pytest.approx(30.0)
+    assert saving["saved_s"] == pytest.approx(3.0)
+
+    cpu = [row(f"az://s/scan{i}.pdf", 0, t, text="x", latency_ms=ms, route="model", route_score=0.1,
+               engine="rapidocr") for i, (t, ms) in enumerate([(10, 1000), (10, 2000), (14, 1000), (14, 2000)])]
+    write_part(tmp_path / "cpu", "r-00000", cpu + layer)
+    saving = _report(tmp_path / "cpu")["route_saving"]
+    assert (saving["device"], saving["finish_interval_s"], saving["latency_s"]) == ("CPU", 2.0, 1.5)
+    assert saving["saved_s"] == pytest.approx(4.5)
+    text = run_cli("report", str(tmp_path / "cpu"), check=True).stdout
+    assert "CPU time saved                  4.5 s  (3 pages from the text layer x 1.500 s a page of rapidocr" in text
+
+    write_part(tmp_path / "plain", "r-00000", gpu)  # nothing routed: no estimate
+    got = _report(tmp_path / "plain")
+    assert got["routes"] == {"model": 4} and got["route_saving"] is None
 
 
 def test_report_of_a_resumed_output_keeps_one_row_per_page(tmp_path):
