@@ -77,7 +77,7 @@ def run(source, out, engine, model, preset, job, route, dpi, max_side, workers, 
     """OCR every document under SOURCE into a page table under OUT.
 
     SOURCE and OUT are folders or fsspec URLs. Every page gets exactly one row in
-    OUT/pages/shard=NNNNN/part-*.parquet: its text, or an error row saying why.
+    OUT/pages/shard-NNNNN/part-*.parquet: its text, or an error row saying why.
     A rerun resumes: pages already committed are skipped.
 
     \b

@@ -17,7 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchocr import schema
+from batchocr import layout, schema
 from batchocr.sink import shard_dir, shards_present, to_parquet
 from batchocr.storage import Store
 
@@ -54,8 +54,8 @@ def compact_shard(out: Store, shard: int) -> Compacted | None:
     if len(parts) == 1 and kept.height == rows.height:
         return Compacted(shard, 1, rows.height, rows.height)  # already compact
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    name = f"{shard_dir(shard)}/part-compact-{stamp}-00000.parquet"
-    out.write_atomic(name, to_parquet(kept.to_arrow().cast(schema.PAGE_TABLE)))
+    name = layout.compacted_part(shard, stamp)
+    out.write_atomic(name, to_parquet(kept.to_arrow().cast(schema.PAGE_TABLE)), layout.STAGING)
     for p in parts:
         out.remove(p)
     return Compacted(shard, len(parts), rows.height, kept.height)

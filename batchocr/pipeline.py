@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 from tqdm import tqdm
 
-from batchocr import __version__, engines, router, schema
+from batchocr import __version__, engines, layout, router, schema
 from batchocr.errors import BoundaryError, ConfigError, Interrupted
 from batchocr.plan import planned_documents, read_plan
 from batchocr.render import RenderTask
@@ -102,7 +102,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     shard = spec.shard
     render = _render_spec(spec, engine)
     record = _run_record(spec, engine, run_id, started_at) | {"render": dataclasses.asdict(render)}
-    out.write_json(f"_runs/{run_id}.json", record | {"status": "running"})
+    out.write_json(layout.run_record(run_id), record | {"status": "running"})
 
     keys = committed_keys(out, shard.index)
     done = completed(keys)
@@ -197,7 +197,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             summary.timings = {k: round(v, 3) for k, v in timings.items()}
             summary.timings["render_workers_replaced"] = pool.replaced
             status = "interrupted" if summary.interrupted else ("failed" if sys.exc_info()[0] else "done")
-            out.write_json(f"_runs/{run_id}.json", record | _finish(summary, status, writer))
+            out.write_json(layout.run_record(run_id), record | _finish(summary, status, writer))
 
     if summary.interrupted:
         raise Interrupted(summary.line() + " (finished pages committed; rerun to resume)")

@@ -2,7 +2,7 @@
 by size, so that every pod agrees on its documents and blobs added mid-run wait
 for the next plan.
 
-    OUT/_plan/shard=NNNNN.parquet   uri, size, etag, mtime of that shard's documents
+    OUT/_plan/shard-NNNNN.parquet   uri, size, etag, mtime of that shard's documents
     OUT/_plan/plan.json             written last: source, shard count, totals
 """
 
@@ -19,16 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchocr.errors import ConfigError
+from batchocr.layout import PLAN
+from batchocr.layout import plan_shard as shard_file
 from batchocr.sink import to_parquet
 from batchocr.sources import DocRef, list_documents
 from batchocr.storage import Store
 
-PLAN = "_plan/plan.json"
 DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string()), ("mtime", pa.float64())])
-
-
-def shard_file(shard: int) -> str:
-    return f"_plan/shard={shard:05d}.parquet"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -35,7 +36,27 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("shard", pa.int32(), "shard number of the document"),
     ("processed_at", pa.timestamp("us", tz="UTC"), "when the row was written"),
 ]
-PAGE_TABLE = pa.schema([pa.field(n, t) for n, t, _ in PAGE_TABLE_COLUMNS])
+
+
+def _pandas_metadata(columns: list[tuple[str, pa.DataType, str]]) -> bytes:
+    """The `pandas` key pyarrow reads when it converts to pandas: with it, pandas'
+    plain read_parquet keeps int32 columns with nulls as Int32 (not float64)."""
+    def kinds(t: pa.DataType) -> tuple[str, str, dict | None]:
+        if pa.types.is_timestamp(t):
+            return "datetimetz", f"datetime64[{t.unit}]", {"timezone": t.tz}
+        if pa.types.is_integer(t) or pa.types.is_floating(t):
+            name = t.to_pandas_dtype().__name__  # int32, float32, ...
+            return name, name.capitalize() if pa.types.is_integer(t) else name, None  # Int32: nullable
+        return "unicode", "object", None
+    return json.dumps({
+        "index_columns": [], "column_indexes": [], "creator": {"library": "batchocr"}, "pandas_version": "2.2.0",
+        "columns": [{"name": n, "field_name": n, "pandas_type": k[0], "numpy_type": k[1], "metadata": k[2]}
+                    for n, t, _ in columns for k in [kinds(t)]],
+    }).encode()
+
+
+PAGE_TABLE = pa.schema([pa.field(n, t) for n, t, _ in PAGE_TABLE_COLUMNS],
+                       metadata={b"pandas": _pandas_metadata(PAGE_TABLE_COLUMNS)})
 
 # Every `error_type` a row can carry (README's Errors table lists the same).
 ERROR_TYPES = {

@@ -10,24 +10,22 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchocr import schema
+from batchocr import layout, schema
+from batchocr.errors import ConfigError
+from batchocr.layout import done_marker, shard_dir  # noqa: F401  (callers import them from here too)
 from batchocr.spec import CommitSpec
 from batchocr.storage import Store
 
 KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "run_id"]
 
 
-def shard_dir(shard: int) -> str:
-    return f"pages/shard={shard:05d}"
-
-
-def done_marker(shard: int) -> str:
-    return f"_done/shard={shard:05d}.json"
-
-
 def shards_present(store: Store) -> list[int]:
     """Shards that have a folder under OUT/pages."""
-    return sorted(int(n.split("=", 1)[1]) for n in store.subfolders("pages") if n.startswith("shard="))
+    names = store.subfolders(layout.PAGES)
+    if layout.is_old_layout(names):
+        raise ConfigError(f"{store.url} has the layout of batchocr 0.1 (pages/shard=NNNNN): rename each "
+                          f"pages/shard=N, _done/shard=N.json and _plan/shard=N.parquet to shard-N")
+    return sorted(s for n in names if (s := layout.shard_of_folder(n)) is not None)
 
 
 def to_parquet(table: pa.Table) -> bytes:
@@ -52,7 +50,7 @@ class PartWriter:
         self._last_commit = clock()
         self.parts: list[str] = []
         self.rows_committed = 0
-        store.remove_stale_temps(shard_dir(shard))
+        store.remove_stale_temps(shard_dir(shard), layout.STAGING)
 
     def add(self, rows: pa.Table) -> None:
         if rows.num_rows:
@@ -67,8 +65,8 @@ class PartWriter:
         if not self._pending_rows:
             return
         table = pa.concat_tables(self._pending).cast(schema.PAGE_TABLE)
-        name = f"{shard_dir(self.shard)}/part-{self.run_id}-{len(self.parts):05d}.parquet"
-        self.store.write_atomic(name, to_parquet(table))
+        name = layout.part_file(self.shard, self.run_id, len(self.parts))
+        self.store.write_atomic(name, to_parquet(table), layout.STAGING)
         self.parts.append(name)
         self.rows_committed += table.num_rows
         self._pending, self._pending_rows = [], 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batchocr import layout
 from batchocr.plan import PlanInfo, read_plan
 from batchocr.sink import committed_keys, done_marker, shards_present
 from batchocr.storage import Store
@@ -27,14 +28,14 @@ def shard_count(out: Store, plan: PlanInfo | None, markers: list[str]) -> int:
     counts = [1]
     for rel in markers:
         counts.append(int(out.read_json(rel).get("shards", 1)))
-    for rel in out.find("_runs", suffix=".json"):
+    for rel in out.find(layout.RUNS, suffix=".json"):
         counts.append(int(out.read_json(rel).get("spec", {}).get("shard", {}).get("count", 1)))
     return max(counts + [s + 1 for s in shards_present(out)])
 
 
 def status(out: Store) -> list[ShardStatus]:
     plan = read_plan(out)
-    markers = out.find("_done", suffix=".json")  # listed once: no request per shard
+    markers = out.find(layout.DONE, suffix=".json")  # listed once: no request per shard
     rows = []
     for shard in range(shard_count(out, plan, markers)):
         keys = committed_keys(out, shard)

@@ -44,6 +44,11 @@ def environment_secrets(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     return tuple(env[k] for k in SECRET_VARIABLES if env.get(k))
 
 
+def _temp_prefix(rel: str) -> str:
+    """A staged temp file's name starts with its target's path, `/` spelt `__`."""
+    return rel.replace("/", "__") + ("" if rel.endswith("/") else ".")
+
+
 class _Fsspec:
     """Any filesystem fsspec knows, as it is: local disk, memory://, ..."""
 
@@ -173,20 +178,27 @@ class Store:
                 return []
         return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
 
-    def write_atomic(self, rel: str, data: bytes) -> str:
+    def write_atomic(self, rel: str, data: bytes, staging: str | None = None) -> str:
         """Write a whole file so that a reader sees all of it or nothing.
 
-        Local disk: a temp name in the same folder, fsync, then rename (fsspec's own
-        local transactions stage in /tmp, which is a copy, not a rename, across
-        filesystems). Object stores: one upload is one commit (a retried upload
-        rewrites the same name with the same bytes).
+        Local disk: a temp file, fsync, then rename (fsspec's own local
+        transactions stage in /tmp, which is a copy, not a rename, across
+        filesystems). The temp is a hidden name beside the target, or under the
+        folder `staging` (relative to the root, same filesystem) for folders that
+        readers list whole: polars reads every file of a folder, hidden ones too.
+        Object stores: one upload is one commit (a retried upload rewrites the
+        same name with the same bytes).
         """
         path = self.path(rel)
         with self._faults("writing", rel):
             if self.is_local:
                 folder = posixpath.dirname(path)
                 os.makedirs(folder, exist_ok=True)
-                tmp = posixpath.join(folder, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+                if staging is None:
+                    tmp = posixpath.join(folder, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+                else:
+                    os.makedirs(self.path(staging), exist_ok=True)
+                    tmp = self.path(staging, f"{_temp_prefix(rel)}{uuid.uuid4().hex[:8]}.tmp")
                 try:
                     with open(tmp, "wb") as f:
                         f.write(data)
@@ -213,14 +225,17 @@ class Store:
             except FileNotFoundError:
                 pass
 
-    def remove_stale_temps(self, rel: str) -> None:
-        """Temp files left by a killed writer (local disk only: uploads leave none)."""
+    def remove_stale_temps(self, rel: str, staging: str | None = None) -> None:
+        """Temp files a killed writer left for files under rel (local disk only:
+        uploads leave none), beside them or under `staging` (see write_atomic).
+        Other folders' temps are left to their own writers."""
         if not self.is_local:
             return
-        folder = self.path(rel)
+        folder = self.path(rel if staging is None else staging)
+        prefix = "." if staging is None else _temp_prefix(rel.rstrip("/") + "/")
         if os.path.isdir(folder):
             for name in os.listdir(folder):
-                if name.startswith(".") and name.endswith(".tmp"):
+                if name.startswith(prefix) and name.endswith(".tmp"):
                     os.unlink(os.path.join(folder, name))
 
     def walk_files(self) -> Iterator[tuple[str, dict]]:

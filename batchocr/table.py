@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import polars as pl
 
+from batchocr import layout
 from batchocr.errors import ConfigError
 from batchocr.storage import Store
 
@@ -18,10 +19,9 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     object stores through its own client, whose options the Store translates
     (for Azure: account_name/account_key/endpoint instead of a connection string)."""
     store = Store(out, storage_options)
-    parts = store.find("pages", suffix=".parquet")
+    parts = store.find(layout.PAGES, suffix=".parquet")
     if not parts:
-        raise ConfigError(f"no page table under {out} (expected {out}/pages/shard=*/part-*.parquet)")
+        raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
     options, credential_provider = store.polars_options()
-    # The shard is a column in every file; hive parsing of shard=NNNNN would only duplicate it.
     return pl.scan_parquet([store.uri(store.path(p)) for p in parts], hive_partitioning=False,
                            storage_options=options, credential_provider=credential_provider)

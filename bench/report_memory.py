@@ -34,7 +34,7 @@ START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def synthetic_output(out: Path, rows: int) -> None:
-    """OUT/pages/shard=NNNNN/part-bench-00000.parquet with `rows` page rows in all."""
+    """OUT/pages/shard-NNNNN/part-bench-00000.parquet with `rows` page rows in all."""
     per_shard = -(-rows // SHARDS)
     for shard in range(SHARDS):
         lo, hi = shard * per_shard, min(rows, (shard + 1) * per_shard)
@@ -68,7 +68,7 @@ def synthetic_output(out: Path, rows: int) -> None:
         }
         table = pa.table({name: pa.array(columns[name]) if not isinstance(columns[name], pa.Array)
                           else columns[name] for name in schema.PAGE_TABLE.names}).cast(schema.PAGE_TABLE)
-        folder = out / "pages" / f"shard={shard:05d}"
+        folder = out / "pages" / f"shard-{shard:05d}"
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, folder / "part-bench-00000.parquet", compression="zstd")
 

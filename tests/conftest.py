@@ -26,9 +26,8 @@ def count_pages(path: Path) -> int:
 
 
 def read_table(out: Path):
-    assert list(out.glob("pages/shard=*/*.parquet")), f"no part files under {out}"
-    # partitioning=None: `shard` is a column of every file; hive parsing would clash with it.
-    return pq.read_table(out / "pages", partitioning=None)
+    assert list(out.glob("pages/shard-*/*.parquet")), f"no part files under {out}"
+    return pq.read_table(out / "pages")
 
 
 def run_cli(*args: str, env: dict | None = None, check: bool = False):

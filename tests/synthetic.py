@@ -31,9 +31,9 @@ def row(uri: str, page_index: int, seconds: float, *, text: str | None = None, f
 
 
 def write_part(out: Path, name: str, rows: list[dict]) -> None:
-    """Rows into OUT/pages/shard=NNNNN/part-<name>.parquet, by each row's shard."""
+    """Rows into OUT/pages/shard-NNNNN/part-<name>.parquet, by each row's shard."""
     for shard in sorted({r["shard"] for r in rows}):
-        folder = out / "pages" / f"shard={shard:05d}"
+        folder = out / "pages" / f"shard-{shard:05d}"
         folder.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pylist([r for r in rows if r["shard"] == shard], schema=schema.PAGE_TABLE)
         pq.write_table(table, folder / f"part-{name}.parquet")

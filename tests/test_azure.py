@@ -63,7 +63,7 @@ def test_run_az_to_az_end_to_end_read_back_by_pyarrow_and_read_pages(azurite):
     assert proc.returncode == 0, proc.stderr
     assert "overall:" in proc.stdout
 
-    done = json.loads(fs.cat_file("results/run1/_done/shard=00000.json"))
+    done = json.loads(fs.cat_file("results/run1/_done/shard-00000.json"))
     assert done["pages"] == pages and done["documents"] == 5
     (record_path,) = fs.glob("results/run1/_runs/*.json")
     record = json.loads(fs.cat_file(record_path))

@@ -42,7 +42,7 @@ def test_sigkill_at_random_instants_on_azure_loses_and_duplicates_nothing(azurit
     kills, _ = run_with_kills(job, signal.SIGKILL, 20, random.Random(20261130), window=(0.6, 2.6))
     assert kills >= 20
     assert_same_as_clean(out, clean, azurite.options())
-    assert Store(out, azurite.options()).exists("_done/shard=00000.json")
+    assert Store(out, azurite.options()).exists("_done/shard-00000.json")
 
 
 def _parts(azurite, out: str) -> dict[str, bytes]:

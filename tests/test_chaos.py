@@ -35,8 +35,8 @@ def test_sigkill_at_random_instants_loses_and_duplicates_nothing(corpus):
     kills, _ = run_with_kills(write_job(tmp, src, out), signal.SIGKILL, 20, random.Random(20261129))
     assert kills >= 20
     assert_same_as_clean(out, clean)
-    assert (out / "_done" / "shard=00000.json").exists()
-    assert not list(out.glob("pages/**/.*.tmp")), "temp files left behind"
+    assert (out / "_done" / "shard-00000.json").exists()
+    assert not list(out.glob("**/*.tmp")), "temp files left behind"
 
 
 def test_sigterm_commits_everything_finished_then_resumes(corpus):

@@ -142,7 +142,7 @@ def test_export_az_to_az_and_to_local(rapidocr_run, azurite, tmp_path):  # noqa:
     out, _ = rapidocr_run
     azurite.container("results")
     azurite.container("exports")
-    for part in sorted(out.glob("pages/shard=*/*.parquet")):
+    for part in sorted(out.glob("pages/shard-*/*.parquet")):
         azurite.upload("results", [part], prefix=f"run1/pages/{part.parent.name}/")
     env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
     _export(out, tmp_path / "local", "markdown")

@@ -72,7 +72,7 @@ def test_indexed_job_pods_killed_and_replaced_cover_the_corpus_once(tmp_path):
 
     # Every shard is done, and says so with the right shard count.
     for i in range(SHARDS):
-        marker = json.loads((out / "_done" / f"shard={i:05d}.json").read_text())
+        marker = json.loads((out / "_done" / f"shard-{i:05d}.json").read_text())
         assert marker["shard"] == i and marker["shards"] == SHARDS
 
     # The union of the pods' outputs is the corpus: every page, each in its own shard.

@@ -86,7 +86,7 @@ def test_run_record_and_done_marker(rapidocr_run):
     assert record["counts"]["pages"] == 10 and record["counts"]["documents"] == 5
     assert {"batchocr", "pymupdf", "pyarrow", "python"} <= set(record["versions"])
     assert record["run_id"] in proc.stdout
-    done = json.loads((out / "_done" / "shard=00000.json").read_text())
+    done = json.loads((out / "_done" / "shard-00000.json").read_text())
     assert done["last_run"]["run_id"] == record["run_id"] and done["run_ids"] == [record["run_id"]]
     assert (done["documents"], done["pages"], done["error_pages"]) == (5, 10, 0)
     # The one-line summary: documents, pages, errors, pages/s, output path.

@@ -92,7 +92,7 @@ def test_status_of_a_partial_shard_and_compact_dedupes(tmp_path):
     (src / "report.pdf").write_bytes((SAMPLES / "report.pdf").read_bytes() + b"\n")
     run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
     assert read_pages(str(out)).collect().height == 6
-    (out / "_done" / "shard=00000.json").unlink()
+    (out / "_done" / "shard-00000.json").unlink()
     proc = run_cli("status", str(out), check=True)
     assert "partial" in proc.stdout and "0/1 shards done, 1 partial" in proc.stdout
 
@@ -100,6 +100,6 @@ def test_status_of_a_partial_shard_and_compact_dedupes(tmp_path):
     assert "shard 0: 2 parts, 6 rows -> 1 part, 3 rows" in proc.stdout
     pages = read_pages(str(out)).collect()
     assert pages.height == 3 and pages["source_etag"].n_unique() == 1
-    assert len(list((out / "pages" / "shard=00000").glob("*.parquet"))) == 1
+    assert len(list((out / "pages" / "shard-00000").glob("*.parquet"))) == 1
     proc = run_cli("compact", str(out), check=True)  # idempotent
     assert "1 parts, 3 rows -> 1 part, 3 rows" in proc.stdout

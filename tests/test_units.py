@@ -139,12 +139,12 @@ def test_part_writer_commits_every_k_pages_and_on_flush(tmp_path):
     writer.add(_rows(4))
     assert writer.parts == []
     writer.add(_rows(2, "d2"))
-    assert writer.parts == ["pages/shard=00003/part-run1-00000.parquet"]
+    assert writer.parts == ["pages/shard-00003/part-run1-00000.parquet"]
     writer.add(_rows(1, "d3"))
     writer.flush()
     assert len(writer.parts) == 2 and writer.rows_committed == 7
     # Nothing but the committed parts in the folder: no temp files left behind.
-    assert sorted(os.listdir(tmp_path / "pages/shard=00003")) == ["part-run1-00000.parquet", "part-run1-00001.parquet"]
+    assert sorted(os.listdir(tmp_path / "pages/shard-00003")) == ["part-run1-00000.parquet", "part-run1-00001.parquet"]
 
 
 def test_part_writer_commits_after_t_seconds():
@@ -186,10 +186,17 @@ def test_store_write_atomic_leaves_no_temp_and_replaces(tmp_path):
     store.write_atomic("a/b.json", b"1")
     store.write_atomic("a/b.json", b"2")
     assert (tmp_path / "a/b.json").read_bytes() == b"2"
-    assert os.listdir(tmp_path / "a") == ["b.json"]
+    assert os.listdir(tmp_path) == ["a"] and os.listdir(tmp_path / "a") == ["b.json"]
     (tmp_path / "a" / ".x.parquet.1234.tmp").write_bytes(b"half")
     store.remove_stale_temps("a")
     assert os.listdir(tmp_path / "a") == ["b.json"]
+    # Staged under a folder of its own (part files: readers list their folder whole).
+    store.write_atomic("a/c.parquet", b"3", staging="_tmp")
+    assert sorted(os.listdir(tmp_path / "a")) == ["b.json", "c.parquet"] and os.listdir(tmp_path / "_tmp") == []
+    (tmp_path / "_tmp" / "a__x.parquet.1234abcd.tmp").write_bytes(b"half")  # left by a killed writer of a/
+    (tmp_path / "_tmp" / "ab__y.parquet.1234abcd.tmp").write_bytes(b"live")  # another folder's writer
+    store.remove_stale_temps("a", staging="_tmp")
+    assert os.listdir(tmp_path / "_tmp") == ["ab__y.parquet.1234abcd.tmp"]
 
 
 def test_join_lines_groups_boxes_on_one_line():

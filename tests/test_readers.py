@@ -1,0 +1,76 @@
+"""The page table opens with no options in pandas, duckdb, polars and pyarrow, from
+OUT/pages and from a glob, with the same column types, including the null rows of a
+document that could not be opened and the temp file a killed writer leaves (under OUT/_tmp)."""
+
+import shutil
+
+import duckdb
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchocr import schema
+from conftest import SAMPLES, count_pages, run_cli
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    src = tmp_path_factory.mktemp("src")
+    for p in SAMPLES.glob("*.pdf"):
+        shutil.copy(p, src / p.name)
+    (src / "broken.pdf").write_bytes(b"%PDF-1.7 this is not a PDF")  # one row, page_index -1, nulls
+    out = tmp_path_factory.mktemp("readers") / "out"
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", "0/1", "--quiet", check=True)
+    (out / "_tmp" / "pages__shard-00000__part-x-00001.parquet.1234abcd.tmp").write_bytes(b"PAR1 half")  # killed
+    return out
+
+
+def _canonical(t: pa.DataType) -> str:
+    """Type names across the readers' Arrow exports: every string kind is `string`,
+    and UTC is UTC whatever the zone's name."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_timestamp(t) and t.tz in ("Etc/UTC", "UTC"):  # duckdb exports its session zone's name
+        return f"timestamp[{t.unit}, tz=UTC]"
+    return str(t)
+
+
+EXPECTED = {f.name: _canonical(f.type) for f in schema.PAGE_TABLE}
+
+
+def _readers(out):
+    pages, glob = str(out / "pages"), str(out / "pages" / "**" / "*.parquet")
+    return {
+        "pyarrow OUT/pages": lambda: pq.read_table(pages),
+        "pandas OUT/pages": lambda: pa.Table.from_pandas(pd.read_parquet(pages), preserve_index=False),
+        "polars OUT/pages": lambda: pl.read_parquet(pages).to_arrow(),
+        "polars glob": lambda: pl.scan_parquet(glob).collect().to_arrow(),
+        "duckdb glob": lambda: duckdb.sql(f"FROM '{glob}'").arrow(),
+        "duckdb OUT/pages": lambda: duckdb.sql(f"FROM read_parquet('{pages}/*/*.parquet')").arrow(),
+    }
+
+
+def test_every_reader_opens_the_table_with_the_files_own_types(out):
+    truth = pq.ParquetFile(next((out / "pages").glob("*/part-*.parquet"))).read()
+    pages = sum(count_pages(p) for p in SAMPLES.glob("*.pdf")) + 1  # the broken file: one row
+    assert truth.num_rows == pages and truth["page_count"].null_count == 1
+    for name, read in _readers(out).items():
+        table = read()
+        if isinstance(table, pa.RecordBatchReader):
+            table = table.read_all()
+        got = {f.name: _canonical(f.type) for f in table.schema}
+        assert got == EXPECTED, f"{name}: {set(got.items()) ^ set(EXPECTED.items())}"
+        assert table.num_rows == truth.num_rows, name
+        assert sorted(table["shard"].to_pylist()) == [0] * truth.num_rows, name
+        assert sorted(table["page_index"].to_pylist()) == sorted(truth["page_index"].to_pylist()), name
+
+
+def test_pandas_keeps_integer_columns_with_nulls_as_integers(out):
+    df = pd.read_parquet(out / "pages")
+    assert str(df["page_count"].dtype) == "Int32" and df["page_count"].isna().sum() == 1
+    assert str(df["prompt_tokens"].dtype) == "Int32"  # all null for a CPU engine, still not float64
+    assert str(df["source_size"].dtype) == "Int64" and str(df["shard"].dtype) == "Int32"
+    assert str(df["processed_at"].dtype) == "datetime64[us, UTC]"
+    assert df.loc[df["page_index"] == -1, "error_type"].tolist() == ["open_failed"]
