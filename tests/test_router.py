@@ -127,7 +127,7 @@ def test_a_real_run_routes_each_page_of_a_mixed_document(corpus, tmp_path):
     pages = read_pages(str(out)).sort("page_index").collect()
     assert pages["route"].to_list() == [p.route for p in docs["mixed.pdf"]]
     assert pages["engine"].to_list() == ["textlayer", "rapidocr", "textlayer", "rapidocr"]
-    assert len(set(pages["run_id"])) == 1 and len(list(out.glob("pages/shard=*/*.parquet"))) == 1
+    assert len(set(pages["run_id"])) == 1 and len(list(out.glob("pages/shard-*/*.parquet"))) == 1
     for row, page in zip(pages.iter_rows(named=True), docs["mixed.pdf"]):
         assert row["finish_reason"] == "stop"
         if row["route"] == "textlayer":
