@@ -30,15 +30,37 @@ def read_table(out: Path):
     return pq.read_table(out / "pages")
 
 
-def run_cli(*args: str, env: dict | None = None, check: bool = False):
-    import subprocess
+def run_cli(*args: str, env: dict | None = None, check: bool = False, subprocess: bool = False):
+    """`batchocr ARGS`: in this process through click's CliRunner (a new interpreter
+    for every call proves nothing more and costs a second or two each), or with
+    `subprocess=True` as a new `python -m batchocr.cli`. Either way the result has
+    returncode, stdout and stderr; a crash in-process puts its traceback on stderr,
+    as the console script does."""
+    if subprocess:
+        import subprocess as sp
 
-    full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "batchocr.cli", *args], capture_output=True, text=True,
-                          env=full_env, timeout=600)
+        proc = sp.run([sys.executable, "-m", "batchocr.cli", *args], capture_output=True, text=True,
+                      env={**os.environ, **(env or {})}, timeout=600)
+    else:
+        proc = _invoke(args, env)
     if check and proc.returncode != 0:
         raise AssertionError(f"batchocr {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+def _invoke(args, env):
+    import subprocess as sp
+    import traceback
+
+    from click.testing import CliRunner
+
+    from batchocr.cli import main
+
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=True)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return sp.CompletedProcess(["batchocr", *args], result.exit_code, result.stdout, stderr)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,11 @@
 runs, `batchocr run --job JOB.yaml` through the real CLI (shard from
 JOB_COMPLETION_INDEX and BATCHOCR_SHARDS, exit codes as documented), with only the
 engine swapped for the textlayer engine slowed down to MS_PER_PAGE a page, so that
-kills land mid-run."""
+kills land mid-run. With CHAOS_STARTED set, the engine appends a line to that file
+when the run hands it its first pages: the chaos tests time their kills from there,
+not from the process start, which a busy machine stretches."""
 
+import os
 import sys
 import time
 
@@ -22,6 +25,9 @@ class SlowTextLayer(TextLayerEngine):
         self.delay = seconds_per_page
 
     def run(self, pages, stop=None):
+        if started := os.environ.get("CHAOS_STARTED"):
+            with open(started, "a") as f:
+                f.write(f"{os.getpid()}\n")
         for results in super().run(pages, stop):
             time.sleep(self.delay * results.num_rows)
             yield results
