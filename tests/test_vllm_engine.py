@@ -163,9 +163,15 @@ def test_the_pipeline_with_the_vllm_engine_renders_to_the_presets_size(monkeypat
     table = read_table(tmp_path / "out")
     assert summary.pages == table.num_rows == sum(count_pages(p) for p in sample_documents())
     rows = table.to_pylist()
-    assert all(r["engine"] == "vllm" and r["model"] == "/models/fake" for r in rows)
     assert all(max(r["width"], r["height"]) <= 1288 and r["width"] % 28 == 0 and r["height"] % 28 == 0 for r in rows)
-    assert all(r["output_tokens"] > 0 and r["prompt_tokens"] > 0 and r["attempts"] == 1 for r in rows)
+    # route auto, as with every engine: the born-digital report's pages come from their text layer
+    routed = [r for r in rows if r["route"] == "textlayer"]
+    assert sorted(r["source_uri"].rsplit("/", 1)[-1] for r in routed) == ["report.pdf"] * 3
+    assert all(r["engine"] == "textlayer" and r["output_tokens"] is None for r in routed)
+    model = [r for r in rows if r["route"] == "model"]
+    assert len(model) == len(rows) - 3 == fake.added
+    assert all(r["engine"] == "vllm" and r["model"] == "/models/fake" for r in model)
+    assert all(r["output_tokens"] > 0 and r["prompt_tokens"] > 0 and r["attempts"] == 1 for r in model)
     assert fake.engine_core.shut  # shut down explicitly at the end of the run
 
 

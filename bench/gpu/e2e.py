@@ -43,7 +43,7 @@ def a4_corpus(folder: Path, documents: int, pages: int) -> int:
 
 def job(path: Path, src: Path, out: Path, model: Path, max_tokens: int, every_pages: int) -> Path:
     path.write_text(
-        f"source: {src}\nout: {out}\nengine: vllm\n"
+        f"source: {src}\nout: {out}\nengine: vllm\nroute: model\n"  # born-digital pages: the model reads them all
         f"engines:\n  vllm:\n    model: {model}\n    preset: qwen2.5-vl\n    load_format: dummy\n"
         f"    ignore_eos: true\n    max_tokens: {max_tokens}\n    max_model_len: 4096\n"
         f"    gpu_memory_utilization: 0.85\n"

@@ -623,8 +623,10 @@ def main() -> None:
                 for v in args.b_variants.split(";") if v.strip()]
             for name, overrides in variants:
                 engine = Bench(VLLMOptions(**{**options.__dict__, **overrides}), llm=llm)
+                # route model: the corpus is born-digital, and every page must reach the model
                 job = load_job(None, source=str(work / "src"), out=str(work / f"out-{name}"), engine="vllm",
-                               engine_options={"model": options.model}, **{"render.workers": args.render_workers})
+                               route="model", engine_options={"model": options.model},
+                               **{"render.workers": args.render_workers})
                 start = time.monotonic()
                 summary = run_job(job, progress=False, engine=engine)
                 end = time.monotonic()
