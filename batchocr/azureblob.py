@@ -18,13 +18,15 @@ import base64
 import binascii
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Annotated, Any, Iterator, Mapping
 
 from adlfs import AzureBlobFileSystem
+from annotated_types import Ge
 from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError
 from fsspec.asyn import sync
 
 from batchocr import __version__
+from batchocr.config import FORBID, convert
 from batchocr.errors import BatchocrError, ConfigError, StorageError
 from batchocr.storage import AZURE_PROTOCOLS as PROTOCOLS  # the first is how batchocr writes URIs
 
@@ -42,7 +44,6 @@ RETRY_DEFAULTS: dict[str, float] = {
 # How to reach the account. Credentials: at most one of these three in storage options.
 ACCOUNT_KEYS = ("account_name", "account_host")
 CREDENTIAL_KEYS = ("connection_string", "account_key", "sas_token")
-KNOWN_OPTIONS = (*ACCOUNT_KEYS, *CREDENTIAL_KEYS, *RETRY_DEFAULTS)
 
 # Blobs per listing request: one page is all the listing ever holds (Azure allows 5,000).
 LIST_PAGE = 1000
@@ -85,9 +86,23 @@ class Credentials:
                 self.sas_token)
 
 
-def _name(key: str) -> str:
-    """An option's key for a message: a typo'd name is shown, a pasted secret is not."""
-    return repr(key) if key.isidentifier() and len(key) <= 40 else "(a key that is not a name)"
+@dataclass(frozen=True, repr=False)
+class AzureOptions:
+    """The Azure storage options, typed by batchocr.config like all configuration
+    (values from --storage-option are text: numbers are parsed)."""
+
+    __pydantic_config__ = FORBID
+    account_name: str | None = None
+    account_host: str | None = None
+    connection_string: str | None = None
+    account_key: str | None = None
+    sas_token: str | None = None
+    retry_total: Annotated[float, Ge(0)] = RETRY_DEFAULTS["retry_total"]
+    retry_backoff: Annotated[float, Ge(0)] = RETRY_DEFAULTS["retry_backoff"]
+    retry_backoff_base: Annotated[float, Ge(0)] = RETRY_DEFAULTS["retry_backoff_base"]
+    retry_jitter: Annotated[float, Ge(0)] = RETRY_DEFAULTS["retry_jitter"]
+    connection_timeout: Annotated[float, Ge(0)] = RETRY_DEFAULTS["connection_timeout"]
+    read_timeout: Annotated[float, Ge(0)] = RETRY_DEFAULTS["read_timeout"]
 
 
 def parse_connection_string(text: str, origin: str) -> dict[str, str]:
@@ -118,17 +133,8 @@ def resolve(options: Mapping[str, Any], env: Mapping[str, str] = os.environ, url
     """Credentials in order: storage options (job spec or --storage-option), then
     AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN,
     else DefaultAzureCredential. Returns them and the retry settings."""
-    unknown = sorted(_name(k) for k in options if k not in KNOWN_OPTIONS)
-    if unknown:
-        raise ConfigError(f"unknown Azure storage option {', '.join(unknown)}; known: {', '.join(KNOWN_OPTIONS)}")
-    retry = {}
-    for key, default in RETRY_DEFAULTS.items():
-        try:
-            retry[key] = float(options.get(key, default))
-        except (TypeError, ValueError):
-            raise ConfigError(f"storage option {key} must be a number") from None
-        if retry[key] < 0:
-            raise ConfigError(f"storage option {key} must be >= 0")
+    typed = convert(AzureOptions, options, "Azure storage options", strings=True, secret=CREDENTIAL_KEYS)
+    retry = {key: getattr(typed, key) for key in RETRY_DEFAULTS}
     account = options.get("account_name") or url_account or env.get("AZURE_STORAGE_ACCOUNT_NAME") or None
     host = options.get("account_host") or None
     given = [k for k in CREDENTIAL_KEYS if options.get(k)]

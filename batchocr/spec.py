@@ -1,14 +1,19 @@
-"""The job spec: typed once at the edge (YAML, flags, env), passed down whole."""
+"""The job spec: typed once at the edge (YAML, flags, env), passed down whole.
+
+Every source goes through `batchocr.config.convert`: the annotations below are the
+validation (types, `Annotated` ranges, `Literal` choices), no key beyond the fields."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
+from annotated_types import Ge, Gt
 
+from batchocr.config import FORBID, convert
 from batchocr.cpus import available_cpus
 from batchocr.errors import ConfigError
 
@@ -18,35 +23,27 @@ ROUTES = ("auto", "model", "textlayer")
 
 @dataclass(frozen=True)
 class RenderSpec:
+    __pydantic_config__ = FORBID
     # Resolution for PDF pages. Image files (PNG, JPEG, TIFF) keep their own pixels.
-    dpi: int = 200
+    dpi: Annotated[int, Gt(0)] = 200
     # If set, pages are scaled down so that their longest side is at most this many
     # pixels (VLM presets use it: olmOCR-2 wants 1288).
-    max_side: int | None = None
+    max_side: Annotated[int, Ge(32)] | None = None
     # If set, both sides are rounded down to a multiple of this (a VLM's patch
     # grid, e.g. 28 for Qwen2.5-VL). VLM presets set max_side and size_multiple.
-    size_multiple: int | None = None
+    size_multiple: Annotated[int, Gt(0)] | None = None
     # A page that would render to more pixels than this is scaled down to fit;
     # guards memory against absurd page sizes.
-    max_pixels: int = 40_000_000
+    max_pixels: Annotated[int, Gt(0)] = 40_000_000
     # An image (an image file, or one inside a PDF page) larger than this is refused
     # as `too_large` before it is decoded: decompression bombs.
-    max_image_pixels: int = 200_000_000
+    max_image_pixels: Annotated[int, Gt(0)] = 200_000_000
     # Render worker processes (PyMuPDF is not thread-safe). 0 = one per CPU, at most 4.
-    workers: int = 0
+    workers: Annotated[int, Ge(0)] = 0
     # A document whose worker sends nothing for this long is killed and recorded as an error.
-    timeout_s: float = 300.0
+    timeout_s: Annotated[float, Gt(0)] = 300.0
     # Pages per Arrow record batch sent by a render worker.
-    batch_pages: int = 4
-
-    def __post_init__(self):
-        _positive(self, "dpi", "batch_pages", "max_pixels", "max_image_pixels")
-        if self.max_side is not None and self.max_side < 32:
-            raise ConfigError(f"render.max_side must be >= 32, got {self.max_side}")
-        if self.workers < 0:
-            raise ConfigError(f"render.workers must be >= 0, got {self.workers}")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"render.timeout_s must be > 0, got {self.timeout_s}")
+    batch_pages: Annotated[int, Gt(0)] = 4
 
     @property
     def worker_count(self) -> int:
@@ -57,15 +54,14 @@ class RenderSpec:
 class CommitSpec:
     # A part file is committed every `every_pages` finished pages or `every_seconds`,
     # whichever comes first: at most that much work is lost to a SIGKILL.
-    every_pages: int = 500
-    every_seconds: float = 60.0
-
-    def __post_init__(self):
-        _positive(self, "every_pages", "every_seconds")
+    __pydantic_config__ = FORBID
+    every_pages: Annotated[int, Gt(0)] = 500
+    every_seconds: Annotated[float, Gt(0)] = 60.0
 
 
 @dataclass(frozen=True)
 class Shard:
+    __pydantic_config__ = FORBID
     index: int = 0
     count: int = 1
 
@@ -75,11 +71,10 @@ class Shard:
 
     @classmethod
     def parse(cls, text: str) -> "Shard":
-        try:
-            i, n = text.split("/")
-            return cls(int(i), int(n))
-        except ValueError:
-            raise ConfigError(f"shard must look like I/N (e.g. 3/16), got {text!r}") from None
+        i, sep, n = text.partition("/")
+        if not sep:
+            raise ConfigError(f"shard must look like I/N (e.g. 3/16), got {text!r}")
+        return convert(cls, {"index": i.strip(), "count": n.strip()}, f"shard {text!r}", strings=True)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Shard | None":
@@ -87,24 +82,32 @@ class Shard:
         index, count = env.get("JOB_COMPLETION_INDEX"), env.get("BATCHOCR_SHARDS")
         if index is None and count is None:
             return None
-        try:
-            return cls(int(index or 0), int(count or 1))
-        except ValueError:
-            raise ConfigError(
-                f"JOB_COMPLETION_INDEX={index!r} / BATCHOCR_SHARDS={count!r} are not integers"
-            ) from None
+        shard = convert(_EnvShard, {"JOB_COMPLETION_INDEX": index or "0", "BATCHOCR_SHARDS": count or "1"},
+                        "environment", strings=True)
+        return cls(shard.JOB_COMPLETION_INDEX, shard.BATCHOCR_SHARDS)
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
 
 
 @dataclass(frozen=True)
+class _EnvShard:
+    """The shard as an Indexed Job's environment gives it (checked, then a Shard)."""
+
+    __pydantic_config__ = FORBID
+    JOB_COMPLETION_INDEX: int
+    BATCHOCR_SHARDS: int
+
+
+@dataclass(frozen=True)
 class JobSpec:
+    __pydantic_config__ = FORBID
     source: str
     out: str
-    engine: str = "rapidocr"
-    # Options of each engine, by engine name; only the chosen engine's are used.
-    engines: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    engine: Literal["rapidocr", "textlayer", "vllm"] = "rapidocr"
+    # Options of each engine, by engine name; only the chosen engine's are used (all
+    # are validated, by the engine's options dataclass).
+    engines: Mapping[Literal["rapidocr", "textlayer", "vllm"], Mapping[str, Any]] = field(default_factory=dict)
     render: RenderSpec = field(default_factory=RenderSpec)
     commit: CommitSpec = field(default_factory=CommitSpec)
     shard: Shard = field(default_factory=Shard)
@@ -136,13 +139,6 @@ class JobSpec:
         return d
 
 
-def _positive(obj, *names):
-    for name in names:
-        value = getattr(obj, name)
-        if value <= 0:
-            raise ConfigError(f"{type(obj).__name__}.{name} must be > 0, got {value}")
-
-
 def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     """Read a job spec YAML (or nothing) and apply overrides (flags): a None override is unset.
 
@@ -161,52 +157,38 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
             raise ConfigError(f"job spec {path} is not valid YAML: {exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"job spec {path} must be a mapping at the top level")
-    where = str(path) if path else "job spec"
+    where = str(path) if path else "configuration"
+    raw = {k: v for k, v in raw.items() if v is not None}  # `render:` with nothing under it: the defaults
+    if isinstance(raw.get("shard"), str):
+        raw["shard"] = Shard.parse(raw["shard"])
 
-    known = {"source", "out", "engine", "engines", "render", "commit", "shard", "storage_options", "route"}
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-
-    sections = {"render": dict(raw.get("render") or {}), "commit": dict(raw.get("commit") or {})}
-    top = {k: raw[k] for k in ("source", "out", "engine", "route") if raw.get(k) is not None}
-    storage = dict(raw.get("storage_options") or {})
-    shard = Shard.parse(str(raw["shard"])) if raw.get("shard") is not None else None
-    extra_engine_options: dict[str, Any] = {}
+    # Flags over the file: a None override is unset.
+    data = {**raw, "source": raw.get("source") or "", "out": raw.get("out") or ""}
     for key, value in overrides.items():
         if value is None:
             continue
         if "." in key:
             section, name = key.split(".", 1)
-            sections[section][name] = value
-        elif key == "shard":
-            shard = value
+            data[section] = {**_mapping(data.get(section), section, where), name: value}
         elif key == "storage_options":
-            storage.update(value)
+            data[key] = {**_mapping(data.get(key), key, where), **value}
         elif key == "engine_options":  # flags such as --model: into the chosen engine's section
-            extra_engine_options.update(value)
+            name = data.get("engine", "rapidocr")
+            engines = _mapping(data.get("engines"), "engines", where)
+            data["engines"] = {**engines, name: {**_mapping(engines.get(name), f"engines.{name}", where), **value}}
         else:
-            top[key] = value
+            data[key] = value
+    spec = convert(JobSpec, data, where)
+    from batchocr import engines
 
-    try:
-        render = RenderSpec(**sections["render"])
-        commit = CommitSpec(**sections["commit"])
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    engines = raw.get("engines") or {}
-    if not isinstance(engines, dict) or not all(isinstance(v, dict) for v in engines.values()):
-        raise ConfigError(f"{where}: 'engines' must map an engine name to its options")
-    if extra_engine_options:
-        name = top.get("engine", "rapidocr")
-        engines = {**engines, name: {**engines.get(name, {}), **extra_engine_options}}
-    return JobSpec(
-        source=top.get("source", ""),
-        out=top.get("out", ""),
-        engine=top.get("engine", "rapidocr"),
-        engines=engines,
-        render=render,
-        commit=commit,
-        shard=shard or Shard(),
-        storage_options=storage,
-        route=top.get("route", "auto"),
-    )
+    for name, options in spec.engines.items():
+        engines.options(name, options, where)  # every engine's section, typed by its options class
+    return spec
+
+
+def _mapping(value: Any, key: str, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: {key}: got {value!r}, expected a mapping of keys to values")
+    return value

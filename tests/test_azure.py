@@ -134,12 +134,16 @@ def test_credentials_come_in_the_documented_order():
 @pytest.mark.parametrize("options, env, message", [
     ({}, {}, "need the storage account's name"),
     ({"account_key": KEY, "sas_token": "sv=1"}, {}, "give one credential"),
-    ({"acount_key": KEY}, {}, "unknown Azure storage option 'acount_key'"),
-    ({KEY: "x"}, {}, "unknown Azure storage option (a key that is not a name)"),
+    ({"acount_key": KEY}, {}, "Azure storage options: unknown key 'acount_key'; known: account_name"),
+    ({KEY: "x"}, {}, "Azure storage options: unknown key (a key that is not a name)"),
+    ({"connection_string": 5}, {}, "connection_string: got (hidden), expected a valid string"),
     ({"account_name": "a", "account_key": "not base64!"}, {}, "is not valid base64"),
     ({}, {"AZURE_STORAGE_CONNECTION_STRING": f"AccountKey={KEY};nonsense"}, "is malformed"),
     ({"connection_string": f"Foo=1;AccountKey={KEY}"}, {}, "names no AccountName or BlobEndpoint"),
-    ({"connection_string": connection_string(1), "retry_total": "many"}, {}, "retry_total must be a number"),
+    ({"connection_string": connection_string(1), "retry_total": "many"}, {},
+     "retry_total: got 'many', expected a valid number"),
+    ({"connection_string": connection_string(1), "read_timeout": "-1"}, {},
+     "read_timeout: got '-1', expected greater than or equal to 0"),
 ])
 def test_bad_credentials_are_config_errors_without_the_secret(options, env, message):
     with pytest.raises(ConfigError) as err:

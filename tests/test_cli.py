@@ -29,7 +29,7 @@ def test_every_command_has_help_with_an_example(path):
     (["run", "--job", "{tmp}/missing.yaml"], "cannot read job spec"),
     (["run", "--job", "{tmp}/bad.yaml"], "not valid YAML"),
     (["run", str(SAMPLES), "{tmp}/out", "--shard", "5/4"], "0 <= I < N"),
-    (["run", str(SAMPLES), "{tmp}/out", "--dpi", "0"], "dpi must be > 0"),
+    (["run", str(SAMPLES), "{tmp}/out", "--dpi", "0"], "render.dpi: got 0, expected greater than 0"),
     (["run"], "no SOURCE given"),
     (["eval", "{tmp}", "--truth", str(SAMPLES / "truth")], "no page table under"),
 ])
@@ -40,6 +40,53 @@ def test_user_errors_print_one_line_and_exit_2(tmp_path, args, message):
     assert message in result.output
     assert "Traceback" not in result.output
     assert len([line for line in result.output.splitlines() if line.startswith("Error")]) == 1
+
+
+BAD_JOBS = [  # each bad value in a job spec, and the one line that must name it
+    ("engines: {rapidocr: {threads: '4'}}", "engines.rapidocr.threads: got '4', expected a valid integer"),
+    ("render: {workers: 1.5}", "render.workers: got 1.5, expected a valid integer"),
+    ("commit: {every_pages: true}", "commit.every_pages: got True, expected a valid integer"),
+    ("render: {dpi: 200.7}", "render.dpi: got 200.7, expected a valid integer"),
+    ("render: {dip: 300}", "render: unknown key 'dip'; known: dpi, max_side"),
+    ("render: {dpi: high}", "render.dpi: got 'high', expected a valid integer"),
+    ("render: {max_side: 8}", "render.max_side: got 8, expected greater than or equal to 32"),
+    ("commit: {every_seconds: 0}", "commit.every_seconds: got 0, expected greater than 0"),
+    ("engines: {textlayer: {min_chars: 1, min_char: 2}}", "engines.textlayer: unknown key 'min_char'"),
+    ("engines: {vllm: {model: /m, max_num_seqs: 1.5}}", "engines.vllm.max_num_seqs: got 1.5, expected a valid integer"),
+    ("engines: {vllm: {model: /m, gpu_memory_utilization: 1.2}}",
+     "engines.vllm.gpu_memory_utilization: got 1.2, expected less than or equal to 1"),
+    ("engines: {tesseract: {}}", "engines.tesseract: got 'tesseract', expected 'rapidocr', 'textlayer' or 'vllm'"),
+    ("render: 300", "render: got 300, expected a mapping"),
+    ("colour: red", "unknown key 'colour'; known: source, out, engine"),
+]
+
+
+@pytest.mark.parametrize("yaml_text, message", BAD_JOBS, ids=[m.split(":")[0] for _, m in BAD_JOBS])
+def test_every_bad_job_spec_value_is_one_line_naming_its_key_and_exit_2(tmp_path, yaml_text, message):
+    job = tmp_path / "job.yaml"
+    job.write_text(f"source: {SAMPLES}\nout: {tmp_path / 'out'}\nengine: textlayer\n{yaml_text}\n")
+    proc = run_cli("run", "--job", str(job), "-q")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"Error: {job}: {message}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "out").exists(), "nothing is written for a bad configuration"
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--dpi", "0"], {}, "render.dpi: got 0, expected greater than 0"),
+    (["--workers", "-1"], {}, "render.workers: got -1, expected greater than or equal to 0"),
+    ([], {"JOB_COMPLETION_INDEX": "1", "BATCHOCR_SHARDS": "two"}, "environment: BATCHOCR_SHARDS: got 'two'"),
+    (["--shard", "1/x"], {}, "shard '1/x': count: got 'x', expected a valid integer"),
+    (["--storage-option", "retry_total=many"], {}, "Azure storage options: retry_total: got 'many', expected a valid number"),
+    (["--storage-option", "acount_key=x"], {}, "Azure storage options: unknown key 'acount_key'"),
+], ids=["flag", "flag-range", "env", "shard-flag", "storage-type", "storage-key"])
+def test_bad_flags_environment_and_storage_options_exit_2_naming_the_key(tmp_path, args, env, message):
+    out = f"az://results/{tmp_path.name}" if "--storage-option" in args else str(tmp_path / "out")
+    source = "az://scans/" if "--storage-option" in args else str(SAMPLES)
+    proc = run_cli("run", source, out, "--engine", "textlayer", "-q", *args, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and proc.stderr.startswith("Error: ")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_engine_from_env_shard_variables(tmp_path):

@@ -101,10 +101,10 @@ def test_job_spec_yaml_with_flag_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("text, match", [
-    ("source: s\nout: o\nbogus: 1\n", "unknown keys"),
-    ("source: s\nout: o\nrender: {dpi: -1}\n", "dpi must be > 0"),
-    ("source: s\nout: o\nrender: {colour: 1}\n", "colour"),
-    ("source: s\nout: o\nengine: tesseract\n", "unknown engine"),
+    ("source: s\nout: o\nbogus: 1\n", "unknown key 'bogus'; known: source, out"),
+    ("source: s\nout: o\nrender: {dpi: -1}\n", "render.dpi: got -1, expected greater than 0"),
+    ("source: s\nout: o\nrender: {colour: 1}\n", "render: unknown key 'colour'"),
+    ("source: s\nout: o\nengine: tesseract\n", "engine: got 'tesseract', expected 'rapidocr', 'textlayer' or 'vllm'"),
     ("source: [unclosed\n", "not valid YAML"),
     ("- a list\n", "mapping"),
     ("out: o\n", "no SOURCE"),
@@ -123,6 +123,8 @@ def test_shard_from_env_and_parse():
         Shard.from_env({"JOB_COMPLETION_INDEX": "9", "BATCHOCR_SHARDS": "8"})
     with pytest.raises(ConfigError, match="I/N"):
         Shard.parse("3")
+    with pytest.raises(ConfigError, match="environment: BATCHOCR_SHARDS: got 'eight', expected a valid integer"):
+        Shard.from_env({"JOB_COMPLETION_INDEX": "3", "BATCHOCR_SHARDS": "eight"})
 
 
 def _rows(n: int, doc: str = "d1", count: int | None = None) -> pa.Table:

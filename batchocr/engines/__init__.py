@@ -6,13 +6,13 @@ dependency (vLLM) is reported only to those who ask for that engine.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import threading
 from typing import Any, Iterator, Mapping, Protocol
 
 import pyarrow as pa
 
+from batchocr.config import convert
 from batchocr.errors import ConfigError
 from batchocr.schema import Needs
 
@@ -49,13 +49,23 @@ def create(name: str, options: Mapping[str, Any]) -> Engine:
     return module.create(options)
 
 
-def parse_options(cls: type, options: Mapping[str, Any], engine: str):
-    """Build an engine's frozen options dataclass, naming unknown keys clearly."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(options) - known
-    if unknown:
-        raise ConfigError(f"engine {engine}: unknown options {sorted(unknown)}; known: {sorted(known)}")
-    return cls(**options)
+# Each engine's options dataclass, in its module.
+_OPTIONS = {"rapidocr": "RapidOCROptions", "textlayer": "TextLayerOptions", "vllm": "VLLMOptions"}
+
+
+def parse_options(cls: type, options: Mapping[str, Any], engine: str, where: str = "engine options"):
+    """An engine's frozen options dataclass from its section (engines.NAME), typed
+    like every other configuration (batchocr.config)."""
+    return convert(cls, options, where, prefix=("engines", engine))
+
+
+def options(name: str, options: Mapping[str, Any], where: str = "engine options"):
+    """The options of engine `name`, validated by its own dataclass (without
+    building the engine, or importing what only the engine needs)."""
+    if name not in _MODULES:
+        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
+    cls = getattr(importlib.import_module(_MODULES[name]), _OPTIONS[name])
+    return parse_options(cls, options, name, where)
 
 
 def result(doc_id: str, page_index: int, **fields: Any) -> dict:

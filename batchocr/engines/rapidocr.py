@@ -9,33 +9,29 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Annotated, Any, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
+from annotated_types import Ge, Le
 
 from batchocr import schema
+from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
 from batchocr.engines import parse_options, result
-from batchocr.errors import ConfigError
 from batchocr.schema import Needs
 
 
 @dataclass(frozen=True)
 class RapidOCROptions:
+    __pydantic_config__ = FORBID  # typed by batchocr.config, like all configuration
     # onnxruntime intra-op threads; 0 = one per CPU core.
-    threads: int = 0
+    threads: Annotated[int, Ge(0)] = 0
     # The text-orientation classifier flips upright lines (CER 0.29 vs 0.0001
     # without it on an upright page); turn on only for rotated scans.
     use_cls: bool = False
     # Recognised lines scoring below this are dropped.
-    text_score: float = 0.5
-
-    def __post_init__(self):
-        if self.threads < 0:
-            raise ConfigError(f"engine rapidocr: threads must be >= 0, got {self.threads}")
-        if not 0 <= self.text_score <= 1:
-            raise ConfigError(f"engine rapidocr: text_score must be in [0, 1], got {self.text_score}")
+    text_score: Annotated[float, Ge(0), Le(1)] = 0.5
 
 
 class RapidOCREngine:

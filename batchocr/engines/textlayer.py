@@ -11,6 +11,7 @@ import pyarrow as pa
 import pymupdf
 
 from batchocr import schema
+from batchocr.config import FORBID
 from batchocr.engines import parse_options, result
 from batchocr.schema import Needs
 
@@ -22,6 +23,7 @@ def page_text(page: pymupdf.Page) -> str:
 
 @dataclass(frozen=True)
 class TextLayerOptions:
+    __pydantic_config__ = FORBID  # typed by batchocr.config, like all configuration
     # Pages whose text layer has fewer non-space characters than this are skipped.
     min_chars: int = 1
 

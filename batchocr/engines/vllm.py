@@ -21,11 +21,13 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Annotated, Any, Iterator, Mapping
 
 import pyarrow as pa
+from annotated_types import Ge, Gt, Le
 
 from batchocr import schema
+from batchocr.config import FORBID
 from batchocr.engines import parse_options, result
 from batchocr.engines.presets import Preset, get_preset
 from batchocr.engines.repetition import RepetitionCheck
@@ -38,6 +40,7 @@ CHECK_EVERY = 32  # tokens between two looks for runaway repetition
 
 @dataclass(frozen=True)
 class VLLMOptions:
+    __pydantic_config__ = FORBID  # typed by batchocr.config, like all configuration
     model: str = ""  # a local folder (or a hub name where a hub is reachable)
     preset: str = "qwen2.5-vl"
     prompt: str | None = None  # replaces the preset's instruction
@@ -47,7 +50,7 @@ class VLLMOptions:
     # Engine arguments, chosen for throughput (see docs/BENCHMARKS.md).
     max_num_batched_tokens: int = 16384
     max_num_seqs: int = 256
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: Annotated[float, Gt(0), Le(1)] = 0.9
     max_model_len: int | None = None  # None = the preset's
     # Every page image is new: prefix caching and the processor cache only cost
     # (vLLM's OCR recipes turn both off).
@@ -65,7 +68,7 @@ class VLLMOptions:
     # Threads preparing requests (image processor, tokens) off the engine loop.
     prepare_threads: int = 4
     # Runaway repetition: attempts per page (1 = no retry) and the loop detector.
-    max_attempts: int = 3
+    max_attempts: Annotated[int, Ge(1)] = 3
     repetition_span: int = 384
     repetition_max_period: int = 96
     # For benchmarks with random weights: generate exactly max_tokens, skip detokenizing.
@@ -77,10 +80,6 @@ class VLLMOptions:
     def __post_init__(self):
         if not self.model:
             raise ConfigError("engine vllm needs a model: --model PATH (or engines.vllm.model in the job spec)")
-        if self.max_attempts < 1:
-            raise ConfigError(f"engine vllm: max_attempts must be >= 1, got {self.max_attempts}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"engine vllm: gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         get_preset(self.preset)
 
     def llm_args(self, preset: Preset) -> dict[str, Any]:
