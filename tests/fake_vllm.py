@@ -1,6 +1,7 @@
 """A stand-in for vLLM at its API boundary only (what batchocr calls): `vllm.SamplingParams`,
 `vllm.sampling_params.RequestOutputKind`, and an `LLM` whose `llm_engine` has
-`renderer.render_cmpl`, `add_request`, `step`, `abort_request`, `engine_core.shutdown`.
+`renderer.render_cmpl`, `add_request`, `step`, `abort_request`, `engine_core.shutdown`,
+`get_supported_tasks`.
 
 It behaves like an engine with continuous batching: up to max_num_seqs requests
 decode one token a step; a page's answer length depends on its index; pages whose
@@ -87,7 +88,17 @@ class FakeEngine:
         self.added = 0
         self.peak_waiting = 0
 
+    # What the model was loaded for (a pooling model: ("embed",)), and an error that
+    # add_request raises for every request (an engine that refuses them all).
+    tasks: tuple[str, ...] = ("generate",)
+    refuse: Exception | None = None
+
+    def get_supported_tasks(self):
+        return self.tasks
+
     def add_request(self, request_id, engine_input, params):
+        if self.refuse is not None:
+            raise self.refuse
         w, h = engine_input["size"]
         prompt_len = (w // 28) * (h // 28) + 20
         if prompt_len > self.max_model_len:

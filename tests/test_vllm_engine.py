@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import fake_vllm
@@ -179,3 +180,53 @@ def test_a_missing_model_folder_is_a_config_error(monkeypatch):
     fake_vllm.install(monkeypatch)
     with pytest.raises(ConfigError, match="model folder /models/nowhere does not exist"):
         VLLMEngine(VLLMOptions(model="/models/nowhere"))
+
+
+def test_a_model_that_cannot_generate_stops_at_start(monkeypatch):
+    """A folder vLLM loads as an embedding model: one line at start, not a row per page."""
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(fake_vllm.FakeEngine, "tasks", ("embed",))
+    with pytest.raises(ConfigError, match="the model /models/fake cannot generate text .vLLM supports embed"):
+        VLLMEngine(VLLMOptions(model="/models/fake"), llm=fake_vllm.LLM())
+
+
+def test_refusals_alike_before_any_request_was_taken_are_systemic(monkeypatch):
+    engine, fake = _engine(monkeypatch)
+    fake.refuse = AttributeError("'LLMEngine' object has no attribute 'renderer'")
+    with pytest.raises(BatchocrError, match=r"refused every request alike \(8 pages, none taken\): AttributeError"):
+        _run(engine, _pages(30))
+    # every page of a shard shorter than that, too
+    engine, fake = _engine(monkeypatch)
+    fake.refuse = ValueError("this model takes no images")
+    with pytest.raises(BatchocrError, match=r"\(3 pages, none taken\): ValueError: this model takes no images"):
+        _run(engine, _pages(3))
+
+
+def test_refusals_before_the_first_taken_request_are_still_rows(monkeypatch):
+    # the first pages are too big for the model; the rest are fine: per-page, all rows
+    engine, _ = _engine(monkeypatch, max_model_len=2000)
+    rows = {(r["doc_id"], r["page_index"]): r for r in _run(engine, _pages(12, big={0, 1, 2, 3, 4}))}
+    assert len(rows) == 12
+    assert [rows[(f"d{i // 3}", i % 3)]["error_type"] for i in range(5)] == ["rejected"] * 5
+    assert sum(r["finish_reason"] == "stop" for r in rows.values()) == 7
+
+
+def test_an_engine_refusing_every_page_ends_the_run_with_one_line_and_no_error_rows(monkeypatch, tmp_path):
+    """Through the CLI, the engine built as in production (the stand-in's LLM): exit 1,
+    one Error line, no row claiming a per-page error, the run record says failed."""
+    from conftest import run_cli
+
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(fake_vllm.FakeEngine, "refuse", TypeError("unexpected keyword argument 'prompt'"))
+    out = tmp_path / "out"
+    proc = run_cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "-q")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("Error: engine vllm refused every request alike"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    parts = list(out.glob("pages/**/*.parquet"))
+    rows = [r for p in parts for r in pq.read_table(p).to_pylist()]
+    assert not [r for r in rows if r["error_type"] == "rejected"]
+    import json
+
+    (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    assert record["status"] == "failed"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -36,6 +37,9 @@ from batchocr.schema import Needs
 
 INSTALL_HINT = "pip install 'batchocr[vllm]' (on a machine with an NVIDIA GPU)"
 CHECK_EVERY = 32  # tokens between two looks for runaway repetition
+# Refusals alike before vLLM took any request that make the refusal the engine's (a
+# model that cannot take this input, a vLLM without the API batchocr calls), not the pages'.
+SYSTEMIC_REFUSALS = 8
 
 
 @dataclass(frozen=True)
@@ -142,10 +146,13 @@ class VLLMEngine:
             llm = LLM(**options.llm_args(self.preset))
         self.llm = llm
         self.engine = llm.llm_engine
+        _check_can_generate(self.engine, options.model)
         self.prompt = self.preset.prompt(options.prompt)
         self.check = RepetitionCheck(options.repetition_span, options.repetition_max_period)
         self._ids = itertools.count()
         self._pool = ThreadPoolExecutor(options.prepare_threads, thread_name_prefix="batchocr-prepare")
+        self._accepted = 0  # requests vLLM took
+        self._held: list[tuple[str, dict]] = []  # refusals before any was taken: (signature, row)
 
     @property
     def render_hints(self) -> dict[str, int]:
@@ -212,6 +219,7 @@ class VLLMEngine:
                 elif preparing:
                     wait([preparing[0][1]], return_when=FIRST_COMPLETED)
                 elif exhausted:
+                    rows.extend(self._end_of_input())
                     if rows:
                         yield schema.batch(schema.RESULTS, rows)
                     return
@@ -234,12 +242,42 @@ class VLLMEngine:
             engine_input = future.result()
             page.started = time.perf_counter()
             self.engine.add_request(request_id, engine_input, self.sampling(page))
-        except Exception as exc:  # noqa: BLE001 - a rejected request is that page's error row
-            return [result(page.doc_id, page.page_index, finish_reason="error", error_type="rejected",
-                           error_message=f"page {page.page_index}: vLLM rejected the request: {type(exc).__name__}: {exc}",
-                           attempts=page.attempt)]
+        except Exception as exc:  # noqa: BLE001 - a rejected request is that page's error row ...
+            row = result(page.doc_id, page.page_index, finish_reason="error", error_type="rejected",
+                         error_message=f"page {page.page_index}: vLLM rejected the request: {type(exc).__name__}: {exc}",
+                         attempts=page.attempt)
+            return self._refused(row, exc)
         running[request_id] = page
-        return []
+        self._accepted += 1
+        held, self._held = self._held, []
+        return [r for _, r in held]  # refused before one was taken: per-page after all
+
+    def _refused(self, row: dict, exc: Exception) -> list[dict]:
+        """... unless it is a property of the engine: until vLLM has taken a request,
+        refusals are held back; SYSTEMIC_REFUSALS alike in a row stop the run with one
+        line, and no row claims a per-page error."""
+        if self._accepted:
+            return [row]
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        signature = re.sub(r"\d+", "N", reason)
+        released = [r for sig, r in self._held if sig != signature]
+        self._held = [(sig, r) for sig, r in self._held if sig == signature] + [(signature, row)]
+        self._reason = reason
+        if len(self._held) >= SYSTEMIC_REFUSALS:
+            raise self._systemic()
+        return released
+
+    def _end_of_input(self) -> list[dict]:
+        """Every page of a short shard refused alike, none taken: systemic too."""
+        if len(self._held) > 1:
+            raise self._systemic()
+        held, self._held = self._held, []
+        return [r for _, r in held]
+
+    def _systemic(self) -> BatchocrError:
+        return BatchocrError(f"engine vllm refused every request alike ({len(self._held)} pages, none taken): "
+                             f"{self._reason} (a property of the engine or model, not of the pages: no page "
+                             "was recorded; fix it and rerun)")
 
     def _collect(self, running: dict[str, _Page], preparing: deque) -> list[dict]:
         try:
@@ -305,6 +343,16 @@ class VLLMEngine:
             core.shutdown()
         self.llm = self.engine = None
         gc.collect()
+
+
+def _check_can_generate(engine: Any, model: str) -> None:
+    """At start, not as 512 error rows: a model vLLM loaded for pooling (an embedding
+    model, or a folder whose config says so) cannot OCR."""
+    tasks = tuple(engine.get_supported_tasks())
+    if "generate" not in tasks:
+        raise ConfigError(f"engine vllm: the model {model} cannot generate text (vLLM supports "
+                          f"{', '.join(map(str, tasks)) or 'no task'} for it): an OCR model must be a generative "
+                          "vision-language model")
 
 
 def _retry(page: _Page) -> _Page:
