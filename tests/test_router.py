@@ -58,6 +58,14 @@ def test_every_page_of_the_corpus_takes_its_expected_route(corpus):
     assert sorted(set(want.values())) == ["model", "textlayer"]
 
 
+def test_the_benchmark_corpus_routes_exactly_its_born_digital_half(tmp_path):
+    docs = routing_corpus.mixed_corpus(tmp_path, 3)  # bench/route.py's corpus: each kind of trap once
+    for name, pages in docs.items():
+        assert [r["route"] for r in _rendered(tmp_path / name, "auto")] == [p.route for p in pages], name
+    routes = [p.route for pages in docs.values() for p in pages]
+    assert routes.count("textlayer") == routes.count("model") == 6
+
+
 def test_each_signal_sinks_the_score_on_its_own(corpus):
     folder, _ = corpus
 
@@ -138,3 +146,24 @@ def test_a_real_run_routes_each_page_of_a_mixed_document(corpus, tmp_path):
             truth = re.sub(r"\s+", " ", page.truth).strip()
             same = sum(a == b for a, b in zip(ocr.split(), truth.split()))
             assert same >= 0.9 * len(truth.split()), ocr
+
+
+def test_the_routing_benchmark_runs_with_the_vllm_engine(tmp_path):
+    """bench/route.py --engine vllm, dry-run on the CPU with the stand-in at vLLM's API
+    boundary: both modes, equal work, auto routes exactly the born-digital pages (the
+    GPU figure itself needs the GPU)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    figures = tmp_path / "route.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "route.py"), "--engine", "vllm", "--fake",
+                           "--docs", "1", "--modes", "auto,model", "--workers", "1", "--json", str(figures)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    got = json.loads(figures.read_text())
+    assert got["engine"] == "vllm" and got["equal_work"] and got["routed_exactly_born_digital"]
+    (round_,) = got["pairs"]
+    assert round_["auto"]["engines"] == {"textlayer": 2, "vllm": 2} and round_["model"]["engines"] == {"vllm": 4}
