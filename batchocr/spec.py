@@ -116,7 +116,7 @@ class JobSpec:
     # Per page: auto (a good text layer is taken, the rest go to the engine),
     # model (every page to the engine), textlayer (every page with a text layer
     # takes it). Only engines that read images route (batchocr/router.py).
-    route: str = "auto"
+    route: Literal["auto", "model", "textlayer"] = "auto"
 
     def __post_init__(self):
         if self.route not in ROUTES:

@@ -113,7 +113,7 @@ def test_route_modes(corpus):
 def test_route_is_checked_where_it_is_given(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("source: s/\nout: o/\nroute: sometimes\n")
-    with pytest.raises(ConfigError, match="unknown route 'sometimes'"):
+    with pytest.raises(ConfigError, match="route: got 'sometimes', expected 'auto', 'model' or 'textlayer'"):
         load_job(job)
     job.write_text("source: s/\nout: o/\nroute: model\n")
     assert load_job(job).route == "model" and load_job(job, route="textlayer").route == "textlayer"
