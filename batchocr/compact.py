@@ -1,7 +1,8 @@
 """Compaction: each shard's part files rewritten as one, one row per (doc_id, page_index).
 
 Which row survives: rows of a document's latest version (etag) only; then a text
-row beats an error row; otherwise the latest. The new file is committed
+row beats an error row; otherwise the latest. A document-level row (-1) survives
+until every page of the document has a row of its own. The new file is committed
 atomically before the parts it replaces are deleted, so a crash in between
 leaves duplicates (which the next compaction removes), never a loss. Parts
 committed by a run while compaction works are not touched.
@@ -33,9 +34,13 @@ class Compacted:
 def dedupe(rows: pl.DataFrame) -> pl.DataFrame:
     latest_etag = rows.group_by("doc_id").agg(pl.col("source_etag").sort_by("processed_at").last())
     rows = rows.join(latest_etag, on=["doc_id", "source_etag"], how="semi")
-    # A document-level error row (-1) of the kept version goes if the version has page rows.
-    paged = rows.filter(pl.col("page_index") >= 0).select("doc_id").unique()
-    rows = rows.filter((pl.col("page_index") >= 0) | ~pl.col("doc_id").is_in(paged["doc_id"].implode()))
+    # A document-level row (-1) goes only once every page of the document has a row
+    # of its own: it stands in for pages that were never read, so it stays until they are.
+    pages = rows.filter(pl.col("page_index") >= 0)
+    covered = (pages.group_by("doc_id")
+               .agg(pl.col("page_index").n_unique().alias("_have"), pl.col("page_count").max().alias("_count"))
+               .filter(pl.col("_have") >= pl.col("_count")))
+    rows = rows.filter((pl.col("page_index") >= 0) | ~pl.col("doc_id").is_in(covered["doc_id"].implode()))
     return (
         rows.with_columns((pl.col("finish_reason") != "error").alias("_text"))
         .sort(["doc_id", "page_index", "_text", "processed_at"], nulls_last=False)

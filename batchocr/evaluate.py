@@ -106,8 +106,8 @@ def evaluate_output(pages: pl.LazyFrame, truth_dir: str | Path) -> Evaluation:
     row `batchocr compact` would keep."""
     from batchocr.compact import dedupe
 
-    rows = dedupe(pages.select("doc_id", "source_etag", "source_uri", "page_index", "text", "finish_reason",
-                               "processed_at").collect())
+    rows = dedupe(pages.select("doc_id", "source_etag", "source_uri", "page_index", "page_count", "text",
+                               "finish_reason", "processed_at").collect())
     return evaluate(rows, truth_dir)
 
 

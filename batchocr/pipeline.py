@@ -27,7 +27,7 @@ from batchocr.render import RenderTask
 from batchocr.renderpool import RenderPool
 from batchocr.sharding import shard_of
 from batchocr.signals import graceful_stop
-from batchocr.sink import PartWriter, committed_keys, completed, done_marker, shard_dir
+from batchocr.sink import PartWriter, Resume, committed_keys, completed, done_marker, shard_dir
 from batchocr.sources import DocRef, list_documents
 from batchocr.spec import JobSpec, RenderSpec
 from batchocr.storage import Store
@@ -116,15 +116,15 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
 
     def tasks() -> Iterator[RenderTask]:
         for doc in documents:
-            skip = done.get((doc.doc_id, doc.etag), frozenset())
-            if skip is None:
+            resume = done.get((doc.doc_id, doc.etag), Resume(frozenset()))
+            if resume is None:
                 summary.documents_skipped += 1
                 continue
             if summary.documents == 0 and out.exists(done_marker(shard.index)):
                 out.remove(done_marker(shard.index))  # there is work again: not done
             summary.documents += 1
             bar.set_postfix_str(f"docs {summary.documents}", refresh=False)
-            yield RenderTask(doc, skip)
+            yield RenderTask(doc, resume.skip, resume.retry)
 
     def write(rows: list[dict], by=engine) -> None:
         t = time.monotonic()
@@ -150,7 +150,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             if batch is None or stop.is_set():
                 return
             failed = batch.column("error_type").is_valid()
-            errors = batch.select(schema.CARRIED + ["error_type", "error_message"]).filter(failed).to_pylist()
+            errors = batch.select(schema.CARRIED + ["error_type", "error_message", "attempts"]).filter(failed).to_pylist()
             good = batch
             if errors:
                 write([row | {"finish_reason": "error"} for row in errors])

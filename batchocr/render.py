@@ -9,7 +9,7 @@ import math
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 import pymupdf
@@ -29,6 +29,13 @@ class RenderTask:
     doc: DocRef
     # Pages already committed by an earlier run: not rendered again (resume).
     skip: frozenset[int] = frozenset()
+    # Pages (-1: the document) whose committed row is a first timeout or crash:
+    # rendered again once; failing again, their row is final (attempts 2).
+    retry: frozenset[int] = frozenset()
+
+
+def no_progress(index: int, count: int) -> None:
+    pass
 
 
 def doc_error(doc: DocRef, error_type: str, message: str, page_count: int | None = None) -> dict:
@@ -105,10 +112,13 @@ def _kind(mode: int) -> str:
 
 
 def render_document(
-    task: RenderTask, spec: RenderSpec, needs: Needs, storage_options: Mapping[str, Any]
+    task: RenderTask, spec: RenderSpec, needs: Needs, storage_options: Mapping[str, Any],
+    progress: Callable[[int, int], None] = no_progress,
 ) -> Iterator[pa.RecordBatch]:
     """Yields batches of at most spec.batch_pages rows; the first row of a document
-    that cannot be opened is its only row (page_index -1)."""
+    that cannot be opened is its only row (page_index -1). progress(index, count)
+    is called before each page is rendered, and with index == count after the last:
+    if the process hangs or dies, the pool knows which page did it."""
     doc = task.doc
     pymupdf.TOOLS.mupdf_warnings(reset=True)
     try:
@@ -140,6 +150,7 @@ def render_document(
         for index in range(count):
             if index in task.skip:
                 continue
+            progress(index, count)
             row = _render_page(pdoc, doc, index, count, spec, needs)
             warning = "; ".join(w for w in (repaired, _warnings()) if w)
             if warning:
@@ -148,6 +159,7 @@ def render_document(
             if len(rows) >= spec.batch_pages:
                 yield schema.batch(schema.PAGES, rows)
                 rows = []
+        progress(count, count)
         if rows:
             yield schema.batch(schema.PAGES, rows)
 

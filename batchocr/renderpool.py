@@ -2,15 +2,19 @@
 
 Why not concurrent.futures: a worker that hangs on a hostile PDF cannot be killed
 there, and one that crashes breaks the whole pool. Here each worker has its own
-pipe; a hung worker is killed and replaced, a dead one is replaced, and the
-document it held becomes error rows. The pipes also give backpressure: a worker
+pipe and a shared progress record (which page of which document it is on). A
+worker that hangs is killed, one that dies (on a page, or idle) is replaced; the
+page it was on becomes an error row, and a fresh worker renders the rest of the
+document from the page after it. The pipes also give backpressure: a worker
 blocks on send until the pipeline wants more pages, so memory stays bounded by
 the number of workers, whatever the size of the container.
 """
 
 from __future__ import annotations
 
+import collections
 import multiprocessing as mp
+import os
 import time
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -18,30 +22,47 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import pyarrow as pa
 
 from batchocr import schema
-from batchocr.errors import BatchocrError
 from batchocr import renderworker
+from batchocr.errors import BatchocrError
 from batchocr.render import RenderTask, doc_error, page_error
+from batchocr.renderworker import COUNT, PAGE, STARTED, TICKS, UNKNOWN
 from batchocr.schema import Needs
 from batchocr.spec import RenderSpec
+
+# Workers in a row that die before they are ready: then it is not the input.
+START_FAILURES = 3
+START_S = 120  # the longest a worker may take to start (imports) before it counts as hung
 
 
 class _Worker:
     def __init__(self, ctx, spec: RenderSpec, needs: Needs, storage_options: Mapping[str, Any]):
         self.conn, child = ctx.Pipe()
+        self.progress = ctx.RawArray("q", 4)
         self.process = ctx.Process(
-            target=renderworker.main, args=(child, spec, needs, dict(storage_options)), daemon=True
+            target=renderworker.main,
+            args=(child, spec, needs, dict(storage_options), self.progress, os.getpid()),
+            daemon=True,
         )
         self.process.start()
+        self.born = time.monotonic()
         child.close()
         self.task: RenderTask | None = None
         self.pages_seen: set[int] = set()
-        self.page_count: int | None = None
         self.deadline = 0.0
+        self.ticks = 0
 
     def assign(self, task: RenderTask, timeout_s: float) -> None:
-        self.task, self.pages_seen, self.page_count = task, set(), None
+        """Raises OSError (BrokenPipeError) if the worker has died meanwhile."""
+        self.progress[COUNT] = self.progress[PAGE] = UNKNOWN
+        self.task, self.pages_seen = task, set()
         self.deadline = time.monotonic() + timeout_s
         self.conn.send(task)
+
+    def moved_on(self) -> bool:
+        """True if the worker started another page since the last call."""
+        ticks = self.progress[TICKS]
+        moved, self.ticks = ticks != self.ticks, ticks
+        return moved
 
     def stop(self, kill: bool = False) -> None:
         if kill or self.task is not None:
@@ -67,6 +88,9 @@ class RenderPool:
         self.ctx = mp.get_context("spawn")
         self.workers: list[_Worker] = []
         self.replaced = 0  # workers killed (hung) or found dead
+        self._start_failures = 0
+        # Rest of documents whose worker hung or died: before any new document.
+        self._resume: collections.deque[RenderTask] = collections.deque()
 
     def __enter__(self) -> "RenderPool":
         self.workers = [self._spawn() for _ in range(self.spec.worker_count)]
@@ -88,19 +112,28 @@ class RenderPool:
         exhausted = False
         timeout = self.spec.timeout_s
         while True:
-            if not exhausted and not stop():
-                for w in self.workers:
-                    if w.task is None:
+            if not stop():
+                for i in range(len(self.workers)):
+                    if self.workers[i].task is not None:
+                        continue
+                    task = self._resume.popleft() if self._resume else None
+                    if task is None and not exhausted:
                         task = next(pending, None)
-                        if task is None:
-                            exhausted = True
+                        exhausted = task is None
+                    if task is None:
+                        break
+                    while True:
+                        try:
+                            self.workers[i].assign(task, timeout)
                             break
-                        w.assign(task, timeout)
+                        except OSError:  # it died while idle: a fresh one takes the task
+                            self.workers[i].task = None
+                            self._replace_idle(i)
             busy = [w for w in self.workers if w.task is not None]
             if not busy or stop():
                 return
             now = time.monotonic()
-            # Wake at least twice a second to notice stop().
+            # Wake at least twice a second to notice stop() and pages started.
             ready = wait([w.conn for w in busy], timeout=min(0.5, max(0.0, min(w.deadline for w in busy) - now)))
             for w in busy:
                 if w.conn in ready:
@@ -117,37 +150,66 @@ class RenderPool:
                     if msg is None:
                         w.task = None
                         continue
-                    self._note_pages(w, msg)
+                    w.pages_seen.update(msg.column("page_index").to_pylist())
                     suspended = time.monotonic()
                     yield msg
                     # Time spent downstream is not the worker's: move every deadline on.
                     lag = time.monotonic() - suspended
                     for other in self.workers:
                         other.deadline += lag
+                elif w.moved_on() or (not w.progress[STARTED] and time.monotonic() < w.born + START_S):
+                    # A page started, or the worker is still importing (seconds on a busy node):
+                    # the timeout is on rendering.
+                    w.deadline = time.monotonic() + timeout
                 elif time.monotonic() >= w.deadline:
                     yield from self._replace(w, "timeout", f"rendering made no progress for {timeout:g} s")
 
-    @staticmethod
-    def _note_pages(w: _Worker, batch: pa.RecordBatch) -> None:
-        # Two small columns only: to_pydict() would copy every page's pixels into Python.
-        for index, count in zip(batch.column("page_index").to_pylist(), batch.column("page_count").to_pylist()):
-            w.pages_seen.add(index)
-            if count is not None:
-                w.page_count = count
+    def _replace_idle(self, i: int) -> None:
+        w = self.workers[i]
+        w.stop(kill=True)
+        self._check_started(w)
+        self.workers[i] = self._spawn()
+        self.replaced += 1
+
+    def _check_started(self, w: _Worker) -> None:
+        """Workers that keep dying before they are ready (a broken install, no
+        memory for one more process) stop the run: it is not any document's fault."""
+        if w.progress[STARTED]:
+            self._start_failures = 0
+            return
+        self._start_failures += 1
+        if self._start_failures >= START_FAILURES:
+            raise BatchocrError(f"render workers die before they start ({START_FAILURES} in a row, the last with "
+                                f"exit code {w.process.exitcode}): is memory short, or the install broken?")
 
     def _replace(self, w: _Worker, error_type: str, why: str) -> Iterator[pa.RecordBatch]:
-        """Kill w, start a fresh worker in its place, and yield the error rows for
-        the pages of w's document that never arrived."""
+        """Kill w and start a fresh worker in its place. The page w was on gets an
+        error row; the rest of its document goes to a fresh worker, first."""
         task = w.task
+        count, page = w.progress[COUNT], w.progress[PAGE]
         w.stop(kill=True)
         self.workers[self.workers.index(w)] = self._spawn()
         self.replaced += 1
+        if not w.progress[STARTED]:  # it never took the task: not the document's doing
+            self._check_started(w)
+            self._resume.appendleft(task)
+            return
+        self._start_failures = 0
         doc = task.doc
         message = f"{doc.uri}: {why}"
-        if w.page_count is None or -1 in w.pages_seen:
-            rows = [] if -1 in w.pages_seen else [doc_error(doc, error_type, message)]
-        else:
-            missing = set(range(w.page_count)) - w.pages_seen - task.skip
-            rows = [page_error(doc, i, w.page_count, error_type, message) for i in sorted(missing)]
+        attempts = {i: 2 if i in task.retry else 1 for i in (page, -1)}
+        done = w.pages_seen | task.skip
+        if -1 in w.pages_seen:  # its only row (the document cannot be read) had arrived
+            rows = []
+        elif count == UNKNOWN:  # on opening it: no page count to give rows to
+            rows = [doc_error(doc, error_type, message) | {"attempts": attempts[-1]}]
+        elif 0 <= page < count and page not in done:
+            rows = [page_error(doc, page, count, error_type, f"{doc.uri}: page {page}: {why}")
+                    | {"attempts": attempts[page]}]
+            rest = frozenset(range(count)) - done - {page}
+            if rest:
+                self._resume.appendleft(RenderTask(doc, frozenset(done | {page}), task.retry))
+        else:  # every page rendered: it died sending them, or closing the file
+            rows = [page_error(doc, i, count, error_type, message) for i in sorted(set(range(count)) - done)]
         if rows:
             yield schema.batch(schema.PAGES, rows)

@@ -3,10 +3,19 @@ switch PyMuPDF's optional extras off before PyMuPDF loads in the process."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import sys
 from multiprocessing.connection import Connection
 from typing import Any, Mapping
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+# The shared progress record (multiprocessing RawArray of 'q') the pool reads when
+# a worker hangs or dies: which page of which document it was on.
+STARTED, COUNT, PAGE, TICKS = range(4)
+UNKNOWN = -1
 
 
 def skip_pymupdf_extras() -> None:
@@ -18,7 +27,22 @@ def skip_pymupdf_extras() -> None:
         sys.modules.setdefault(name, None)
 
 
-def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any]) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the one that started it dies (kill -9 of a run
+    must not leave a worker hung on a page at 100% CPU, re-parented to PID 1). A
+    watchdog thread could not do it: MuPDF holds the GIL while it renders. Linux
+    sends the signal when the parent's *thread* that started us exits: the pool
+    starts workers from the run's main thread."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before prctl: nothing to wait for
+        os._exit(1)
+
+
+def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], progress, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     skip_pymupdf_extras()
     # The parent decides when to stop (SIGINT/SIGTERM go to the whole process group).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -29,12 +53,18 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any]) -> N
 
     pymupdf.TOOLS.mupdf_display_errors(False)  # errors become rows, not stderr noise
     pymupdf.TOOLS.mupdf_display_warnings(False)
+
+    def at_page(index: int, count: int) -> None:
+        progress[COUNT], progress[PAGE] = count, index
+        progress[TICKS] += 1
+
+    progress[STARTED] = 1
     while True:
         task = conn.recv()
         if task is None:
             return
         try:
-            for batch in render_document(task, spec, needs, storage_options):
+            for batch in render_document(task, spec, needs, storage_options, at_page):
                 conn.send(batch)
         except BatchocrError as exc:  # SOURCE failed for good: the parent stops the run
             conn.send(exc)

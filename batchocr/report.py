@@ -22,7 +22,7 @@ from batchocr.compact import dedupe
 from batchocr.evaluate import page_line
 
 # What the summary reads: dedupe's keys and the figures' columns; text only as its length.
-COLUMNS = ["doc_id", "source_etag", "page_index", "finish_reason", "error_type", "prompt_tokens",
+COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "prompt_tokens",
            "output_tokens", "latency_ms", "processed_at", "engine", "run_id", "route"]
 FLAGGED = ("length", "repetition")  # hit max tokens; looping output cut off
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 # same columns; a test keeps the two in step.
 PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("doc_id", pa.string(), "stable id of the document: first 16 hex digits of SHA-256 of `source_uri`"),
-    ("source_uri", pa.string(), "full URI of the document (`file:///…`, `az://…`)"),
+    ("source_uri", pa.string(), "full URI of the document (`file:///…`, `az://…`); `%`, control characters and bytes that are not UTF-8 written `%XX` (see File names)"),
     ("source_etag", pa.string(), "the store's ETag of the document; on local disk `<size>-<mtime µs>`"),
     ("source_size", pa.int64(), "document size in bytes"),
     ("page_index", pa.int32(), "0-based page (or TIFF frame) number; -1 for a row about a document that could not be opened"),
@@ -28,7 +28,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("error_type", pa.string(), "short machine-readable reason when `finish_reason` is `error` or `skipped` (see Errors)"),
     ("error_message", pa.string(), "a sentence a person can act on; null when there was no error"),
     ("warning", pa.string(), "what MuPDF reported while repairing a damaged (truncated, corrupt) file: the page was read but may be incomplete or blank; null for sound files"),
-    ("attempts", pa.int32(), "engine attempts at this page: VLM retries of a looping output count (null for CPU engines)"),
+    ("attempts", pa.int32(), "engine attempts at this page: VLM retries of a looping output count (null for CPU engines); on a `timeout` or `renderer_crashed` row, render attempts (a rerun retries a page once: 2 is final)"),
     ("latency_ms", pa.float32(), "engine time for this page in milliseconds (render time not included)"),
     ("route", pa.string(), "where the page's text came from (see Routing): `textlayer` (the PDF's own text layer passed) or `model` (the run's engine); null for the textlayer engine and for error rows of unrendered pages"),
     ("route_score", pa.float32(), "quality of the page's text layer, 0 (none, or not to be trusted) to 1; `route: auto` takes the layer from 0.5"),
@@ -85,6 +85,7 @@ PAGES = pa.schema(
         ("warning", pa.string()),  # MuPDF repaired the file (see the page table)
         ("route", pa.string()),  # textlayer | model; null if the run does not route (batchocr.router)
         ("route_score", pa.float32()),
+        ("attempts", pa.int32()),  # a timeout/renderer_crashed row: 2 once it failed again on a rerun
     ]
 )
 

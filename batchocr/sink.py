@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
@@ -16,7 +17,11 @@ from batchocr.layout import done_marker, shard_dir  # noqa: F401  (callers impor
 from batchocr.spec import CommitSpec
 from batchocr.storage import Store
 
-KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "run_id"]
+KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "attempts",
+               "run_id"]
+# A page (or document) that hung or killed its renderer once is tried again by the
+# next run; a row of these with attempts >= 2 is final.
+RETRIED_ERRORS = ("timeout", "renderer_crashed")
 
 
 def shards_present(store: Store) -> list[int]:
@@ -84,20 +89,40 @@ def committed_keys(store: Store, shard: int) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def completed(keys: pa.Table) -> dict[tuple[str, str], frozenset[int] | None]:
-    """For each (doc_id, etag) seen: None if the document is complete, else the page
-    indexes already done (a half-done document resumes at its first missing page)."""
-    pages: dict[tuple[str, str], set[int]] = {}
-    counts: dict[tuple[str, str], int | None] = {}
-    cols = keys.to_pydict()
-    for doc, etag, index, count in zip(cols["doc_id"], cols["source_etag"], cols["page_index"], cols["page_count"]):
+@dataclass(frozen=True)
+class Resume:
+    """What a run still has to do for a document: render every page but `skip`;
+    `retry` (pages, or -1 for the document) failed once and are tried again."""
+
+    skip: frozenset[int]
+    retry: frozenset[int] = frozenset()
+
+
+def is_final(error_type: str | None, attempts: int | None) -> bool:
+    return error_type not in RETRIED_ERRORS or (attempts or 1) >= 2
+
+
+def completed(keys: pa.Table) -> dict[tuple[str, str], Resume | None]:
+    """For each (doc_id, etag) seen: None if the document is complete, else what
+    is left. Complete means every page has a final row: once its page count is
+    known, a document-level row (-1) stands in for no page."""
+    final: dict[tuple[str, str], set[int]] = {}
+    tried: dict[tuple[str, str], set[int]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    cols = keys.select(["doc_id", "source_etag", "page_index", "page_count", "error_type", "attempts"]).to_pydict()
+    for doc, etag, index, count, error, attempts in zip(*cols.values()):
         key = (doc, etag)
-        pages.setdefault(key, set()).add(index)
+        (final if is_final(error, attempts) else tried).setdefault(key, set()).add(index)
         if count is not None:
             counts[key] = count
-    out: dict[tuple[str, str], frozenset[int] | None] = {}
-    for key, done in pages.items():
+    out: dict[tuple[str, str], Resume | None] = {}
+    for key in final.keys() | tried.keys():
+        done, failed = final.get(key, set()), tried.get(key, set()) - final.get(key, set())
         count = counts.get(key)
-        whole = -1 in done or (count is not None and done.issuperset(range(count)))
-        out[key] = None if whole else frozenset(done)
+        if count is None:  # only document-level rows: it never opened
+            out[key] = None if -1 in done else Resume(frozenset(), frozenset({-1}))
+        elif done.issuperset(range(count)):
+            out[key] = None
+        else:
+            out[key] = Resume(frozenset(i for i in done if i >= 0), frozenset(i for i in failed if i >= 0))
     return out

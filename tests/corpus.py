@@ -94,3 +94,32 @@ def bad_corpus(folder: Path) -> dict[str, str]:
     out = {name: what for name, (_, what) in files.items()}
     out["encrypted.pdf"] = "password-protected PDF"
     return out
+
+
+def hang_pdf(path: Path, pages: int = 6, hang_at: tuple[int, ...] = (4,), depth: int = 48, seed: int = 0) -> list[str]:
+    """A text-layer PDF whose pages in `hang_at` make MuPDF loop for good (render
+    and text extraction alike): a chain of `depth` form XObjects, each drawing the
+    next twice, is 2**depth draws. Returns each page's text."""
+    doc = pymupdf.open()
+    texts = []
+    for i in range(pages):
+        text = page_text(seed * 100_000 + i, 3)
+        doc.new_page(width=612, height=400).insert_text((20, 30), text, fontsize=9)
+        texts.append(text)
+    prev = doc.get_new_xref()
+    doc.update_object(prev, "<< /Type /XObject /Subtype /Form /BBox [0 0 10 10] >>")
+    doc.update_stream(prev, b"0 0 1 1 re f")
+    for _ in range(depth):
+        x = doc.get_new_xref()
+        doc.update_object(x, "<< /Type /XObject /Subtype /Form /BBox [0 0 10 10] "
+                             f"/Resources << /XObject << /X {prev} 0 R >> >> >>")
+        doc.update_stream(x, b"/X Do /X Do")
+        prev = x
+    for i in hang_at:
+        page = doc[i]
+        page.clean_contents()
+        (contents,) = page.get_contents()
+        doc.xref_set_key(page.xref, "Resources/XObject", f"<< /H {prev} 0 R >>")
+        doc.update_stream(contents, doc.xref_stream(contents) + b"\nq /H Do Q")
+    doc.save(path)
+    return texts

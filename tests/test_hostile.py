@@ -6,18 +6,24 @@ exactly one row, computed here from what each file is."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
+import time
 
+import polars as pl
 import pytest
 from hypothesis import given, strategies as st
 
 from batchocr import read_pages
+from batchocr.compact import compact
 from batchocr.sharding import shard_of
 from batchocr.sources import doc_id, native, spell
+from batchocr.storage import Store
+from chaos import assert_same_as_clean, finish, start, table, write_job
 from conftest import run_cli
-from corpus import text_pdf
+from corpus import hang_pdf, text_corpus, text_pdf
 
 # Every byte a POSIX name may hold (all but NUL and "/"), non-UTF-8 sequences included.
 names = st.binary(min_size=1, max_size=40).filter(lambda b: b"\0" not in b and b"/" not in b)
@@ -83,3 +89,112 @@ def test_a_folder_that_cannot_be_listed_stops_the_run(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1 and "locked" in proc.stderr and "Permission denied" in proc.stderr
     assert not (out / "_done").exists()
+
+
+def _keys(rows: list[dict]):
+    import pyarrow as pa
+
+    from batchocr import schema
+    from batchocr.sink import KEY_COLUMNS
+
+    full = [{"doc_id": "d", "source_etag": "e", "run_id": "r", "finish_reason": "error" if r.get("error_type") else "stop"}
+            | r for r in rows]
+    return pa.Table.from_pylist(full, schema=schema.PAGE_TABLE).select(KEY_COLUMNS)
+
+
+def test_a_document_is_complete_only_when_every_page_has_a_final_row():
+    from batchocr.sink import Resume, completed
+
+    def state(*rows):
+        return completed(_keys(list(rows)))[("d", "e")]
+
+    page = lambda i, **kw: {"page_index": i, "page_count": 3} | kw  # noqa: E731
+    doc = lambda **kw: {"page_index": -1, "page_count": None} | kw  # noqa: E731
+    assert state(page(0), page(1), page(2)) is None
+    # A document-level row stands in for no page once the page count is known (#11's loss).
+    assert state(page(0), page(1), doc(error_type="timeout")) == Resume(frozenset({0, 1}))
+    # A timed-out page is tried once more; failing again, its row is final.
+    assert state(page(0), page(1, error_type="timeout", attempts=1), page(2)) == Resume(frozenset({0, 2}), frozenset({1}))
+    assert state(page(0), page(1, error_type="renderer_crashed"), page(2)) == Resume(frozenset({0, 2}), frozenset({1}))
+    assert state(page(0), page(1, error_type="timeout", attempts=1), page(1, error_type="timeout", attempts=2),
+                 page(2)) is None
+    assert state(page(0), page(1, error_type="render_failed"), page(2)) is None
+    # A document that never opened: a timeout is retried, anything else is its answer.
+    assert state(doc(error_type="timeout", attempts=1)) == Resume(frozenset(), frozenset({-1}))
+    assert state(doc(error_type="timeout", attempts=2)) is None
+    assert state(doc(error_type="open_failed")) is None
+    assert state({"page_index": -1, "page_count": 0, "error_type": "no_pages"}) is None
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (PID 1 here may never reap what it inherits)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _gone_within(pids: set[int], seconds: float) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := {p for p in pids if _running(p)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def test_sigkill_during_a_hang_and_a_long_document_then_resume_equals_a_clean_run(tmp_path):
+    """kill -9 of the run's own process (not its group) at random instants, while a
+    page hangs the renderer and while a 200-page document is read: no worker outlives
+    its run, and after the reruns and compaction the table is the clean run's."""
+    src = tmp_path / "src"
+    src.mkdir()
+    hang_pdf(src / "hang-late.pdf", pages=6, hang_at=(4,))
+    hang_pdf(src / "hang-first.pdf", pages=3, hang_at=(0,), seed=1)
+    text_pdf(src / "long.pdf", 200, seed=2, lines=2)
+    text_corpus(src / "small", documents=4, pages=2)
+    sections = {"render": {"workers": 2, "batch_pages": 4, "timeout_s": 1.5},
+                "commit": {"every_pages": 1, "every_seconds": 0.2}}
+
+    def until_nothing_to_do(job) -> None:
+        for _ in range(4):
+            done = finish(job, ms_per_page=2)
+            assert done.returncode == 0, done.stderr
+            if "nothing to do" in done.stdout:
+                return
+        raise AssertionError(f"still work after 4 reruns: {done.stdout}")
+
+    clean = tmp_path / "clean"
+    job = write_job(tmp_path, src, clean, **sections)
+    until_nothing_to_do(job)  # the second run retries each timed-out page once
+    compact(Store(str(clean)))
+    expected = table(clean)
+    # Every page of every document has its row: the hung pages are timeout rows, the rest text.
+    errors = expected.filter(pl.col("finish_reason") == "error")
+    assert sorted(errors["page_index"]) == [0, 4] and expected.height == 6 + 3 + 200 + 8
+
+    out = tmp_path / "killed"
+    job = write_job(tmp_path, src, out, **sections)
+    rnd = random.Random(11)
+    kills = 0
+    for _ in range(6):
+        proc = start(job, ms_per_page=2)
+        time.sleep(rnd.uniform(1.0, 3.5))
+        workers = _children(proc.pid)
+        if proc.poll() is not None:
+            assert proc.returncode == 0, proc.stderr.read()
+            continue
+        proc.kill()  # the main process only: its workers must follow on their own
+        proc.wait(timeout=30)
+        kills += 1
+        assert workers, "the run had no workers to check"
+        assert not _gone_within(workers, 10), "a render worker outlived its run"
+    assert kills >= 4
+    until_nothing_to_do(job)
+    assert_same_as_clean(out, expected)

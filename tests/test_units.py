@@ -15,7 +15,7 @@ from batchocr.engines.rapidocr import join_lines
 from batchocr.errors import ConfigError
 from batchocr.evaluate import levenshtein, normalise
 from batchocr.sharding import shard_of
-from batchocr.sink import PartWriter, completed, committed_keys, to_parquet
+from batchocr.sink import PartWriter, Resume, completed, committed_keys, to_parquet
 from batchocr.sources import list_documents
 from batchocr.spec import CommitSpec, Shard, load_job
 from batchocr.storage import Store
@@ -167,7 +167,7 @@ def test_committed_keys_and_completion():
     writer.add(_rows(2, "half", count=4))
     writer.add(pa.Table.from_pylist([{"doc_id": "bad", "source_etag": "e", "page_index": -1}], schema=schema.PAGE_TABLE))
     done = completed(committed_keys(store, 0))
-    assert done == {("whole", "e"): None, ("half", "e"): frozenset({0, 1}), ("bad", "e"): None}
+    assert done == {("whole", "e"): None, ("half", "e"): Resume(frozenset({0, 1})), ("bad", "e"): None}
     assert committed_keys(store, 7).num_rows == 0
 
 
@@ -225,14 +225,20 @@ def test_compaction_keeps_text_over_error_else_the_latest():
         {"doc_id": "b", "source_etag": "v1", "page_index": 0, "finish_reason": "stop", "text": "v1", "processed_at": t[0]},
         {"doc_id": "b", "source_etag": "v2", "page_index": -1, "finish_reason": "error", "processed_at": t[3]},
         {"doc_id": "c", "source_etag": "e", "page_index": -1, "finish_reason": "error", "processed_at": t[0]},
-        {"doc_id": "c", "source_etag": "e", "page_index": 0, "finish_reason": "stop", "text": "ok", "processed_at": t[4]},
+        {"doc_id": "c", "source_etag": "e", "page_index": 0, "page_count": 1, "finish_reason": "stop", "text": "ok",
+         "processed_at": t[4]},
+        {"doc_id": "d", "source_etag": "e", "page_index": -1, "finish_reason": "error", "processed_at": t[0]},
+        {"doc_id": "d", "source_etag": "e", "page_index": 0, "page_count": 2, "finish_reason": "stop", "text": "ok",
+         "processed_at": t[4]},
     ], schema=schema.PAGE_TABLE)
     kept = dedupe(pl.from_arrow(rows)).sort("doc_id", "page_index")
     assert kept.select("doc_id", "page_index", "text", "finish_reason").rows() == [
         ("a", 0, "old", "stop"),  # a text row beats a later error row
         ("a", 1, "second", "stop"),  # otherwise the latest
         ("b", -1, None, "error"),  # the document's latest version is what counts
-        ("c", 0, "ok", "stop"),  # a document error row goes once the document has pages
+        ("c", 0, "ok", "stop"),  # a document error row goes once every page has a row of its own
+        ("d", -1, None, "error"),  # not before: it stands in for page 1, never read
+        ("d", 0, "ok", "stop"),
     ]
 
 
