@@ -21,7 +21,7 @@ from batchocr.compact import compact
 from batchocr.sharding import shard_of
 from batchocr.sources import doc_id, native, spell
 from batchocr.storage import Store
-from chaos import assert_same_as_clean, finish, start, table, write_job
+from chaos import assert_same_as_clean, finish, start, table, wait_until_running, write_job
 from conftest import run_cli
 from corpus import hang_pdf, text_corpus, text_pdf
 
@@ -183,9 +183,10 @@ def test_sigkill_during_a_hang_and_a_long_document_then_resume_equals_a_clean_ru
     job = write_job(tmp_path, src, out, **sections)
     rnd = random.Random(11)
     kills = 0
-    for _ in range(6):
+    for runs in range(6):
         proc = start(job, ms_per_page=2)
-        time.sleep(rnd.uniform(1.0, 3.5))
+        if wait_until_running(job, proc, runs):  # timed from the run's start, not the interpreter's
+            time.sleep(rnd.uniform(0.0, 2.5))
         workers = _children(proc.pid)
         if proc.poll() is not None:
             assert proc.returncode == 0, proc.stderr.read()
