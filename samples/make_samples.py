@@ -433,19 +433,6 @@ def norm(s: str) -> str:
     return re.sub(r"\s+", " ", s).strip()
 
 
-def levenshtein(a: str, b: str) -> int:
-    if len(a) < len(b):
-        a, b = b, a
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1,
-                           prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
 def page_pixels(doc: pymupdf.Document, page: pymupdf.Page) -> np.ndarray:
     """RGB pixels as the project's tests render them.
 
@@ -467,6 +454,7 @@ def page_pixels(doc: pymupdf.Document, page: pymupdf.Page) -> np.ndarray:
 def verify(out: Path) -> bool:
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     import time
+    from rapidfuzz.distance import Levenshtein
     from rapidocr import RapidOCR
 
     eng = RapidOCR(params={"Global.use_cls": False,
@@ -498,7 +486,7 @@ def verify(out: Path) -> bool:
             r = eng(rgb)
             dt = time.perf_counter() - t0
             ocr = norm("\n".join(r.txts or ()))
-            err = levenshtein(ocr, truth)
+            err = Levenshtein.distance(ocr, truth)
             cer = err / len(truth)
             total_err += err
             total_len += len(truth)
