@@ -89,6 +89,7 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     source = Store(spec.source, spec.storage_options)
     summary = RunSummary(run_id=run_id, shard=str(shard), out=spec.out)
 
+    _check_stores(spec, source, out)  # before the engine loads; a missing SOURCE leaves no run record
     if engine is None:
         engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
     try:
@@ -214,6 +215,13 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
     })
     return summary
+
+
+def _check_stores(spec: JobSpec, source: Store, out: Store) -> None:
+    """SOURCE exists and OUT can be written, in one line each (exit 2) if not."""
+    if not source.exists():
+        raise ConfigError(f"SOURCE {spec.source} does not exist")
+    out.check_writable_root("OUT")
 
 
 def _render_spec(spec: JobSpec, engine) -> RenderSpec:

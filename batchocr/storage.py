@@ -153,6 +153,21 @@ class Store:
             err = self._backend.explain(exc, where)
             raise type(err)(redact(str(err), self._backend.secrets + environment_secrets())) from None
 
+    def check_writable_root(self, what: str) -> None:
+        """Before a run: the root can be a folder that takes files (local disk: made
+        now; object stores have no folders, and their credentials and container are
+        checked by `exists`). One ConfigError line otherwise: retrying cannot help."""
+        if not self.is_local:
+            self.exists()
+            return
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            if not os.access(self.root, os.W_OK):
+                raise PermissionError(errno.EACCES, "permission denied")
+        except OSError as exc:  # under /proc, under a file, read-only, not ours
+            raise ConfigError(f"{what} {self.url}: cannot write there ({exc.strerror or exc}): "
+                              f"{what} must be a writable folder") from None
+
     def exists(self, rel: str = "") -> bool:
         with self._faults("checking it exists", rel):
             return self.fs.exists(self._path(rel))

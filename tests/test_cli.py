@@ -89,6 +89,35 @@ def test_bad_flags_environment_and_storage_options_exit_2_naming_the_key(tmp_pat
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.fixture
+def engines_built(monkeypatch):
+    """Every engine a run builds, by name (the real ones are still built)."""
+    from batchocr import engines
+
+    built, real = [], engines.create
+    monkeypatch.setattr(engines, "create", lambda name, options: built.append(name) or real(name, options))
+    return built
+
+
+@pytest.mark.parametrize("source, out, message", [
+    ("{tmp}/no-such-source", "{tmp}/out", "SOURCE {tmp}/no-such-source does not exist"),
+    (str(SAMPLES), "/proc/batchocr-out", "OUT /proc/batchocr-out: cannot write there (No such file or directory)"),
+    (str(SAMPLES), "{tmp}/a-file/out", "OUT {tmp}/a-file/out: cannot write there (Not a directory)"),
+], ids=["missing-source", "out-under-proc", "out-under-a-file"])
+def test_source_and_out_are_checked_before_the_engine_loads(tmp_path, engines_built, source, out, message):
+    (tmp_path / "a-file").write_text("not a folder")
+    source, out, message = (x.replace("{tmp}", str(tmp_path)) for x in (source, out, message))
+    proc = run_cli("run", source, out, "-q")  # rapidocr: a real engine that would load
+    assert proc.returncode == 2, proc.stderr
+    expected = f"{message}: OUT must be a writable folder" if message.startswith("OUT") else message
+    assert proc.stderr == f"Error: {expected}\n"
+    assert engines_built == []
+    assert not (tmp_path / "out").exists(), "no run record, nothing written"
+    # (the spy sees the engine of a run that gets that far)
+    run_cli("run", str(SAMPLES / "report.pdf"), str(tmp_path / "good"), "--engine", "textlayer", "-q", check=True)
+    assert engines_built == ["textlayer"]
+
+
 def test_engine_from_env_shard_variables(tmp_path):
     """Inside an Indexed Job the shard comes from JOB_COMPLETION_INDEX / BATCHOCR_SHARDS."""
     src = tmp_path / "src"
