@@ -50,6 +50,7 @@ class FaultProxy:
         self.connections = 0
         self.requests = 0
         self.resets = 0  # connections this proxy reset on purpose
+        self.bytes_to_client = 0  # what the server sent back: the bytes a client read
         self.down = False
         self._links: dict[socket.socket, _Link] = {}
         self._selector = selectors.DefaultSelector()
@@ -127,6 +128,8 @@ class FaultProxy:
                 self._close(link, injected=False)
             return
         from_client = src is link.client
+        if not from_client:
+            self.bytes_to_client += len(data)
         if from_client and not link.last_from_client:  # a new request
             self.requests += 1
             hit = self.random.random() < self.reset_share

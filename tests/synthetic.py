@@ -63,3 +63,19 @@ def resumed_output(out: Path) -> None:
             latency_ms=1, shard=1),
         row("az://s/d.pdf", 1, 161, text="delta delta", page_count=2, latency_ms=7000, shard=1),
     ])
+
+
+def long_text_parts(documents: int, pages: int, parts: int, chars: int, seed: int = 0) -> list[pa.Table]:
+    """`parts` part tables of `documents` x `pages` rows, each page `chars` characters of
+    random words (zstd cannot shrink them much): an OUT whose bytes are mostly text."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(5000)]
+    rows = []
+    for d in range(documents):
+        for i in range(pages):
+            text = " ".join(rng.choice(words) for _ in range(chars // 6))[:chars]
+            rows.append(row(f"az://s/doc-{d:05d}.pdf", i, d * pages + i, text=text, page_count=pages))
+    per = -(-len(rows) // parts)
+    return [pa.Table.from_pylist(rows[k:k + per], schema=schema.PAGE_TABLE) for k in range(0, len(rows), per)]
