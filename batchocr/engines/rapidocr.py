@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 from annotated_types import Ge, Le
 
-from batchocr import schema
+from batchocr import deskew, readingorder, schema
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
 from batchocr.engines import parse_options, result
@@ -32,6 +32,14 @@ class RapidOCROptions:
     use_cls: bool = False
     # Recognised lines scoring below this are dropped.
     text_score: Annotated[float, Ge(0), Le(1)] = 0.5
+    # Read the detected lines column by column, block by block (batchocr/readingorder.py);
+    # off: rows across the whole page, left to right, as rapidocr returns them.
+    reading_order: bool = True
+    # Straighten pages skewed by more than 0.5 degree before recognition (batchocr/deskew.py).
+    deskew: bool = True
+    # Rescale pages whose text is too small or too large for the detector to its
+    # preferred height (batchocr/deskew.py: TEXT_HEIGHT_RANGE).
+    rescale: bool = True
 
 
 class RapidOCREngine:
@@ -82,14 +90,47 @@ class RapidOCREngine:
                 error_message=f"page {page_index}: rapidocr failed: {type(exc).__name__}: {exc}",
                 latency_ms=_ms(start),
             )
-        return result(doc_id, page_index, text=out, finish_reason="stop", latency_ms=_ms(start))
+        text, angle = out
+        return result(doc_id, page_index, text=text, finish_reason="stop", skew_angle=angle, latency_ms=_ms(start))
 
-    def recognise(self, rgb: np.ndarray) -> str:
-        """OCR one RGB page image into text, one visual line per line."""
-        out = self._ocr(np.ascontiguousarray(rgb[:, :, ::-1]))  # rapidocr wants BGR, like OpenCV
-        if out.boxes is None or not out.txts:
-            return ""
-        return join_lines(out.boxes, out.txts)
+    def recognise(self, rgb: np.ndarray) -> tuple[str, float | None]:
+        """OCR one RGB page image: its text (lines, blocks apart by a blank line) and
+        its skew angle (None with deskew off).
+
+        rapidocr's own steps (RapidOCR.__call__: preprocess, detect, recognise), with
+        the page geometry between detection and recognition: a page that needs
+        straightening or rescaling is warped once and detected again."""
+        from rapidocr.main import RapidOCRError
+
+        opts, ocr = self.options, self._ocr
+        bgr = np.ascontiguousarray(rgb[:, :, ::-1])  # rapidocr wants BGR, like OpenCV
+        img, op = ocr.preprocess_img(bgr)  # longest side at most 2000 (Global.max_side_len)
+        try:
+            crops, det = ocr.detect_and_crop(img, op)
+        except RapidOCRError:  # nothing detected
+            return "", (0.0 if opts.deskew else None)
+        angle, rotate, scale = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale)
+        angle_out = round(angle, 2) if opts.deskew else None
+        if rotate or scale != 1.0:
+            # from the original pixels: a page rapidocr shrank and we enlarge keeps its detail
+            img = deskew.warp(bgr, rotate, scale * img.shape[0] / bgr.shape[0])
+            try:
+                crops, det = ocr.detect_and_crop(img, {"preprocess": {"ratio_h": 1.0, "ratio_w": 1.0}})
+            except RapidOCRError:
+                return "", angle_out
+            quads = det.boxes
+        else:  # straight enough: only the boxes are turned, for reading order
+            quads = deskew.turn(det.boxes, angle, img.shape)
+        try:
+            rec = ocr.recognize_txt(crops)
+        except RapidOCRError:  # nothing recognised
+            return "", angle_out
+        kept = [(q, t) for q, t, s in zip(quads, rec.txts, rec.scores) if t.strip() and s >= opts.text_score]
+        if not kept:
+            return "", angle_out
+        if opts.reading_order:
+            return readingorder.read(readingorder.boxes_from_quads(*zip(*kept))), angle_out
+        return join_lines(*zip(*kept)), angle_out
 
     def describe(self) -> dict[str, Any]:
         import onnxruntime
@@ -99,6 +140,9 @@ class RapidOCREngine:
             "threads": self.options.threads,
             "use_cls": self.options.use_cls,
             "text_score": self.options.text_score,
+            "reading_order": self.options.reading_order,
+            "deskew": self.options.deskew,
+            "rescale": self.options.rescale,
             "rapidocr": getattr(rapidocr, "__version__", None) or _dist_version("rapidocr"),
             "onnxruntime": onnxruntime.__version__,
         }

@@ -1,0 +1,105 @@
+"""Page geometry from detected text boxes: the skew angle, the text height, and
+the one affine warp (rotation and scale) that straightens a page and brings its
+text to the recogniser's preferred height.
+
+Estimating from the detector's boxes costs nothing extra (the detector has run
+anyway); a projection profile would cost a pass over the pixels per angle tried.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import cv2
+import numpy as np
+
+# Boxes at least this many times wider than high carry a usable direction.
+MIN_ASPECT = 3.0
+# Fewer usable boxes than this: the angle is unknown, taken as 0.
+MIN_BOXES = 3
+# Pages skewed by less than this (degrees) are not warped: their boxes are turned instead.
+STRAIGHTEN_ABOVE = 0.5
+# Box heights (px, in the image the detector saw) outside this range are rescaled to
+# TEXT_HEIGHT: tiny text is lost by the detector, huge text costs pixels for nothing.
+TEXT_HEIGHT_RANGE = (20.0, 80.0)
+TEXT_HEIGHT = 36.0
+# The rescaled image's longest side stays at most this (detector time grows with pixels).
+MAX_SIDE = 4000
+
+
+def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = True) -> tuple[float, float, float]:
+    """(skew angle, rotation to apply, scale to apply) for a page whose detector saw
+    an image of `shape` and found `quads`: rotate if the skew is above
+    STRAIGHTEN_ABOVE, scale if the text height is outside TEXT_HEIGHT_RANGE."""
+    angle = skew_angle(quads) if deskew else 0.0
+    rotate = angle if abs(angle) >= STRAIGHTEN_ABOVE else 0.0
+    scale = 1.0
+    height = text_height(quads) if rescale else 0.0
+    if height and not TEXT_HEIGHT_RANGE[0] <= height <= TEXT_HEIGHT_RANGE[1]:
+        scale = min(TEXT_HEIGHT / height, MAX_SIDE / max(shape[:2]))
+        if abs(scale - 1) < 0.1:
+            scale = 1.0
+    return angle, rotate, scale
+
+
+def turn(quads, angle: float, shape: tuple[int, ...]) -> np.ndarray:
+    """Box corners turned clockwise by `angle` degrees about the image centre: the
+    boxes as they would lie on the straightened page (for reading order)."""
+    q = np.asarray(quads, dtype=np.float64).reshape(-1, 4, 2)
+    if not angle:
+        return q
+    h, w = shape[:2]
+    m = cv2.getRotationMatrix2D((w / 2, h / 2), -angle, 1.0)
+    return q @ m[:, :2].T + m[:, 2]
+
+
+def skew_angle(quads: Sequence[Sequence[Sequence[float]]]) -> float:
+    """The page's skew in degrees, counter-clockwise positive as seen on the image
+    (text rising to the right is positive): the length-weighted median direction
+    of the top edges of wide boxes. 0.0 when too few boxes say."""
+    q = np.asarray(quads, dtype=np.float64).reshape(-1, 4, 2)
+    if len(q) == 0:
+        return 0.0
+    top = q[:, 1] - q[:, 0]  # detector quads run tl, tr, br, bl
+    side = q[:, 3] - q[:, 0]
+    length = np.hypot(top[:, 0], top[:, 1])
+    height = np.hypot(side[:, 0], side[:, 1])
+    usable = (length >= MIN_ASPECT * np.maximum(height, 1e-6)) & (top[:, 0] > 0)
+    if usable.sum() < MIN_BOXES:
+        return 0.0
+    angles = np.degrees(np.arctan2(-top[usable, 1], top[usable, 0]))  # image y runs down
+    return _weighted_median(angles, length[usable])
+
+
+def text_height(quads: Sequence[Sequence[Sequence[float]]]) -> float:
+    """Median height of the detected boxes (their short side), in pixels; 0.0 if none."""
+    q = np.asarray(quads, dtype=np.float64).reshape(-1, 4, 2)
+    if len(q) == 0:
+        return 0.0
+    side = q[:, 3] - q[:, 0]
+    return float(np.median(np.hypot(side[:, 0], side[:, 1])))
+
+
+def warp(image: np.ndarray, angle: float, scale: float) -> np.ndarray:
+    """The image rotated clockwise by `angle` degrees (undoing a skew of `angle`) and
+    scaled by `scale`, on a canvas large enough to lose nothing, padded white."""
+    h, w = image.shape[:2]
+    rad = math.radians(angle)
+    cos, sin = abs(math.cos(rad)) * scale, abs(math.sin(rad)) * scale
+    out_w, out_h = int(math.ceil(w * cos + h * sin)), int(math.ceil(w * sin + h * cos))
+    # cv2: positive angle turns counter-clockwise; -angle undoes a counter-clockwise skew
+    m = cv2.getRotationMatrix2D((w / 2, h / 2), -angle, scale)
+    m[0, 2] += out_w / 2 - w / 2
+    m[1, 2] += out_h / 2 - h / 2
+    if angle == 0:
+        return cv2.resize(image, (max(1, round(w * scale)), max(1, round(h * scale))),
+                          interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+    return cv2.warpAffine(image, m, (out_w, out_h), flags=cv2.INTER_LINEAR,
+                          borderMode=cv2.BORDER_CONSTANT, borderValue=(255, 255, 255))
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, cum[-1] / 2)])

@@ -1,0 +1,172 @@
+"""Reading order and deskew: geometry on hand-placed boxes (fast), then the real
+rapidocr engine end to end on generated pages with ground truth (tests/layouts.py):
+CER per page before (reading order, deskew and rescale off: the engine as it was)
+and after."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from batchocr import deskew, readingorder
+from batchocr.readingorder import Box
+
+H = 30  # a line's box height, px
+
+
+def line(x0: float, y: float, x1: float, text: str, h: float = H) -> Box:
+    return Box(x0, y, x1, y + h, text)
+
+
+def column(x0: float, x1: float, y: float, texts: list[str], step: float = 40) -> list[Box]:
+    """A column's lines; each text padded with '~' to a text line's length."""
+    return [line(x0, y + k * step, x1, t.ljust(30, "~")) for k, t in enumerate(texts)]
+
+
+def words(text: str) -> list[str]:
+    return [w.rstrip("~") for w in text.split()]
+
+
+def test_two_columns_read_column_by_column_with_spanning_title_and_full_width_line():
+    left = [f"L{k}" for k in range(6)]
+    right = [f"R{k}" for k in range(6)]
+    boxes = (
+        [line(500, 0, 1000, "Title", 50)]  # centred, taller: not the right column's first line
+        + column(100, 700, 100, left) + column(760, 1400, 100, right)
+        + [line(100, 360, 1400, "A full-width line")]
+        + column(100, 700, 420, ["l0", "l1"]) + column(760, 1400, 420, ["r0", "r1"])
+    )
+    text = readingorder.read(boxes)
+    assert words(text) == ["Title"] + left + right + ["A", "full-width", "line", "l0", "l1", "r0", "r1"]
+    assert "\n\n" in text  # blocks apart
+
+
+def test_three_columns_with_a_heading_in_the_first_and_lines_not_level():
+    # the first column starts with a heading, so its lines sit half a line lower
+    a = column(100, 500, 20, ["Heading", "a1", "a2", "a3"])
+    b = column(540, 940, 0, ["b0", "b1", "b2", "b3"])
+    c = column(980, 1380, 0, ["c0", "c1", "c2"])
+    assert words(readingorder.read(a + b + c)) == [
+        "Heading", "a1", "a2", "a3", "b0", "b1", "b2", "b3", "c0", "c1", "c2"]
+
+
+def test_single_column_page_reads_as_rows():
+    boxes = [line(600, 0, 900, "Centred title", 45)] + column(100, 1400, 80, [f"p{k}" for k in range(5)])
+    boxes += [line(100, 300, 700, "a short last line")]
+    assert words(readingorder.read(boxes)) == ["Centred", "title", "p0", "p1", "p2", "p3", "p4", "a", "short",
+                                                "last", "line"]
+
+
+def test_a_table_is_read_row_by_row_even_where_its_gap_holds_the_gutter():
+    rows = [["Part", "Description", "Qty", "Price"], ["AB-1", "Impeller", "2", "18.40"], ["AB-2", "Seal kit", "1", "12.95"]]
+    xs = [(230, 330), (460, 640), (880, 910), (1030, 1110)]
+    table = [line(x0, 40 * r, x1, cell) for r, row in enumerate(rows) for (x0, x1), cell in zip(xs, row)]
+    # two text columns below whose gutter (750-790) lies inside the table's gap (640-880)
+    below = column(130, 750, 140, ["l0", "l1", "l2"]) + column(790, 1400, 140, ["r0", "r1", "r2"])
+    assert words(readingorder.read(table + below)) == " ".join(" ".join(row) for row in rows).split() + ["l0", "l1", "l2", "r0", "r1", "r2"]
+
+
+def test_bullets_and_a_receipt_stay_on_their_rows():
+    bullets = [b for k in range(3) for b in (line(100, 40 * k, 115, "-"), line(140, 40 * k, 600, f"item{k}"))]
+    assert readingorder.read(bullets).split() == ["-", "item0", "-", "item1", "-", "item2"]
+    receipt = [b for k in range(3) for b in (line(100, 40 * k, 300, f"thing{k}"), line(700, 40 * k, 800, f"{k}.99"))]
+    assert readingorder.read(receipt).splitlines() == ["thing0 0.99", "thing1 1.99", "thing2 2.99"]
+    # a key-value list (samples/fax.tiff page 1): columns wide apart, but short lines
+    pairs = [b for k, (key, value) in enumerate([("Glucose", "5.2 mmol/L"), ("Cholesterol", "4.9 mmol/L"),
+                                                 ("Sodium", "139 mmol/L"), ("Potassium", "4.1 mmol/L")])
+             for b in (line(100, 40 * k, 330, key), line(450, 40 * k, 700, value))]
+    assert readingorder.read(pairs).splitlines()[:2] == ["Glucose 5.2 mmol/L", "Cholesterol 4.9 mmol/L"]
+
+
+def quad(cx: float, cy: float, w: float, h: float, angle: float) -> list[list[float]]:
+    """A box's corners tl, tr, br, bl, turned counter-clockwise by angle (as seen, y down)."""
+    a = math.radians(angle)
+    ux, uy = math.cos(a), -math.sin(a)  # along the line
+    vx, vy = math.sin(a), math.cos(a)  # down the line
+    return [[cx + sx * w / 2 * ux + sy * h / 2 * vx, cy + sx * w / 2 * uy + sy * h / 2 * vy]
+            for sx, sy in ((-1, -1), (1, -1), (1, 1), (-1, 1))]
+
+
+@pytest.mark.parametrize("angle", [-5.0, -1.0, 0.0, 2.5, 4.0])
+def test_skew_angle_from_boxes_and_turned_boxes_lie_level(angle):
+    quads = [quad(800, 200 + 45 * k, 600 + 30 * k, H, angle) for k in range(10)]
+    quads.append(quad(300, 900, 40, 30, angle + 30))  # a short box: no say
+    assert deskew.skew_angle(quads) == pytest.approx(angle, abs=0.01)
+    turned = deskew.turn(quads, angle, (1600, 1600))
+    assert np.ptp(turned[:10, :2, 1], axis=1).max() < 0.01  # top edges level
+
+
+def test_warp_straightens_and_scales():
+    img = np.full((400, 600, 3), 255, np.uint8)
+    img[100:110, 100:500] = 0  # a level bar
+    out = deskew.warp(img, 0.0, 0.5)
+    assert out.shape[:2] == (200, 300)
+    import cv2
+
+    m = cv2.getRotationMatrix2D((300, 200), 3.0, 1.0)  # skew it 3 degrees counter-clockwise
+    skewed = cv2.warpAffine(img, m, (600, 400), borderValue=(255, 255, 255))
+    ys, xs = np.nonzero(deskew.warp(skewed, 3.0, 1.0)[:, :, 0] < 128)
+    slope = np.polyfit(xs, ys, 1)[0]
+    assert abs(math.degrees(math.atan(slope))) < 0.3
+
+
+def test_plan_rescales_text_outside_the_detector_range():
+    small = [quad(500, 100 + 20 * k, 600, 10, 0) for k in range(10)]
+    angle, rotate, scale = deskew.plan(small, (1000, 1000))
+    assert (rotate, scale) == (0.0, pytest.approx(deskew.TEXT_HEIGHT / 10))
+    _, rotate, scale = deskew.plan([quad(500, 100 + 50 * k, 600, 36, 0.3) for k in range(5)], (1000, 1000))
+    assert (rotate, scale) == (0.0, 1.0)  # below STRAIGHTEN_ABOVE, height in range: nothing to do
+    _, rotate, scale = deskew.plan([quad(500, 100 + 50 * k, 600, 36, 2.0) for k in range(5)], (1000, 1000))
+    assert rotate == pytest.approx(2.0) and scale == 1.0
+
+
+@pytest.fixture(scope="module")
+def layout_runs(tmp_path_factory):
+    """The test set OCRed twice by batchocr run: the engine as it was, and as it is."""
+    import layouts
+
+    from batchocr import read_pages
+    from batchocr.evaluate import evaluate
+    from batchocr.pipeline import run_job
+    from batchocr.spec import JobSpec
+
+    root = tmp_path_factory.mktemp("layouts")
+    variants = layouts.build(root / "src", layouts.TEST_SET)
+    off = {"reading_order": False, "deskew": False, "rescale": False}
+    out = {}
+    for name, options in (("before", off), ("after", {})):
+        spec = JobSpec(source=str(root / "src"), out=str(root / name), engine="rapidocr",
+                       engines={"rapidocr": options})
+        run_job(spec, progress=False)
+        pages = read_pages(str(root / name)).collect()
+        scored = evaluate(pages, root / "src" / "truth").pages
+        scores = dict(zip(scored["document"], scored["cer"]))
+        angles = dict(zip(pages["source_uri"].str.split("/").list.last(), pages["skew_angle"]))
+        out[name] = (scores, angles)
+    return variants, out
+
+
+def test_cer_before_and_after_on_generated_pages(layout_runs):
+    variants, runs = layout_runs
+    before, _ = runs["before"]
+    after, _ = runs["after"]
+    lines = [f"{name:28s} {variants[name].category:14s} before {before[name]:.3f} after {after[name]:.3f}"
+             for name in sorted(variants)]
+    print("\n".join(lines))
+    for name, v in variants.items():
+        if v.category == "single-column":
+            assert after[name] <= before[name], lines
+        else:
+            assert after[name] <= 0.03, lines
+    assert sum(before[n] > 0.3 for n, v in variants.items() if v.category != "single-column") >= 3  # it was broken
+
+
+def test_skew_angle_column(layout_runs):
+    variants, runs = layout_runs
+    _, before = runs["before"]
+    _, after = runs["after"]
+    assert all(a is None for a in before.values())  # deskew off: not estimated
+    for name, v in variants.items():
+        assert after[name] == pytest.approx(v.skew, abs=0.3), (name, after[name])
