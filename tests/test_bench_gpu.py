@@ -28,6 +28,7 @@ def test_throughput_dry_run_and_plot(tmp_path):
         assert work["pages"] == 24 and work["attempts"] == {"1": 24} and sum(work["finish_reasons"].values()) == 24
         assert work["client_tokens"] == work["output_tokens_rows"] > 24, mode
     assert r["equal_work"]["equal"] and set(r["equal_work"]["tokens"]) == set(modes)
+    assert len(set(r["equal_work"]["prompt_tokens"].values())) == 1  # the same prompts too (same page sizes)
     # b is the real pipeline: one row per page, and every page's finish time recorded.
     assert r["b_batchocr"]["rows"] == 24 and len(r["b_batchocr"]["timeline"]) == 24
     assert r["b_batchocr"]["guard"] == "off"

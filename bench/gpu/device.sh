@@ -2,8 +2,8 @@
 # On the lent GPU machine (no network), after the kit's parts are in /tmp/kit
 # (../shared/gpu/README.md: calls c0 and c1 copy them, the last call brings c2):
 #
-#   bash bench/gpu/device.sh start        # install vLLM + PyMuPDF, build the model folders,
-#                                         # start suite.sh in its own session (it outlives the call)
+#   bash bench/gpu/device.sh start [RUNS] # install vLLM + the wheels in .whl/, build the model folders,
+#                                         # start suite.sh (RUNS: its named runs only) in its own session
 #   bash bench/gpu/device.sh wait 540     # until the suite is done or 540 s have passed, packing the
 #                                         # results into $OUT/res.tar.xz every 20 s (a call cut short
 #                                         # still brings the last pack back); then a summary
@@ -40,7 +40,7 @@ case "${1:-}" in
     env_setup
     python3 "$REPO/bench/gpu/make_models.py" /tmp/models
     nvidia-smi --query-gpu=index,name,memory.total --format=csv
-    setsid nohup bash "$REPO/bench/gpu/suite.sh" "$RES" >/tmp/suite.out 2>&1 < /dev/null &
+    RUNS=${2:-tp-7b tp-2b tp-7b-fp8} setsid nohup bash "$REPO/bench/gpu/suite.sh" "$RES" >/tmp/suite.out 2>&1 < /dev/null &
     sleep 3
     cat "$RES/suite.log" 2>/dev/null
     ;;

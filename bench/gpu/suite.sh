@@ -9,6 +9,7 @@
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
 #   bash bench/gpu/suite.sh /tmp/res
+#   RUNS=tp-7b-fp8w bash bench/gpu/suite.sh /tmp/res   # named runs only
 #   TP_ARGS="--fake --pages 16 --max-num-seqs 4 --chunk 8 --render-workers 1" bash bench/gpu/suite.sh /tmp/dry
 #                                                # a dry run of the whole suite on the CPU
 set -u
@@ -24,9 +25,16 @@ tp() {  # NAME ARGS...: one throughput.py run, bounded in time, logged
   echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
 }
 
-tp tp-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes a,c,b,a0 --variant "seqs512=--max-num-seqs 512"
-tp tp-2b "--model=$MODELS/qwen2-vl-2b" --pages 768 --modes a,c,b,a0 \
-  --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4"
-tp tp-7b-fp8 "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --quantization fp8 --modes b \
-  --variant "kvfp8=--engine-arg kv_cache_dtype=fp8"
+run() {  # one named run of the suite
+  case $1 in
+    tp-7b) tp tp-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes a,c,b,a0 --variant "seqs512=--max-num-seqs 512" ;;
+    tp-2b) tp tp-2b "--model=$MODELS/qwen2-vl-2b" --pages 768 --modes a,c,b,a0 \
+             --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" ;;
+    tp-7b-fp8) tp tp-7b-fp8 "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --quantization fp8 --modes b \
+                 --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" ;;
+    tp-7b-fp8w) tp tp-7b-fp8w "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --quantization fp8 --modes b ;;  # weights only: a short lease
+    *) echo "unknown run $1" >>"$RES/suite.log" ;;
+  esac
+}
+for r in ${RUNS:-tp-7b tp-2b tp-7b-fp8}; do run "$r"; done
 echo "$(date +%T) suite done" >>"$RES/suite.log"

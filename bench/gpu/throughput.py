@@ -288,6 +288,7 @@ def work_of_outputs(outs) -> dict:
     reasons = collections.Counter(str(o.outputs[0].finish_reason) for o in outs)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"requests": len(outs), "pages": len(outs), "attempts": {"1": len(outs)}, "finish_reasons": dict(reasons),
+            "prompt_tokens_rows": sum(len(o.prompt_token_ids or []) for o in outs),
             "output_tokens_rows": tokens, "client_tokens": tokens}
 
 
@@ -296,11 +297,13 @@ def work_of_table(out: Path, client_tokens: int, requests: int) -> dict:
     attempt) and from the engine's outputs (tokens of every attempt, aborted ones too)."""
     import pyarrow.parquet as pq
 
-    t = pq.read_table(out / "pages", columns=["finish_reason", "attempts", "output_tokens"], partitioning=None)
+    t = pq.read_table(out / "pages", columns=["finish_reason", "attempts", "prompt_tokens", "output_tokens"],
+                      partitioning=None)
     rows = t.to_pydict()
     return {"requests": requests, "pages": t.num_rows,
             "attempts": {str(k): v for k, v in sorted(collections.Counter(rows["attempts"]).items())},
             "finish_reasons": dict(collections.Counter(rows["finish_reason"])),
+            "prompt_tokens_rows": sum(x or 0 for x in rows["prompt_tokens"]),
             "output_tokens_rows": sum(x or 0 for x in rows["output_tokens"]), "client_tokens": client_tokens}
 
 
@@ -474,8 +477,8 @@ def main() -> None:
                "output_tokens_per_s": round(sum(b["work"]["client_tokens"] for b in bs) / (end - start), 1),
                "gpu_busy_pct": sampler.gpu_between(start, end), "host_cores": sampler.cpu_between(start, end),
                "host_rss_peak_gb": sampler.rss_peak(start, end),
-               "work": {k: sum(b["work"][k] for b in bs) for k in ("requests", "pages", "output_tokens_rows",
-                                                                   "client_tokens")}
+               "work": {k: sum(b["work"][k] for b in bs) for k in ("requests", "pages", "prompt_tokens_rows",
+                                                                   "output_tokens_rows", "client_tokens")}
                | {"engine_tokens": sum(b["work"]["engine_tokens"] for b in bs)
                   if all(b["work"].get("engine_tokens") is not None for b in bs) else None},
                "per_engine": [{k: b.get(k) for k in ("wall_s", "pages_per_s", "rows", "steady", "work")} for b in bs],
@@ -681,9 +684,11 @@ def main() -> None:
     done = {k: v["work"] for k, v in report.items() if isinstance(v, dict) and "work" in v}
     report["equal_work"] = {"expected_tokens": report["output_tokens_total"],
                             "tokens": {k: w.get("engine_tokens") or w["client_tokens"] for k, w in done.items()},
-                            "pages": {k: w["pages"] for k, w in done.items()}}
+                            "pages": {k: w["pages"] for k, w in done.items()},
+                            "prompt_tokens": {k: w.get("prompt_tokens_rows") for k, w in done.items()}}
     report["equal_work"]["equal"] = (len(set(report["equal_work"]["tokens"].values())) <= 1
-                                     and len(set(report["equal_work"]["pages"].values())) <= 1)
+                                     and len(set(report["equal_work"]["pages"].values())) <= 1
+                                     and len(set(report["equal_work"]["prompt_tokens"].values())) <= 1)
     mean_out = report["output_tokens_total"] / max(1, len(keys))
     if args.model and not args.fake:
         peak = PEAK_TFLOPS["fp8" if args.quantization == "fp8" else "bf16"]
