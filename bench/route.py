@@ -178,18 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     med = lambda mode, key: statistics.median(p[mode][key] for p in pairs)  # noqa: E731
 
     print()
-    print(f"{'pair':>4}  {'route':<6} {'pages':>5} {'seconds':>8} {'pages/s':>8} {'CER':>8} {'engine s':>9}  pages by route")
+    print(f"{'round':>5}  {'route':<9} {'pages':>5} {'seconds':>8} {'pages/s':>8} {'CER':>8} {'engine s':>9} "
+          f"{'own CPU-s':>9} {'others':>7}  pages by route")
     for r, p in enumerate(pairs):
         for mode in modes:
             m = p[mode]
-            print(f"{r:>4}  {mode:<6} {m['pages']:>5} {m['seconds']:>8.1f} {m['pages_per_s']:>8.3f} {m['cer']:>8.3%} "
-                  f"{m['engine_latency_s']:>9.1f}  {m['routes']}")
+            print(f"{r:>5}  {mode:<9} {m['pages']:>5} {m['seconds']:>8.1f} {m['pages_per_s']:>8.3f} {m['cer']:>8.3%} "
+                  f"{m['engine_latency_s']:>9.1f} {m['cpu']['own_cpu_s']:>9.1f} {m['cpu']['other_cpu_s']:>7.1f}  "
+                  f"{m['routes']}")
+    print("own CPU-s: this process and its render workers; others: CPU-s of other processes meanwhile (noise)")
     print()
     print(f"{args.engine}, {n} pages ({len(born)} born-digital): pages/s auto {med('auto', 'pages_per_s'):.3f} vs "
           f"model {med('model', 'pages_per_s'):.3f}: {ratio:.2f}x (median of {len(pairs)} pairs); "
           f"CER auto {med('auto', 'cer'):.3%} vs model {med('model', 'cer'):.3%}"
           + (f"; textlayer (every layer trusted) {med('textlayer', 'pages_per_s'):.3f} pages/s, "
              f"CER {med('textlayer', 'cer'):.3%}" if "textlayer" in modes else ""))
+    cpu_ratio = statistics.median(p["model"]["cpu"]["own_cpu_s"] / max(p["auto"]["cpu"]["own_cpu_s"], 1e-9)
+                                  for p in pairs)
+    print(f"own CPU seconds, model / auto: {cpu_ratio:.2f}x (median over rounds; robust to other load, unlike seconds)")
     print(f"equal work: {'yes' if equal else 'NO'} (one stop row per page in both modes); "
           f"auto routed exactly the born-digital pages: {'yes' if routed_right else 'NO'}")
     if args.json:
@@ -199,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             "engine": args.engine, "engine_options": options, "engine_build_s": round(load_s, 3),
             "warmup_s": round(warm_s, 3),
             "corpus": {"documents": len(docs), "pages": n, "born_digital": len(born)},
-            "pairs": pairs, "median_ratio_auto_over_model": ratio,
+            "pairs": pairs, "median_ratio_auto_over_model": ratio, "median_cpu_ratio_model_over_auto": cpu_ratio,
             "equal_work": equal, "routed_exactly_born_digital": routed_right,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
