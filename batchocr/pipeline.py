@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 import pyarrow as pa
-from tqdm import tqdm
 
 from batchocr import __version__, engines, layout, router, schema
 from batchocr.errors import BoundaryError, ConfigError, Interrupted
 from batchocr.plan import planned_documents, read_plan
+from batchocr.progress import Progress
 from batchocr.render import RenderTask
 from batchocr.renderpool import RenderPool
 from batchocr.sharding import shard_of
@@ -111,9 +111,10 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     writer = PartWriter(out, shard.index, run_id, spec.commit)
     inflight: dict[tuple[str, int], dict] = {}
     timings = {"render_wait_s": 0.0, "engine_s": 0.0, "write_s": 0.0}
-    # Not a terminal (a pod's log): a line every 30 s rather than a redrawn bar.
-    bar = tqdm(unit="page", file=sys.stderr, disable=not progress, dynamic_ncols=True, desc=f"shard {shard}",
-               smoothing=0.1, mininterval=0.5 if sys.stderr.isatty() else 30)
+    bar = Progress(f"shard {shard}", progress)
+    todo = lambda doc: done.get((doc.doc_id, doc.etag), Resume(frozenset())) is not None  # noqa: E731
+    bar.count_documents(_documents(source, out, spec), todo)  # a second pass, in the background
+    skipped_pages: dict[str, int] = {}  # documents started, not yet opened: their committed pages
 
     def tasks() -> Iterator[RenderTask]:
         for doc in documents:
@@ -124,7 +125,8 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             if summary.documents == 0 and out.exists(done_marker(shard.index)):
                 out.remove(done_marker(shard.index))  # there is work again: not done
             summary.documents += 1
-            bar.set_postfix_str(f"docs {summary.documents}", refresh=False)
+            skipped_pages[doc.doc_id] = len(resume.skip)
+            bar.started()
             yield RenderTask(doc, resume.skip, resume.retry)
 
     def write(rows: list[dict], by=engine) -> None:
@@ -138,7 +140,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             summary.error_pages += row["finish_reason"] == "error"
             summary.skipped_pages += row["finish_reason"] == "skipped"
         writer.add(pa.Table.from_pylist(rows, schema=schema.PAGE_TABLE))
-        bar.update(len(rows))
+        bar.done(len(rows))
         timings["write_s"] += time.monotonic() - t
 
     def feed(pool: RenderPool, stop) -> Iterator[pa.RecordBatch]:
@@ -150,6 +152,10 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             timings["render_wait_s"] += time.monotonic() - t
             if batch is None or stop.is_set():
                 return
+            for doc, count in zip(batch.column("doc_id").to_pylist(), batch.column("page_count").to_pylist()):
+                if doc in skipped_pages:  # its first batch: now its pages are known
+                    skip = skipped_pages.pop(doc)
+                    bar.opened(1 if count is None else count - skip)
             failed = batch.column("error_type").is_valid()
             errors = batch.select(schema.CARRIED + ["error_type", "error_message", "attempts"]).filter(failed).to_pylist()
             good = batch

@@ -18,6 +18,7 @@ from batchocr.layout import done_marker, shard_dir  # noqa: F401  (callers impor
 from batchocr.spec import CommitSpec
 from batchocr.storage import Store
 
+FIRST_COMMIT_S = 15.0
 KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "attempts",
                "run_id"]
 # A page (or document) that hung or killed its renderer once is tried again by the
@@ -62,8 +63,11 @@ class PartWriter:
         if rows.num_rows:
             self._pending.append(rows)
             self._pending_rows += rows.num_rows
+        # The first part comes early (FIRST_COMMIT_S), so that a new run shows output
+        # in its first minute; then every every_pages pages or every_seconds.
+        wait = self.commit.every_seconds if self.parts else min(self.commit.every_seconds, FIRST_COMMIT_S)
         if self._pending_rows >= self.commit.every_pages or (
-            self._pending_rows and self.clock() - self._last_commit >= self.commit.every_seconds
+            self._pending_rows and self.clock() - self._last_commit >= wait
         ):
             self.flush()
 

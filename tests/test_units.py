@@ -15,7 +15,7 @@ from batchocr.engines.rapidocr import join_lines
 from batchocr.errors import ConfigError
 from batchocr.evaluate import levenshtein, normalise
 from batchocr.sharding import shard_of
-from batchocr.sink import PartWriter, Resume, completed, committed_keys, to_parquet
+from batchocr.sink import FIRST_COMMIT_S, PartWriter, Resume, completed, committed_keys, to_parquet
 from batchocr.sources import list_documents
 from batchocr.spec import CommitSpec, Shard, load_job
 from batchocr.storage import Store
@@ -158,6 +158,25 @@ def test_part_writer_commits_after_t_seconds():
     now[0] = 11
     writer.add(_rows(1, "d2"))
     assert len(writer.parts) == 1 and store.fs.exists(store.path(writer.parts[0]))
+
+
+def test_part_writer_commits_its_first_part_early():
+    now = [0.0]
+    store = Store("memory://first-part")
+    writer = PartWriter(store, 0, "r", CommitSpec(every_pages=1000, every_seconds=300), clock=lambda: now[0])
+    writer.add(_rows(1))
+    now[0] = FIRST_COMMIT_S - 1
+    writer.add(_rows(1, "d2"))
+    assert not writer.parts
+    now[0] = FIRST_COMMIT_S + 1  # the first part: after FIRST_COMMIT_S, not every_seconds
+    writer.add(_rows(1, "d3"))
+    assert len(writer.parts) == 1 and writer.rows_committed == 3
+    now[0] = 2 * FIRST_COMMIT_S + 2  # later parts: every_seconds again
+    writer.add(_rows(1, "d4"))
+    assert len(writer.parts) == 1
+    now[0] = FIRST_COMMIT_S + 301
+    writer.add(_rows(1, "d5"))
+    assert len(writer.parts) == 2
 
 
 def test_committed_keys_and_completion():
