@@ -32,12 +32,21 @@ def figures(r: Report) -> dict[str, Any]:
         return fig, fig.subplots()
 
     out = {}
-    if r.per_minute:
+    if r.timeline:
+        import matplotlib.dates as mdates
+
+        bucket = dt.timedelta(seconds=r.timeline["bucket_s"])
+        points = r.timeline["points"]
+        at = [dt.datetime.fromisoformat(p["at"]) + bucket / 2 for p in points]  # a bucket's middle
         fig, ax = subplots(figsize=(8, 3))
-        ax.plot([dt.datetime.fromisoformat(m["minute"]) for m in r.per_minute],
-                [m["pages"] for m in r.per_minute], marker="o" if len(r.per_minute) <= 60 else None, markersize=3)
-        ax.set(ylabel="pages per minute", ylim=(0, None))
-        fig.autofmt_xdate()
+        ax.plot(at, [p["pages_per_minute"] for p in points], marker="o" if len(points) <= 60 else None,
+                markersize=3, drawstyle="steps-mid")
+        # The span of the run itself: a single bucket would otherwise get an axis of years.
+        ax.set_xlim(at[0] - bucket, at[-1] + bucket)
+        locator = mdates.AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        ax.set(ylabel="pages per minute", ylim=(0, None), title=f"in buckets of {_duration(bucket)}")
         out["Throughput over time"] = fig
     for title, counts in (("Pages by finish_reason", r.finish_reasons), ("Errors by error_type", r.error_types)):
         if counts:
@@ -67,6 +76,11 @@ def figures(r: Report) -> dict[str, Any]:
     for fig in out.values():
         fig.tight_layout()
     return out
+
+
+def _duration(d: dt.timedelta) -> str:
+    s = int(d.total_seconds())
+    return f"{s // 3600} h" if s >= 3600 else f"{s // 60} min" if s >= 60 else f"{s} s"
 
 
 def _png(fig) -> str:

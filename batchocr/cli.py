@@ -232,8 +232,11 @@ def eval_(out, truth, max_cer, storage):
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON instead of a table")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True), help="also write a self-contained HTML page with charts (needs matplotlib: batchocr[analysis])")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="slowest documents to list")
+@click.option("--gpu-hourly-usd", "gpu_hourly_usd", type=click.FloatRange(min=0), metavar="PRICE",
+              help="price of one accelerator-hour (a GPU; for CPU engines the machine): adds $ per million pages "
+                   "[default: the job spec's gpu_hourly_usd]")
 @storage_option("OUT")
-def report(out, truth, as_json, html_file, top, storage):
+def report(out, truth, as_json, html_file, top, gpu_hourly_usd, storage):
     """Summarise a run from its page table: pages, documents, finish reasons, errors,
     throughput over time, tokens and text length per page, slowest documents, pages
     that hit the token limit or looped, and CER per page with --truth.
@@ -243,18 +246,23 @@ def report(out, truth, as_json, html_file, top, storage):
     \b
     Example:
         batchocr report out/demo --truth samples/truth --html report.html
+        batchocr report az://results/run1 --gpu-hourly-usd 3.50 --json
     """
+    from batchocr.cost import read_runs
     from batchocr.report import build_report, format_text
+    from batchocr.storage import Store
     from batchocr.table import read_pages
 
-    summary = build_report(read_pages(out, storage), out=out, truth=truth, top=top)
+    summary = build_report(read_pages(out, storage), out=out, truth=truth, top=top,
+                           runs=read_runs(Store(out, storage)), gpu_hourly_usd=gpu_hourly_usd)
+    click.echo(summary.to_json() if as_json else format_text(summary))
     if html_file:
         from pathlib import Path
 
         from batchocr.charts import to_html
 
         Path(html_file).write_text(to_html(summary), encoding="utf-8")
-    click.echo(summary.to_json() if as_json else format_text(summary))
+        click.echo(f"batchocr: wrote {Path(html_file).resolve()}", err=True)
 
 
 @main.command()

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from batchocr import __version__, engines, layout, router, schema
+from batchocr import __version__, cost, engines, layout, router, schema
 from batchocr.errors import BoundaryError, ConfigError, Interrupted
 from batchocr.plan import planned_documents, read_plan
 from batchocr.progress import Progress
@@ -103,6 +103,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     shard = spec.shard
     render = _render_spec(spec, engine)
     record = _run_record(spec, engine, run_id, started_at) | {"render": dataclasses.asdict(render)}
+    held = cost.accelerator(engine)  # what the run holds, priced by `report --gpu-hourly-usd`
     out.write_json(layout.run_record(run_id), record | {"status": "running"})
 
     keys = committed_keys(out, shard.index)
@@ -204,7 +205,8 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             summary.timings = {k: round(v, 3) for k, v in timings.items()}
             summary.timings["render_workers_replaced"] = pool.replaced
             status = "interrupted" if summary.interrupted else ("failed" if sys.exc_info()[0] else "done")
-            out.write_json(layout.run_record(run_id), record | _finish(summary, status, writer))
+            out.write_json(layout.run_record(run_id), record | _finish(summary, status, writer) | {
+                "accelerator": held | {"seconds": round(summary.seconds * held["count"], 3)}})
 
     if summary.interrupted:
         raise Interrupted(summary.line() + " (finished pages committed; rerun to resume)")

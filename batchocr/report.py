@@ -18,6 +18,7 @@ from typing import Any
 
 import polars as pl
 
+from batchocr import cost
 from batchocr.compact import dedupe
 from batchocr.evaluate import page_line
 
@@ -92,14 +93,18 @@ class Report:
     routes: dict[str, int] = dataclasses.field(default_factory=dict)  # pages by route (textlayer, model)
     route_saving: dict[str, Any] | None = None  # engine time the routed pages did not cost (route_saving())
     cer: dict[str, Any] | None = None  # with truth: overall, chars, errors, pages, missing
+    cost: dict[str, Any] | None = None  # accelerator-seconds of the runs, $ per million pages (cost.summarise)
+    timeline: dict[str, Any] | None = None  # pages per minute in buckets sized to the span (timeline())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
 
 
 def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, top: int = 10,
-                 limit: int = 100) -> Report:
-    """pages: the page table (batchocr.read_pages). truth: a folder for evaluate()."""
+                 limit: int = 100, runs: list[dict[str, Any]] | None = None,
+                 gpu_hourly_usd: float | None = None) -> Report:
+    """pages: the page table (batchocr.read_pages). truth: a folder for evaluate().
+    runs: the OUT's run records (cost.read_runs), for the cost figures."""
     raw = scan(pages).collect()
     read = raw.height
     rows = one_row_per_page(raw)
@@ -146,7 +151,32 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
         routes=dict(page_rows.drop_nulls("route")["route"].value_counts(sort=True).iter_rows()),
         route_saving=route_saving(page_rows),
         cer=_cer(pages, truth) if truth else None,
+        cost=cost.summarise(runs, page_rows.height, gpu_hourly_usd) if runs else None,
+        timeline=timeline(page_rows["processed_at"]),
     )
+
+
+# Bucket widths for the throughput chart, in seconds: the first that gives at most
+# ~120 points over the span (a 30-second run: 1 s buckets; three days: 1 h).
+BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400)
+
+
+def timeline(stamps: pl.Series) -> dict[str, Any] | None:
+    """Pages per minute over time, in buckets sized to the span: {"bucket_s",
+    "points": [{"at": ISO start of the bucket, "pages_per_minute"}]}, empty buckets
+    included (a stall shows as zero)."""
+    stamps = stamps.drop_nulls()
+    if stamps.is_empty():
+        return None
+    span = (stamps.max() - stamps.min()).total_seconds()
+    bucket = next((b for b in BUCKETS_S if span / b <= 120), BUCKETS_S[-1])
+    counts = (stamps.to_frame("t").group_by(pl.col("t").dt.truncate(f"{bucket}s").alias("at"))
+              .agg(pl.len().alias("n")).sort("at"))
+    start, end = counts["at"].min(), counts["at"].max()
+    full = pl.datetime_range(start, end, f"{bucket}s", eager=True).alias("at").to_frame()
+    counts = full.join(counts, on="at", how="left").fill_null(0)
+    return {"bucket_s": bucket, "points": [{"at": at.isoformat(), "pages_per_minute": n * 60 / bucket}
+                                           for at, n in counts.iter_rows()]}
 
 
 def route_saving(page_rows: pl.DataFrame) -> dict[str, Any] | None:
@@ -201,6 +231,24 @@ def _dist_line(name: str, d: dict[str, float] | None, unit: str = "") -> str:
             f"p99 {d['p99']:>9.1f}  max {d['max']:>9.1f}{unit}  ({d['count']:,} pages)")
 
 
+def _cost_lines(c: dict[str, Any] | None) -> list[str]:
+    if c is None:
+        return ["  (no run recorded its accelerator time)"]
+    lines = [f"  {'accelerators':<22} {', '.join(c['accelerators'])}",
+             f"  {'accelerator-hours':<22} {c['accelerator_seconds'] / 3600:>12,.3f}  ({c['runs']:,} runs, "
+             f"wall time from start to end: model load included)"]
+    if c["pages_per_accelerator_hour"] is not None:
+        lines.append(f"  {'pages per acc.-hour':<22} {c['pages_per_accelerator_hour']:>12,.0f}")
+    if c["usd_per_million_pages"] is not None:
+        lines.append(f"  {'$ per million pages':<22} {c['usd_per_million_pages']:>12,.2f}  "
+                     f"(at ${c['gpu_hourly_usd']:g} an accelerator-hour, from {c['price_from']})")
+    else:
+        lines.append(f"  {'$ per million pages':<22} {'n/a':>12}  (give --gpu-hourly-usd PRICE)")
+    if c["runs_without_record"]:
+        lines.append(f"  ({c['runs_without_record']:,} runs without a finished accelerator record are not counted)")
+    return lines
+
+
 def format_text(r: Report) -> str:
     """The report as a readable terminal table."""
     lines = [f"batchocr report: {r.out}", "",
@@ -223,6 +271,7 @@ def format_text(r: Report) -> str:
                   f"{max(per, default=0):,}, quietest {min(per, default=0):,}, {len(per):,} minutes with rows)"]
         if len(per) <= 15:
             lines += [f"    {m['minute']}  {m['pages']:>9,}" for m in r.per_minute]
+    lines += ["", "cost"] + _cost_lines(r.cost)
     lines += ["", "per page",
               _dist_line("text chars", r.text_chars), _dist_line("output tokens", r.output_tokens),
               _dist_line("prompt tokens", r.prompt_tokens), _dist_line("latency ms", r.latency_ms),

@@ -117,6 +117,9 @@ class JobSpec:
     # model (every page to the engine), textlayer (every page with a text layer
     # takes it). Only engines that read images route (batchocr/router.py).
     route: Literal["auto", "model", "textlayer"] = "auto"
+    # Price of one accelerator-hour (a GPU; for CPU engines the machine), for
+    # `batchocr report`: dollars per million pages. `report --gpu-hourly-usd` overrides it.
+    gpu_hourly_usd: Annotated[float, Ge(0)] | None = None
 
     def __post_init__(self):
         if self.route not in ROUTES:

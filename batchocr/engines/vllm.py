@@ -155,6 +155,13 @@ class VLLMEngine:
         self._held: list[tuple[str, dict]] = []  # refusals before any was taken: (signature, row)
 
     @property
+    def accelerator(self) -> dict:
+        """The GPUs this run holds (the pod's), for its cost record (batchocr/cost.py)."""
+        from batchocr.cost import visible_gpus
+
+        return visible_gpus()
+
+    @property
     def render_hints(self) -> dict[str, int]:
         """The page size the model wants: the pipeline renders to it."""
         return {"max_side": self.preset.max_side, "size_multiple": self.preset.size_multiple}
