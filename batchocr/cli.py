@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from batchocr import __version__
+from batchocr import __version__, layout
 from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError
 from batchocr.spec import ENGINES, ROUTES, Shard
 
@@ -188,7 +188,7 @@ def compact(out, storage):
     from batchocr.storage import Store
 
     store = Store(out, storage)
-    if not store.exists("pages"):
+    if not store.exists(layout.PAGES):
         raise click.UsageError(f"no page table under {out}")
     for c in compact_out(store):
         click.echo(f"shard {c.shard}: {c.parts_before} parts, {c.rows_before} rows -> 1 part, {c.rows_after} rows")
