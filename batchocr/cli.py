@@ -71,14 +71,18 @@ def storage_option(what: str):
 @click.option("--max-side", type=int, help="scale pages down so the longest side is at most this many pixels")
 @click.option("--workers", type=int, help="render worker processes [default: one per usable CPU, at most 4]")
 @click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else 0/1]")
+@click.option("--reprocess", is_flag=True,
+              help="OUT was made with another engine, model, preset, prompt, route or render settings: redo its "
+                   "pages with these (without it, such a run stops with exit 2); compact keeps the new rows")
 @storage_option("SOURCE and OUT")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def run(source, out, engine, model, preset, job, route, dpi, max_side, workers, shard, storage, quiet):
+def run(source, out, engine, model, preset, job, route, dpi, max_side, workers, shard, reprocess, storage, quiet):
     """OCR every document under SOURCE into a page table under OUT.
 
     SOURCE and OUT are folders or fsspec URLs. Every page gets exactly one row in
     OUT/pages/shard-NNNNN/part-*.parquet: its text, or an error row saying why.
-    A rerun resumes: pages already committed are skipped.
+    A rerun resumes: pages already committed are skipped. OUT remembers the
+    settings that made it; a run with others stops unless --reprocess is given.
 
     \b
     Examples:
@@ -86,16 +90,18 @@ def run(source, out, engine, model, preset, job, route, dpi, max_side, workers, 
         batchocr run samples/ out/text --engine textlayer
         batchocr run samples/ out/all-ocr --route model
         batchocr run --job jobs/example.yaml --shard 3/16
+        batchocr run samples/ out/demo --engine textlayer --reprocess
         batchocr run az://scans/ az://results/ --engine vllm --model /models/olmOCR-2-7B-1025 --preset olmocr-2
     """
     from batchocr.signals import graceful_stop
 
     with graceful_stop() as stop:  # first: an eviction notice during start-up is honoured too
         _run(source, out, engine, {"model": model, "preset": preset}, job, dpi, max_side, workers, shard,
-             storage, quiet, stop, route)
+             storage, quiet, stop, route, reprocess)
 
 
-def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard, storage, quiet, stop, route=None):
+def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard, storage, quiet, stop, route=None,
+         reprocess=None):
     from batchocr.pipeline import run_job
     from batchocr.spec import load_job
 
@@ -106,6 +112,7 @@ def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard
         out=out,
         engine=engine,
         route=route,
+        reprocess=reprocess or None,  # the flag sets it; without it, the job spec's
         shard=shard_spec,
         storage_options=storage,
         engine_options={k: v for k, v in engine_options.items() if v is not None},

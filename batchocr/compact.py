@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchocr import layout, schema
+from batchocr import layout, producer, schema
 from batchocr.sink import shard_dir, shards_present, to_parquet
 from batchocr.storage import Store
 
@@ -31,7 +31,9 @@ class Compacted:
     rows_after: int
 
 
-def dedupe(rows: pl.DataFrame) -> pl.DataFrame:
+def dedupe(rows: pl.DataFrame, stale: frozenset[str] | set[str] = frozenset()) -> pl.DataFrame:
+    """`stale`: run ids that ran with settings OUT no longer has (batchocr.producer):
+    their rows lose to any row of the current settings."""
     latest_etag = rows.group_by("doc_id").agg(pl.col("source_etag").sort_by("processed_at").last())
     rows = rows.join(latest_etag, on=["doc_id", "source_etag"], how="semi")
     # A document-level row (-1) goes only once every page of the document has a row
@@ -42,10 +44,11 @@ def dedupe(rows: pl.DataFrame) -> pl.DataFrame:
                .filter(pl.col("_have") >= pl.col("_count")))
     rows = rows.filter((pl.col("page_index") >= 0) | ~pl.col("doc_id").is_in(covered["doc_id"].implode()))
     return (
-        rows.with_columns((pl.col("finish_reason") != "error").alias("_text"))
-        .sort(["doc_id", "page_index", "_text", "processed_at"], nulls_last=False)
+        rows.with_columns((pl.col("finish_reason") != "error").alias("_text"),
+                          (~pl.col("run_id").is_in(sorted(stale)) if stale else pl.lit(True)).alias("_current"))
+        .sort(["doc_id", "page_index", "_current", "_text", "processed_at"], nulls_last=False)
         .unique(subset=["doc_id", "page_index"], keep="last", maintain_order=True)
-        .drop("_text")
+        .drop("_text", "_current")
     )
 
 
@@ -55,7 +58,8 @@ def compact_shard(out: Store, shard: int) -> Compacted | None:
         return None
     tables = [pq.read_table(io.BytesIO(out.read_bytes(p))).cast(schema.PAGE_TABLE) for p in parts]
     rows = pl.from_arrow(pa.concat_tables(tables))
-    kept = dedupe(rows)  # sorted by (doc_id, page_index) already
+    stale = producer.stale_runs(out, rows["run_id"].unique().to_list())
+    kept = dedupe(rows, stale)  # sorted by (doc_id, page_index) already
     if len(parts) == 1 and kept.height == rows.height:
         return Compacted(shard, 1, rows.height, rows.height)  # already compact
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")

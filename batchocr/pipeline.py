@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from batchocr import __version__, cost, engines, layout, router, schema
+from batchocr import __version__, cost, engines, layout, producer, router, schema
 from batchocr.errors import BoundaryError, ConfigError, Interrupted
 from batchocr.plan import planned_documents, read_plan
 from batchocr.progress import Progress
@@ -104,9 +104,14 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     render = _render_spec(spec, engine)
     record = _run_record(spec, engine, run_id, started_at) | {"render": dataclasses.asdict(render)}
     held = cost.accelerator(engine)  # what the run holds, priced by `report --gpu-hourly-usd`
+    settings = producer.of_record(record)
+    producer.check(out, settings, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
     out.write_json(layout.run_record(run_id), record | {"status": "running"})
 
     keys = committed_keys(out, shard.index)
+    stale = producer.other_runs(out, keys.column("run_id").to_pylist(), settings)
+    if stale:  # made with other settings (before a --reprocess): not done, redone now
+        keys = keys.filter(pa.compute.invert(pa.compute.is_in(keys.column("run_id"), pa.array(sorted(stale)))))
     done = completed(keys)
     documents = _documents(source, out, spec)
     writer = PartWriter(out, shard.index, run_id, spec.commit)

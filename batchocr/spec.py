@@ -120,6 +120,9 @@ class JobSpec:
     # Price of one accelerator-hour (a GPU; for CPU engines the machine), for
     # `batchocr report`: dollars per million pages. `report --gpu-hourly-usd` overrides it.
     gpu_hourly_usd: Annotated[float, Ge(0)] | None = None
+    # OUT remembers the settings that made its pages (batchocr/producer.py): a run
+    # with others stops (exit 2) unless this is set; then their pages are redone.
+    reprocess: bool = False
 
     def __post_init__(self):
         if self.route not in ROUTES:

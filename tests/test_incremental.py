@@ -81,3 +81,36 @@ def test_a_rerun_processes_exactly_the_new_and_changed_documents(tmp_path):
         proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--quiet",
                        env={"JOB_COMPLETION_INDEX": str(i), "BATCHOCR_SHARDS": str(SHARDS)}, check=True)
         assert "nothing to do" in proc.stdout
+
+
+def test_out_remembers_what_made_it_and_reprocess_redoes_its_pages(rapidocr_run, tmp_path):
+    """A rerun on the same OUT with another engine (or model, preset, prompt, route,
+    render settings) stops with exit 2 naming both, writing nothing; with --reprocess
+    its pages are redone, and compaction keeps the new rows."""
+    import shutil
+
+    from conftest import SAMPLES
+
+    out = tmp_path / "out"
+    shutil.copytree(rapidocr_run[0], out)
+    before = sorted(p.name for p in out.rglob("*") if p.is_file())
+    for args, changed in [(["--engine", "textlayer"], "engine 'rapidocr', model 'rapidocr"),
+                          (["--dpi", "150"], "render.dpi 200; this run: render.dpi 150"),
+                          (["--route", "model"], "route 'auto'; this run: route 'model'")]:
+        proc = run_cli("run", str(SAMPLES), str(out), "-q", *args)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"Error: OUT {out} holds pages made with {changed}"), proc.stderr
+        assert "--reprocess" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert sorted(p.name for p in out.rglob("*") if p.is_file()) == before, "a refused run wrote something"
+    if "engine 'textlayer'" not in run_cli("run", str(SAMPLES), str(out), "-q", "--engine", "textlayer").stderr:
+        raise AssertionError("the message names this run's engine too")
+
+    proc = run_cli("run", str(SAMPLES), str(out), "-q", "--engine", "textlayer", "--reprocess", check=True)
+    assert "done: 5 documents, 10 pages" in proc.stdout
+    # OUT has the new settings now: the same run again has nothing to do, without the flag
+    assert "nothing to do" in run_cli("run", str(SAMPLES), str(out), "-q", "--engine", "textlayer", check=True).stdout
+    compact(Store(str(out)))
+    rows = read_pages(str(out)).collect()
+    assert rows.height == 10 and rows.select("doc_id", "page_index").is_unique().all()
+    assert set(rows["engine"]) == {"textlayer"}  # the redone rows, not rapidocr's text
+    assert json.loads((out / "_producer.json").read_text())["engine"] == "textlayer"

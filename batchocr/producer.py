@@ -1,0 +1,90 @@
+"""OUT remembers what produced it: the engine, model, preset, prompt, routing and
+render settings, in OUT/_producer.json (written by the first run). A run whose
+settings differ stops with exit 2 naming both, unless it is asked to reprocess
+(`--reprocess`, `reprocess: true`): then the file takes the new settings, pages
+made by runs with other settings no longer count as done (they are redone), and
+`compact` keeps the rows of runs with the current settings over older ones.
+
+Which run made a row: its `run_id`, whose OUT/_runs/<run_id>.json has the settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from batchocr import layout
+from batchocr.errors import ConfigError
+from batchocr.storage import Store
+
+PRODUCER = "_producer.json"
+# Render settings that change what a page becomes (not workers, timeouts, batch sizes).
+RENDER_KEYS = ("dpi", "max_side", "size_multiple", "max_pixels", "max_image_pixels")
+
+
+def of_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The settings that made a run's rows, from its run record."""
+    params = record.get("engine_params") or {}
+    render = record.get("render") or {}
+    return {
+        "engine": record.get("engine"),
+        "model": record.get("model"),
+        "preset": params.get("preset"),
+        "prompt": params.get("prompt"),
+        "route": (record.get("spec") or {}).get("route"),
+        "render": {k: render.get(k) for k in RENDER_KEYS},
+    }
+
+
+def _flat(producer: dict[str, Any]) -> dict[str, Any]:
+    flat = {k: v for k, v in producer.items() if k != "render"}
+    return flat | {f"render.{k}": v for k, v in (producer.get("render") or {}).items()}
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
+    a, b = _flat(old), _flat(new)
+    changed = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
+    order = list(a) + [k for k in b if k not in a]
+    changed.sort(key=order.index)
+    return (", ".join(f"{k} {_show(a.get(k))}" for k in changed) + "; this run: "
+            + ", ".join(f"{k} {_show(b.get(k))}" for k in changed))
+
+
+def check(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> None:
+    """Before a run writes anything: OUT's settings are this run's, or it is asked
+    to reprocess (then OUT takes this run's settings)."""
+    stored = out.read_json(PRODUCER) if out.exists(PRODUCER) else _from_runs(out)
+    if stored is not None and stored != producer and not reprocess:
+        raise ConfigError(f"OUT {url} holds pages made with {describe_change(stored, producer)}: use another OUT, "
+                          "or --reprocess to redo its pages with this run's settings")
+    if stored != producer or not out.exists(PRODUCER):
+        out.write_json(PRODUCER, producer)
+
+
+def _from_runs(out: Store) -> dict[str, Any] | None:
+    """An OUT from before _producer.json: the settings of its latest run."""
+    records = [out.read_json(p) for p in out.find(layout.RUNS, suffix=".json")]
+    records = [r for r in records if r.get("status") in ("done", "interrupted", "failed")]
+    return of_record(max(records, key=lambda r: r.get("started_at", ""))) if records else None
+
+
+def other_runs(out: Store, run_ids: Iterable[str], producer: dict[str, Any]) -> set[str]:
+    """Those of `run_ids` whose record says they ran with other settings (a run
+    without a record is taken to be current: its rows are kept)."""
+    other = set()
+    for run_id in set(run_ids):
+        rel = layout.run_record(run_id)
+        if run_id and out.exists(rel) and of_record(out.read_json(rel)) != producer:
+            other.add(run_id)
+    return other
+
+
+def stale_runs(out: Store, run_ids: Iterable[str]) -> set[str]:
+    """Those of `run_ids` that ran with settings other than OUT's now (compaction)."""
+    if not out.exists(PRODUCER):
+        return set()
+    return other_runs(out, run_ids, out.read_json(PRODUCER))
