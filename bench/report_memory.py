@@ -66,8 +66,10 @@ def synthetic_output(out: Path, rows: int) -> None:
             "processed_at": pa.array(START.timestamp() * 1e6 + i * (3 * 3600e6 / rows)).cast(pa.int64())
             .cast(pa.timestamp("us", tz="UTC")),
         }
-        table = pa.table({name: pa.array(columns[name]) if not isinstance(columns[name], pa.Array)
-                          else columns[name] for name in schema.PAGE_TABLE.names}).cast(schema.PAGE_TABLE)
+        # A column this table does not set (one added to the schema later) is null.
+        table = pa.table({f.name: pa.nulls(n, f.type) if f.name not in columns
+                          else columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name])
+                          for f in schema.PAGE_TABLE}).cast(schema.PAGE_TABLE)
         folder = out / "pages" / f"shard-{shard:05d}"
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, folder / "part-bench-00000.parquet", compression="zstd")
