@@ -3,6 +3,7 @@
     OUT/pages/shard-NNNNN/part-<run_id>-<seq>.parquet   page rows, immutable, committed atomically
     OUT/_done/shard-NNNNN.json                          written last: the shard is complete
     OUT/_runs/<run_id>.json                             one record per run
+    OUT/_producer.json                                  what produced OUT: engine, model, settings (producer.py)
     OUT/_plan/shard-NNNNN.parquet, OUT/_plan/plan.json  a frozen plan (batchocr plan)
     OUT/_tmp/                                           local disk: part files being written (STAGING)
 
@@ -25,6 +26,7 @@ DONE = "_done"
 RUNS = "_runs"
 PLAN_DIR = "_plan"
 PLAN = f"{PLAN_DIR}/plan.json"
+PRODUCER = "_producer.json"
 STAGING = "_tmp"  # Store.write_atomic's staging folder for part files
 
 _SHARD = re.compile(r"shard-(\d{5,})")

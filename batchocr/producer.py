@@ -16,7 +16,7 @@ from batchocr import layout
 from batchocr.errors import ConfigError
 from batchocr.storage import Store
 
-PRODUCER = "_producer.json"
+PRODUCER = layout.PRODUCER
 # Render settings that change what a page becomes (not workers, timeouts, batch sizes).
 RENDER_KEYS = ("dpi", "max_side", "size_multiple", "max_pixels", "max_image_pixels")
 
