@@ -31,7 +31,7 @@ def test_throughput_dry_run_and_plot(tmp_path):
     assert len(set(r["equal_work"]["prompt_tokens"].values())) == 1  # the same prompts too (same page sizes)
     # b is the real pipeline: one row per page, and every page's finish time recorded.
     assert r["b_batchocr"]["rows"] == 24 and len(r["b_batchocr"]["timeline"]) == 24
-    assert r["b_batchocr"]["guard"] == "off"
+    assert r["b_batchocr"]["guard"] == "off" and r["b_batchocr"]["work"]["errors"] == {}
     assert r["b_queue_pages_2"]["queue_pages"] == 2 and r["b_queue_pages_2"]["rows"] == 24
     # a' and the variants ran with their own engines: vLLM's defaults, the variant's arguments
     assert "max_num_seqs" not in r["a0_vllm_defaults"]["llm_args"]

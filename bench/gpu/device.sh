@@ -38,6 +38,9 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl
     rm -rf "$REPO" && mkdir -p "$REPO" && cp -r batchocr bench tests "$REPO"/  # a copy the next call cannot touch
     env_setup
+    # batchocr's own dependencies the device image lacks travel in .whl/ too: without pyspellchecker
+    # the router turned every page into an error row (2026-12-01); fail here, not after the engine's start
+    python3 -c "import pymupdf, spellchecker, pydantic, batchocr.pipeline, batchocr.render, batchocr.engines.vllm"
     python3 "$REPO/bench/gpu/make_models.py" /tmp/models
     nvidia-smi --query-gpu=index,name,memory.total --format=csv
     RUNS=${2:-tp-7b tp-2b tp-7b-fp8} setsid nohup bash "$REPO/bench/gpu/suite.sh" "$RES" >/tmp/suite.out 2>&1 < /dev/null &

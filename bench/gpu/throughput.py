@@ -297,10 +297,15 @@ def work_of_table(out: Path, client_tokens: int, requests: int) -> dict:
     attempt) and from the engine's outputs (tokens of every attempt, aborted ones too)."""
     import pyarrow.parquet as pq
 
-    t = pq.read_table(out / "pages", columns=["finish_reason", "attempts", "prompt_tokens", "output_tokens"],
-                      partitioning=None)
+    t = pq.read_table(out / "pages", columns=["finish_reason", "attempts", "prompt_tokens", "output_tokens",
+                                              "error_type", "error_message"], partitioning=None)
     rows = t.to_pydict()
-    return {"requests": requests, "pages": t.num_rows,
+    errors = collections.Counter(e for e in rows["error_type"] if e)
+    if errors:  # a benchmark of error rows measures nothing: say so where the figures are
+        first = next(m for m in rows["error_message"] if m)
+        print(f"b: {sum(errors.values())} error rows {dict(errors)}; first: {first}", flush=True)
+    return {"requests": requests, "pages": t.num_rows, "errors": dict(errors),
+            "first_error": next((m for m in rows["error_message"] if m), None),
             "attempts": {str(k): v for k, v in sorted(collections.Counter(rows["attempts"]).items())},
             "finish_reasons": dict(collections.Counter(rows["finish_reason"])),
             "prompt_tokens_rows": sum(x or 0 for x in rows["prompt_tokens"]),
