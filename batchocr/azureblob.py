@@ -277,7 +277,7 @@ class AzureBackend:
         if isinstance(err, AzureError):
             reason = str(err.message).splitlines()[0][:200] if err.message else type(err).__name__
             return StorageError(f"{where}: Azure Blob storage unreachable after {int(self.fs._retry['retry_total'])} "
-                                f"retries ({type(err).__name__}: {reason}); committed work is intact, rerun to resume")
+                                f"retries ({type(err).__name__}: {reason})")
         reason = str(exc).splitlines()[0][:200] if str(exc) else ""
         return StorageError(f"{where}: {type(exc).__name__}: {reason}")
 

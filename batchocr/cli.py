@@ -38,6 +38,8 @@ def main():
     from batchocr.renderworker import skip_pymupdf_extras
 
     skip_pymupdf_extras()  # this process is batchocr's own: PyMuPDF's unused extras stay out
+    if not sys.stderr.isatty():  # a pod's log, a file: rapidocr's colorlog honours NO_COLOR
+        os.environ.setdefault("NO_COLOR", "1")
 
 
 def _storage_options(ctx, param, pairs: tuple[str, ...]) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from batchocr import __version__, cost, engines, layout, producer, router, schema
-from batchocr.errors import BoundaryError, ConfigError, Interrupted
+from batchocr.errors import BatchocrError, BoundaryError, ConfigError, Interrupted, StorageError
 from batchocr.plan import planned_documents, read_plan
 from batchocr.progress import Progress
 from batchocr.render import RenderTask
@@ -94,6 +94,8 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
         engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
     try:
         return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop)
+    except StorageError as exc:  # said here, not by the store: `status` and `report` resume nothing
+        raise StorageError(f"{exc}; committed work is intact, rerun to resume") from None
     finally:
         engine.close()  # explicitly: vLLM was seen to hang at exit otherwise
 
@@ -201,17 +203,29 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             if inflight and not stop.is_set():
                 raise BoundaryError(f"engine {engine.name}: {len(inflight)} pages never output, e.g. {next(iter(inflight))}")
         finally:
+            failing = sys.exc_info()[1]  # what ends the run, if anything
+            flush_error = None
             t = time.monotonic()
-            writer.flush()  # commit whatever finished, whatever happened
+            try:
+                writer.flush()  # commit whatever finished, whatever happened
+            except BatchocrError as exc:  # a full disk: the record still says the run failed
+                failing = failing or exc
+                flush_error = exc
             timings["write_s"] += time.monotonic() - t
             bar.close()
             summary.interrupted = stop.is_set()
             summary.seconds = time.monotonic() - started
             summary.timings = {k: round(v, 3) for k, v in timings.items()}
             summary.timings["render_workers_replaced"] = pool.replaced
-            status = "interrupted" if summary.interrupted else ("failed" if sys.exc_info()[0] else "done")
-            out.write_json(layout.run_record(run_id), record | _finish(summary, status, writer) | {
-                "accelerator": held | {"seconds": round(summary.seconds * held["count"], 3)}})
+            status = "failed" if failing else ("interrupted" if summary.interrupted else "done")
+            try:
+                out.write_json(layout.run_record(run_id), record | _finish(summary, status, writer) | {
+                    "accelerator": held | {"seconds": round(summary.seconds * held["count"], 3)}})
+            except BatchocrError:
+                if failing is None:
+                    raise  # else the run's own error is the one to tell
+            if flush_error is not None and sys.exc_info()[1] is None:
+                raise flush_error
 
     if summary.interrupted:
         raise Interrupted(summary.line() + " (finished pages committed; rerun to resume)")
