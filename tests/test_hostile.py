@@ -9,6 +9,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -319,3 +320,29 @@ def test_the_cpu_engines_warnings_reach_a_log_without_colour_codes(tmp_path):
     assert "\x1b[" in stderr_of(warn)
     logged = stderr_of(f"from batchocr.cli import main; main(['status', {str(out)!r}], standalone_mode=False); {warn}")
     assert "[WARNING]" in logged and "\x1b[" not in logged, repr(logged)
+
+
+def test_a_render_worker_killed_on_a_page_costs_that_page_through_the_cli(tmp_path):
+    """The OOM killer takes the worker while it is on page 2 (which hangs, so it is
+    surely there once pages 0 and 1 are committed): page 2 is a renderer_crashed
+    row, a fresh worker reads pages 3 and 4, the run exits 0."""
+    src = tmp_path / "src"
+    src.mkdir()
+    texts = hang_pdf(src / "doc.pdf", pages=5, hang_at=(2,))
+    out = tmp_path / "out"
+    job = write_job(tmp_path, src, out, render={"workers": 1, "batch_pages": 1, "timeout_s": 600},
+                    commit={"every_pages": 1, "every_seconds": 0.1})
+    proc = start(job, ms_per_page=0)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("pages/*/*.parquet"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "pages 0 and 1 never came"
+        time.sleep(0.05)
+    (worker,) = [p for p in _children(proc.pid) if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+    os.kill(worker, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    rows = read_pages(str(out)).collect().sort("page_index")
+    assert rows.select("page_index", "error_type").rows() == [
+        (0, None), (1, None), (2, "renderer_crashed"), (3, None), (4, None)]
+    assert "page 2: the render worker died (exit code -9)" in rows["error_message"][2]
+    assert rows["text"][4] == texts[4].strip()
