@@ -192,6 +192,9 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
         else:
             row |= {"width": round(page.rect.width * matrix.a), "height": round(page.rect.height * matrix.d)}
         return row
+    except ImportError as exc:  # the installation, not the page: every page would fail alike
+        raise BatchocrError(f"render workers cannot import {exc.name or exc}: the installation is incomplete "
+                            f"(pip install batchocr again)") from None
     except Exception as exc:  # noqa: BLE001 - FzErrorLimit and friends are not RuntimeErrors
         kind = _error_kind(exc, "render_failed")
         return page_error(doc, index, count, kind, f"{doc.uri}: page {index}: {type(exc).__name__}: {exc}")
