@@ -28,16 +28,22 @@ TEXT_HEIGHT = 36.0
 MAX_SIDE = 4000
 
 
-def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = True) -> tuple[float, float, float]:
+def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = True,
+         most: float = 1.0) -> tuple[float, float, float]:
     """(skew angle, rotation to apply, scale to apply) for a page whose detector saw
     an image of `shape` and found `quads`: rotate if the skew is above
-    STRAIGHTEN_ABOVE, scale if the text height is outside TEXT_HEIGHT_RANGE."""
+    STRAIGHTEN_ABOVE, scale if the text height is outside TEXT_HEIGHT_RANGE.
+
+    Enlarging goes no further than `most` (the original pixels: rapidocr shrank the
+    page to 2000 px, losing small text on a large page). Enlarging beyond them adds
+    no detail: rapidocr's detector already enlarges small images itself (shorter
+    side to 736 px), and on 50-100 dpi pages doing it again gained nothing."""
     angle = skew_angle(quads) if deskew else 0.0
     rotate = angle if abs(angle) >= STRAIGHTEN_ABOVE else 0.0
     scale = 1.0
     height = text_height(quads) if rescale else 0.0
     if height and not TEXT_HEIGHT_RANGE[0] <= height <= TEXT_HEIGHT_RANGE[1]:
-        scale = min(TEXT_HEIGHT / height, MAX_SIDE / max(shape[:2]))
+        scale = min(TEXT_HEIGHT / height, MAX_SIDE / max(shape[:2]), max(most, 1.0))
         if abs(scale - 1) < 0.1:
             scale = 1.0
     return angle, rotate, scale

@@ -15,10 +15,9 @@ The method is a recursive XY-cut that respects full-width lines:
    turn; rows in no such run are read as they are, row after row.
 
 A gutter is kept only if every column it makes is "text-like": at least
-MIN_COLUMN line heights wide, one box a line, and, on median, its lines fill at
-least MIN_FILL of its width and hold MIN_CHARS characters (a key-value list's
-columns do not). A table's columns fail that (several short cells a
-row), and a table's rows do not start where a text column does (its gap swallows
+MIN_COLUMN line heights wide, one or two boxes a line (a bullet), and, on
+median, MIN_CHARS characters a line. A table's columns fail that (several short
+cells a row, a key-value list's short lines), and a table's rows do not start where a text column does (its gap swallows
 the gutter): a table is read row by row. The gap between a bullet and its text
 is too narrow to count.
 """
@@ -34,9 +33,7 @@ import numpy as np
 MIN_GUTTER = 0.8
 # ... and leaves columns at least this many median box heights wide on each side,
 MIN_COLUMN = 6.0
-# whose lines cover, on median, at least this share of the column's width
-MIN_FILL = 0.5
-# and hold at least this many characters (a key-value list's columns do not).
+# whose lines hold, on median, at least this many characters (a key-value list's do not).
 MIN_CHARS = 15
 # Rows further apart than this many median box heights start a new block.
 BLOCK_GAP = 0.9
@@ -47,8 +44,8 @@ ALIGN = 2.0
 TALL = 1.4
 # Rows tried for a gutter to appear before a row is read as it is.
 LOOKAHEAD = 3
-# Projection resolution (pixels per cell) for the fast gutter test.
-CELL = 4.0
+# Projection resolution for the fast gutter test: cells of this many box heights.
+CELL = 0.125
 
 
 @dataclass(frozen=True)
@@ -115,6 +112,7 @@ class _Reader:
         self.unit = max(unit, 1.0)
         self.gutter = MIN_GUTTER * self.unit
         self.column = MIN_COLUMN * self.unit
+        self.cell = CELL * self.unit
 
     def split(self, boxes: list[Box]) -> list[list[str]]:
         out: list[list[str]] = []
@@ -145,13 +143,13 @@ class _Reader:
         not a centred title). Once it is there, a row whose text right of a gutter
         does not start at that column's left edge (a table's cells, whose wide gap
         the gutter fell into) ends the run."""
-        occupied = np.zeros(int(width / CELL) + 2, dtype=bool)
+        occupied = np.zeros(int(width / self.cell) + 2, dtype=bool)
         end = i
         for j in range(i, len(grouped)):
             if end > i and not self._aligned(grouped[j], self._gutters(occupied), x0):
                 break
             for b in grouped[j]:
-                occupied[int((b.x0 - x0) / CELL): int(np.ceil((b.x1 - x0) / CELL)) + 1] = True
+                occupied[int((b.x0 - x0) / self.cell): int(np.ceil((b.x1 - x0) / self.cell))] = True
             gutters = self._gutters(occupied)
             if gutters:
                 if end == i and not all(self._starts_column(row, gutters, x0, occupied) for row in grouped[i:j]):
@@ -170,7 +168,7 @@ class _Reader:
         return True
 
     def _starts_column(self, row: list[Box], gutters, x0: float, occupied: np.ndarray) -> bool:
-        edges = [np.flatnonzero(occupied)[0] * CELL] + [stop for _, stop in gutters]
+        edges = [np.flatnonzero(occupied)[0] * self.cell] + [stop for _, stop in gutters]
         return all(b.height <= TALL * self.unit and min(abs(b.x0 - x0 - e) for e in edges) <= ALIGN * self.unit
                    for b in row)
 
@@ -181,11 +179,12 @@ class _Reader:
         filled = np.flatnonzero(occupied)
         if filled.size < 2:
             return []
-        gaps = np.flatnonzero(np.diff(filled) * CELL > self.gutter)
+        c = self.cell
+        gaps = np.flatnonzero((np.diff(filled) - 1) * c >= self.gutter)  # white cells between
         out = []
         for g in gaps:
-            start, stop = (filled[g] + 1) * CELL, filled[g + 1] * CELL
-            if start - filled[0] * CELL >= self.column and filled[-1] * CELL - stop >= self.column:
+            start, stop = (filled[g] + 1) * c, filled[g + 1] * c
+            if start - filled[0] * c >= self.column and (filled[-1] + 1) * c - stop >= self.column:
                 out.append((float(start), float(stop)))
         return out
 
@@ -221,12 +220,10 @@ class _Reader:
         if width < self.column:
             return False
         grouped = rows(piece)
-        # a text column has one box a line; a table's column of cells, several
-        if np.median([len(row) for row in grouped]) > 1:
+        # a text column has one box a line (two with a bullet); a table's columns, several
+        if np.median([len(row) > 2 for row in grouped]) > 0:
             return False
-        fill = [sum(b.x1 - b.x0 for b in row) / width for row in grouped]
-        chars = [sum(len(b.text) for b in row) for row in grouped]
-        return float(np.median(fill)) >= MIN_FILL and float(np.median(chars)) >= MIN_CHARS
+        return float(np.median([sum(len(b.text) for b in row) for row in grouped])) >= MIN_CHARS
 
     def _flow(self, grouped: list[list[Box]]) -> list[list[str]]:
         """Rows read as they are; a vertical gap wider than BLOCK_GAP starts a new block."""

@@ -114,8 +114,12 @@ def test_warp_straightens_and_scales():
 
 def test_plan_rescales_text_outside_the_detector_range():
     small = [quad(500, 100 + 20 * k, 600, 10, 0) for k in range(10)]
-    angle, rotate, scale = deskew.plan(small, (1000, 1000))
+    angle, rotate, scale = deskew.plan(small, (1000, 1000), most=5.0)  # rapidocr had shrunk it 5x
     assert (rotate, scale) == (0.0, pytest.approx(deskew.TEXT_HEIGHT / 10))
+    assert deskew.plan(small, (1000, 1000), most=2.0)[2] == 2.0  # never beyond the original pixels
+    assert deskew.plan(small, (1000, 1000))[2] == 1.0  # not shrunk: the detector enlarges it itself
+    huge = [quad(500, 100 + 200 * k, 900, 150, 0) for k in range(4)]
+    assert deskew.plan(huge, (1000, 1000))[2] == pytest.approx(deskew.TEXT_HEIGHT / 150)
     _, rotate, scale = deskew.plan([quad(500, 100 + 50 * k, 600, 36, 0.3) for k in range(5)], (1000, 1000))
     assert (rotate, scale) == (0.0, 1.0)  # below STRAIGHTEN_ABOVE, height in range: nothing to do
     _, rotate, scale = deskew.plan([quad(500, 100 + 50 * k, 600, 36, 2.0) for k in range(5)], (1000, 1000))

@@ -109,7 +109,8 @@ class RapidOCREngine:
             crops, det = ocr.detect_and_crop(img, op)
         except RapidOCRError:  # nothing detected
             return "", (0.0 if opts.deskew else None)
-        angle, rotate, scale = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale)
+        angle, rotate, scale = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale,
+                                           most=bgr.shape[0] / img.shape[0])
         angle_out = round(angle, 2) if opts.deskew else None
         if rotate or scale != 1.0:
             # from the original pixels: a page rapidocr shrank and we enlarge keeps its detail

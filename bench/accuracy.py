@@ -1,0 +1,110 @@
+"""Accuracy benchmark of the CPU engine: CER per category and overall, and pages/s,
+on the generated layout set (tests/layouts.py BENCH_SET: two- and three-column
+pages, skewed, single-column, degraded, low and high resolution), with the
+rapidocr engine as it was (reading order, deskew and rescale off: "before") and
+as it is ("after"), in one process run.
+
+    python bench/accuracy.py [--json FILE] [--keep]
+
+CER is batchocr eval's: edit distance over truth length after whitespace runs
+become one space; a category's CER is its errors over its characters. Pages/s is
+batchocr.pipeline.run_job wall time over the set (engine load included); the two
+modes run one after the other on the same pages, and CPU time other processes
+used meanwhile is shown (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+
+MODES = {"before": {"reading_order": False, "deskew": False, "rescale": False}, "after": {}}
+
+
+def run_mode(src: Path, out: Path, options: dict, threads: int) -> dict:
+    import batchocr
+    from batchocr.evaluate import evaluate
+    from batchocr.pipeline import run_job
+    from batchocr.spec import JobSpec
+    from cpu import CpuMeter
+
+    spec = JobSpec(source=str(src), out=str(out), engine="rapidocr",
+                   engines={"rapidocr": {**options, "threads": threads}})
+    meter = CpuMeter()
+    start = time.perf_counter()
+    summary = run_job(spec, progress=False)
+    seconds = time.perf_counter() - start
+    cpu = meter.stop()
+    pages = batchocr.read_pages(str(out)).collect()
+    scored = evaluate(pages, src / "truth").pages
+    angles = dict(zip(pages["source_uri"].str.split("/").list.last(), pages["skew_angle"]))
+    return {"seconds": round(seconds, 2), "pages": summary.pages, "pages_per_s": round(summary.pages / seconds, 4),
+            "cpu": cpu, "ocr_latency_sum_s": round(float(pages["latency_ms"].sum()) / 1000, 2),
+            "per_page": {d: {"chars": c, "errors": e, "cer": round(r, 4), "skew_angle": angles.get(d)}
+                         for d, c, e, r in scored.select("document", "chars", "errors", "cer").iter_rows()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=0, help="onnxruntime threads [0: one per usable CPU]")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--keep", action="store_true", help="keep the temp folder (pages, truth, OUTs)")
+    args = ap.parse_args(argv)
+    os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+    import layouts
+    from cpu import machine_info
+
+    tmp = Path(tempfile.mkdtemp(prefix="batchocr-accuracy-"))
+    try:
+        variants = layouts.build(tmp / "src", layouts.BENCH_SET)
+        results = {mode: run_mode(tmp / "src", tmp / mode, options, args.threads) for mode, options in MODES.items()}
+    finally:
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    b, a = results["before"]["per_page"], results["after"]["per_page"]
+    print(f"{'page':30s} {'category':14s} {'truth chars':>11s} {'before':>7s} {'after':>7s} {'skew (set)':>10s} {'skew (est.)':>11s}")
+    for name, v in sorted(variants.items(), key=lambda kv: (kv[1].category, kv[0])):
+        print(f"{name:30s} {v.category:14s} {a[name]['chars']:>11d} {b[name]['cer']:>7.3f} {a[name]['cer']:>7.3f} "
+              f"{v.skew:>10.1f} {a[name]['skew_angle'] or 0.0:>11.2f}")
+    categories = sorted({v.category for v in variants.values()}) + ["overall"]
+    table = {}
+    print()
+    print(f"{'category':14s} {'pages':>5s} {'CER before':>10s} {'CER after':>9s}")
+    for cat in categories:
+        names = [n for n, v in variants.items() if cat == "overall" or v.category == cat]
+        row = {mode: sum(r[n]["errors"] for n in names) / sum(r[n]["chars"] for n in names)
+               for mode, r in (("before", b), ("after", a))}
+        table[cat] = {"pages": len(names), **{k: round(v, 4) for k, v in row.items()}}
+        print(f"{cat:14s} {len(names):>5d} {row['before']:>10.3f} {row['after']:>9.3f}")
+    print()
+    for mode, r in results.items():
+        print(f"{mode:7s} {r['pages']} pages in {r['seconds']:.1f} s: {r['pages_per_s']:.3f} pages/s "
+              f"(OCR {r['ocr_latency_sum_s']:.1f} s; other processes' CPU {r['cpu']['other_cpu_s']:.1f} s)")
+    ratio = results["after"]["pages_per_s"] / results["before"]["pages_per_s"]
+    print(f"pages/s after / before: {ratio:.3f}x")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "command": " ".join(["python", "bench/accuracy.py", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": machine_info(args.threads, 0), "categories": table, "modes": results,
+            "ratio_pages_per_s": round(ratio, 4),
+            "variants": {n: {"category": v.category, "skew": v.skew, "degrade": v.degrade, "form": v.form,
+                             "dpi": v.dpi} for n, v in variants.items()},
+        }, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
