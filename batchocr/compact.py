@@ -56,7 +56,7 @@ def compact_shard(out: Store, shard: int) -> Compacted | None:
     parts = out.find(shard_dir(shard), suffix=".parquet")
     if not parts:
         return None
-    tables = [pq.read_table(io.BytesIO(out.read_bytes(p))).cast(schema.PAGE_TABLE) for p in parts]
+    tables = [schema.conform(pq.read_table(io.BytesIO(out.read_bytes(p)))) for p in parts]
     rows = pl.from_arrow(pa.concat_tables(tables))
     stale = producer.stale_runs(out, rows["run_id"].unique().to_list())
     kept = dedupe(rows, stale)  # sorted by (doc_id, page_index) already

@@ -59,6 +59,14 @@ def _pandas_metadata(columns: list[tuple[str, pa.DataType, str]]) -> bytes:
 PAGE_TABLE = pa.schema([pa.field(n, t) for n, t, _ in PAGE_TABLE_COLUMNS],
                        metadata={b"pandas": _pandas_metadata(PAGE_TABLE_COLUMNS)})
 
+def conform(table: pa.Table) -> pa.Table:
+    """A page table in this version's schema: a column a part was written without
+    (one added later) comes in as nulls; the rest are cast to their types."""
+    n = table.num_rows
+    return pa.table({f.name: table[f.name] if f.name in table.column_names else pa.nulls(n, f.type)
+                     for f in PAGE_TABLE}).cast(PAGE_TABLE)
+
+
 # Every `error_type` a row can carry (README's Errors table lists the same).
 ERROR_TYPES = {
     "empty_file", "unreadable", "open_failed", "encrypted", "no_pages", "render_failed", "too_large",

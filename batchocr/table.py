@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from batchocr import layout
+from batchocr import layout, schema
 from batchocr.errors import ConfigError
 from batchocr.storage import Store
 
@@ -23,5 +23,11 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     if not parts:
         raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
     options, credential_provider = store.polars_options()
+    # The schema is this version's: a part written before a column existed (route,
+    # skew_angle) reads with it null, so an OUT resumed across versions still opens.
     return pl.scan_parquet([store.uri(store.path(p)) for p in parts], hive_partitioning=False,
+                           schema=PAGE_SCHEMA, missing_columns="insert", extra_columns="ignore",
                            storage_options=options, credential_provider=credential_provider)
+
+
+PAGE_SCHEMA = pl.from_arrow(schema.PAGE_TABLE.empty_table()).schema

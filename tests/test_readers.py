@@ -74,3 +74,26 @@ def test_pandas_keeps_integer_columns_with_nulls_as_integers(out):
     assert str(df["source_size"].dtype) == "Int64" and str(df["shard"].dtype) == "Int32"
     assert str(df["processed_at"].dtype) == "datetime64[us, UTC]"
     assert df.loc[df["page_index"] == -1, "error_type"].tolist() == ["open_failed"]
+
+
+def test_an_out_with_parts_from_before_a_column_existed_still_reads_and_compacts(tmp_path):
+    """A resumed OUT whose first parts were written by a version without the newer
+    columns (route, route_score, skew_angle): read_pages, report and compact take it."""
+    from batchocr import read_pages
+    from synthetic import row, write_part
+
+    out = tmp_path / "out"
+    write_part(out, "new", [row("file:///s/a.pdf", 1, 5, text="new", page_count=2, route="model", route_score=0.1)])
+    old_file = out / "pages" / "shard-00000" / "part-old.parquet"
+    new = pq.read_table(next((out / "pages" / "shard-00000").glob("*.parquet")))
+    newer = [c for c in ("route", "route_score", "skew_angle") if c in new.column_names]
+    pq.write_table(pa.Table.from_pylist([row("file:///s/a.pdf", 0, 0, text="old", page_count=2)],
+                                        schema=schema.PAGE_TABLE).drop_columns(newer), old_file)
+    pages = read_pages(str(out)).collect().sort("page_index")
+    assert pages["text"].to_list() == ["old", "new"] and pages["route"].to_list() == [None, "model"]
+    got = run_cli("report", str(out), "--json", check=True)
+    assert '"pages": 2' in got.stdout
+    run_cli("compact", str(out), check=True)
+    (part,) = (out / "pages" / "shard-00000").glob("*.parquet")
+    table = pq.read_table(part)
+    assert table.schema.remove_metadata() == schema.PAGE_TABLE.remove_metadata() and table.num_rows == 2
