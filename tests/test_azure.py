@@ -234,20 +234,20 @@ def test_no_secret_in_any_output_log_run_record_marker_or_table(azurite, tmp_pat
             assert len(_error_lines(output)) == 1 and "Traceback" not in output, output
 
     written = azurite.blobs("secrets")
-    kinds = {"runs": 0, "done": 0, "parquet": 0}
+    kinds = {"runs": 0, "done": 0, "producer": 0, "parquet": 0}
     for name, data in written.items():
         if name.startswith("in/"):
             continue
         assert not [s for s in secrets if s.encode() in data], name
         if name.endswith(".json"):
-            kinds["runs" if "/_runs/" in name else "done"] += 1
+            kinds["runs" if "/_runs/" in name else "producer" if name.endswith("/_producer.json") else "done"] += 1
             assert not [s for s in secrets for text in _strings(json.loads(data)) if s in text], name
         elif name.endswith(".parquet"):
             kinds["parquet"] += 1
             table = pq.read_table(io.BytesIO(data))
             texts = _strings(table.to_pylist()) + [v.decode(errors="replace") for v in (table.schema.metadata or {}).values()]
             assert texts and not [s for s in secrets for text in texts if s in text], name
-    assert kinds == {"runs": 3, "done": 3, "parquet": 3}, kinds
+    assert kinds == {"runs": 3, "done": 3, "producer": 3, "parquet": 3}, kinds
 
 
 def test_abfs_urls_name_the_same_documents_as_az(azurite, tmp_path):
