@@ -1,4 +1,6 @@
-"""CPU benchmark: batchocr (rapidocr engine) against rapidocr called directly.
+"""CPU benchmark: batchocr (rapidocr engine) against rapidocr called directly, and
+the engine's page geometry (reading order, deskew, rescale) against the engine
+without it.
 
     python bench/cpu.py [--copies K] [--repeat R] [--threads N] [--workers W] [--json FILE]
 
@@ -14,10 +16,13 @@ In one process run (a noisy machine makes only ratios within one run mean much):
   caller could do, render and model load excluded;
 * "batchocr": batchocr.pipeline.run_job over the same corpus into a fresh OUT,
   wall time end to end: engine construction (model load, first-call warm-up),
-  render worker spawn, rendering, OCR, Parquet commits, run record;
-* the two alternate (raw, batchocr, raw, batchocr, ...) --repeat times; the
-  figure is the median of the per-pair ratios batchocr pages/s / raw pages/s
-  (goal >= 0.9x);
+  render worker spawn, rendering, OCR, Parquet commits, run record; the engine
+  with reading_order, deskew and rescale off (the rapidocr steps alone);
+* "layout": the same run with the engine's defaults (reading order, deskew and
+  rescale on);
+* the three alternate (raw, batchocr, layout, raw, ...) --repeat times; the
+  figures are the medians of the per-round ratios batchocr pages/s / raw
+  pages/s and layout pages/s / batchocr pages/s (goal >= 0.9x for both);
 * correctness: batchocr wrote one row per rendered page, and its text equals
   join_lines() of the raw rapidocr output for every (doc, page) after whitespace
   normalisation.
@@ -89,7 +94,7 @@ def wait_quiet(max_wait_s: float, share: float = 0.10, window_s: float = 2.0) ->
 def disturbed(run: dict, share: float = 0.10) -> bool:
     """Other processes used >= share of the machine's CPUs during either half of a pair."""
     cpus = os.cpu_count() or 1
-    return any(run[k]["cpu"]["other_cpu_s"] >= share * cpus * run[k]["seconds"] for k in ("raw", "batchocr"))
+    return any(run[k]["cpu"]["other_cpu_s"] >= share * cpus * run[k]["seconds"] for k in ("raw", "batchocr", "layout"))
 
 
 def build_corpus(folder: Path, copies: int) -> list[Path]:
@@ -161,7 +166,10 @@ def run_raw(ocr, pages: list[dict]) -> tuple[float, dict]:
     return seconds, texts
 
 
-def run_batchocr(corpus: Path, out: Path, threads: int, render_spec) -> tuple[float, dict, dict]:
+PLAIN = {"reading_order": False, "deskew": False, "rescale": False}
+
+
+def run_batchocr(corpus: Path, out: Path, threads: int, render_spec, options: dict) -> tuple[float, dict, dict]:
     """Wall seconds of run_job end to end, the summary + run record, and the text of
     each (doc_id, page_index) as written to the page table."""
     import pyarrow as pa
@@ -172,7 +180,7 @@ def run_batchocr(corpus: Path, out: Path, threads: int, render_spec) -> tuple[fl
 
     # route model: every page to rapidocr, the same work as the raw calls (bench/route.py weighs routing)
     spec = JobSpec(source=str(corpus), out=str(out), engine="rapidocr", route="model",
-                   engines={"rapidocr": {"threads": threads}}, render=render_spec)
+                   engines={"rapidocr": {"threads": threads, **options}}, render=render_spec)
     start = time.perf_counter()
     summary = run_job(spec, progress=False)
     seconds = time.perf_counter() - start
@@ -319,11 +327,18 @@ def main(argv: list[str] | None = None) -> int:
 
             waited = wait_quiet(args.wait_quiet)
             meter = CpuMeter()
-            b_s, b_info, b_texts = run_batchocr(corpus, tmp / f"out-{r}", args.threads, render_spec)
+            b_s, b_info, b_texts = run_batchocr(corpus, tmp / f"out-{r}", args.threads, render_spec, PLAIN)
             b_cpu = meter.stop() | {"waited_quiet_s": round(waited, 1)}
             check = compare(raw_texts, b_texts)
             print(f"[{r}] batchocr {b_s:7.1f} s  {n / b_s:.3f} pages/s  ratio {raw_s / b_s:.3f}x  "
                   f"(engine latency sum {b_info['latency_s']:.1f} s, {b_info['timings']}) cpu {b_cpu}", file=sys.stderr)
+
+            waited = wait_quiet(args.wait_quiet)
+            meter = CpuMeter()
+            l_s, l_info, _ = run_batchocr(corpus, tmp / f"layout-{r}", args.threads, render_spec, {})
+            l_cpu = meter.stop() | {"waited_quiet_s": round(waited, 1)}
+            print(f"[{r}] layout   {l_s:7.1f} s  {n / l_s:.3f} pages/s  vs batchocr {b_s / l_s:.3f}x  "
+                  f"(engine latency sum {l_info['latency_s']:.1f} s) cpu {l_cpu}", file=sys.stderr)
             runs.append({
                 "repeat": r,
                 "raw": {"seconds": round(raw_s, 3), "pages_per_s": round(n / raw_s, 4),
@@ -337,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
                              "other_s": round(b_s - b_info["latency_s"] - b_info["timings"]["render_wait_s"]
                                               - b_info["timings"]["write_s"], 3)},
                 "ratio": round(raw_s / b_s, 4),
+                "layout": {"seconds": round(l_s, 3), "pages_per_s": round(n / l_s, 4),
+                           "ocr_latency_sum_s": round(l_info["latency_s"], 3), "rows": l_info["rows"],
+                           "not_stop": l_info["not_stop"], "cpu": l_cpu},
+                "layout_ratio": round(b_s / l_s, 4),
             })
             runs[-1]["disturbed"] = disturbed(runs[-1])
             if runs[-1]["disturbed"]:
@@ -351,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet = [run for run in runs if not run["disturbed"]]
     ratio = statistics.median(run["ratio"] for run in (quiet or runs))
+    layout_ratio = statistics.median(run["layout_ratio"] for run in (quiet or runs))
     ok_rows = all(run["batchocr"]["rows"] == n and run["batchocr"]["not_stop"] == 0
+                  and run["layout"]["rows"] == n and run["layout"]["not_stop"] == 0
                   and run["batchocr"]["vs_raw"]["missing"] == 0 and run["batchocr"]["vs_raw"]["extra"] == 0
                   for run in runs)
     differ = max(run["batchocr"]["vs_raw"]["differ_normalised"] for run in runs)
@@ -367,11 +388,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{b['cpu']['other_cpu_s']:>11.1f}  "
               f"wall = OCR {b['ocr_latency_sum_s']:.1f} + render wait {tm['render_wait_s']:.1f} "
               f"+ write {tm['write_s']:.2f} + other {b['other_s']:.1f} s; ratio {run['ratio']:.3f}x")
+        lay = run["layout"]
+        print(f"{run['repeat']:>3}  {'layout':<9} {n:>5} {lay['seconds']:>8.1f} {lay['pages_per_s']:>8.3f} "
+              f"{lay['cpu']['other_cpu_s']:>11.1f}  OCR {lay['ocr_latency_sum_s']:.1f} s; "
+              f"layout/batchocr {run['layout_ratio']:.3f}x")
     print()
     pairs = ", ".join(format(run["ratio"], ".3f") + ("*" if run["disturbed"] else "") for run in runs)
     print(f"median ratio batchocr/raw: {ratio:.3f}x (goal >= 0.9x), per pair [{pairs}]"
           + (f"; median of the {len(quiet)} undisturbed pairs" if quiet and len(quiet) < len(runs) else "")
           + ("; WARNING: every pair was disturbed by other load" if not quiet else ""))
+    print(f"median ratio layout/batchocr (reading order, deskew, rescale on / off): {layout_ratio:.3f}x (goal >= 0.9x), "
+          f"per round [{', '.join(format(run['layout_ratio'], '.3f') + ('*' if run['disturbed'] else '') for run in runs)}]")
     counted = quiet or runs
     print(f"median pages/s: raw {statistics.median(run['raw']['pages_per_s'] for run in counted):.3f}, "
           f"batchocr {statistics.median(run['batchocr']['pages_per_s'] for run in counted):.3f} "
@@ -394,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             "raw_warmup_s": round(warm_s, 3),
             "runs": runs,
             "median_ratio": round(ratio, 4),
+            "median_layout_ratio": round(layout_ratio, 4),
             "median_over": "undisturbed pairs" if quiet else "all pairs (all disturbed)",
             "rows_equal_pages": ok_rows,
             "texts_differing_normalised": differ,
