@@ -257,13 +257,12 @@ def report(out, truth, as_json, html_file, top, gpu_hourly_usd, storage):
         batchocr report out/demo --truth samples/truth --html report.html
         batchocr report az://results/run1 --gpu-hourly-usd 3.50 --json
     """
-    from batchocr.cost import read_runs
     from batchocr.report import build_report, format_text
     from batchocr.storage import Store
     from batchocr.table import read_pages
 
     summary = build_report(read_pages(out, storage), out=out, truth=truth, top=top,
-                           runs=read_runs(Store(out, storage)), gpu_hourly_usd=gpu_hourly_usd)
+                           runs=Store(out, storage).read_jsons(layout.RUNS), gpu_hourly_usd=gpu_hourly_usd)
     click.echo(summary.to_json() if as_json else format_text(summary))
     if html_file:
         from pathlib import Path

@@ -14,9 +14,7 @@ import os
 import platform
 from typing import Any, Iterable
 
-from batchocr import layout
 from batchocr.cpus import available_cpus
-from batchocr.storage import Store
 
 
 def cpu_machine() -> dict[str, Any]:
@@ -64,10 +62,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def read_runs(store: Store) -> list[dict[str, Any]]:
-    return [store.read_json(rel) for rel in store.find(layout.RUNS, suffix=".json")]
-
-
 def summarise(runs: Iterable[dict[str, Any]], pages: int, hourly_usd: float | None = None) -> dict[str, Any] | None:
     """Accelerator-seconds of the runs and, for `pages` pages in the table, pages per
     accelerator-hour and (with a price per accelerator-hour: `hourly_usd`, else the
@@ -82,7 +76,7 @@ def summarise(runs: Iterable[dict[str, Any]], pages: int, hourly_usd: float | No
         counted += 1
         seconds += float(acc["seconds"])
         names[f"{acc.get('count', 1)} x {acc.get('name', '?')} ({acc.get('kind', '?')})"] = None
-        priced = run.get("spec", {}).get("gpu_hourly_usd", priced) or priced
+        priced = run.get("spec", {}).get("gpu_hourly_usd") or priced  # the latest run that names one
     if not counted:
         return None
     price, source = (hourly_usd, "--gpu-hourly-usd") if hourly_usd is not None else (priced, "job spec")

@@ -67,8 +67,7 @@ def check(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> No
 
 def _from_runs(out: Store) -> dict[str, Any] | None:
     """An OUT from before _producer.json: the settings of its latest run."""
-    records = [out.read_json(p) for p in out.find(layout.RUNS, suffix=".json")]
-    records = [r for r in records if r.get("status") in ("done", "interrupted", "failed")]
+    records = [r for r in out.read_jsons(layout.RUNS) if r.get("status") in ("done", "interrupted", "failed")]
     return of_record(max(records, key=lambda r: r.get("started_at", ""))) if records else None
 
 

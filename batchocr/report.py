@@ -104,7 +104,7 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
                  limit: int = 100, runs: list[dict[str, Any]] | None = None,
                  gpu_hourly_usd: float | None = None) -> Report:
     """pages: the page table (batchocr.read_pages). truth: a folder for evaluate().
-    runs: the OUT's run records (cost.read_runs), for the cost figures."""
+    runs: the OUT's run records (OUT/_runs/*.json), for the cost figures."""
     raw = scan(pages).collect()
     read = raw.height
     rows = one_row_per_page(raw)

@@ -28,8 +28,8 @@ def shard_count(out: Store, plan: PlanInfo | None, markers: list[str]) -> int:
     counts = [1]
     for rel in markers:
         counts.append(int(out.read_json(rel).get("shards", 1)))
-    for rel in out.find(layout.RUNS, suffix=".json"):
-        counts.append(int(out.read_json(rel).get("spec", {}).get("shard", {}).get("count", 1)))
+    for run in out.read_jsons(layout.RUNS):
+        counts.append(int(run.get("spec", {}).get("shard", {}).get("count", 1)))
     return max(counts + [s + 1 for s in shards_present(out)])
 
 

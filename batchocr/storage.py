@@ -181,6 +181,10 @@ class Store:
     def read_json(self, rel: str) -> Any:
         return json.loads(self.read_bytes(rel))
 
+    def read_jsons(self, rel: str) -> list[Any]:
+        """Every JSON file under rel (e.g. OUT's run records), in name order; [] if none."""
+        return [self.read_json(p) for p in self.find(rel, suffix=".json")]
+
     def read_parquet(self, rel: str, columns: list[str]) -> pa.Table:
         """Some columns of a Parquet file, downloading only their bytes: pyarrow reads
         the file's tail (its footer), then those column chunks (nearby ones coalesced:
