@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchocr import layout, producer, schema
-from batchocr.sink import shard_dir, shards_present, to_parquet
+from batchocr.layout import shard_dir
+from batchocr.sink import shards_present, to_parquet
 from batchocr.storage import Store
 
 

@@ -27,7 +27,8 @@ from batchocr.render import RenderTask
 from batchocr.renderpool import RenderPool
 from batchocr.sharding import shard_of
 from batchocr.signals import graceful_stop
-from batchocr.sink import PartWriter, Resume, committed_keys, completed, done_marker, shard_dir
+from batchocr.layout import done_marker, shard_dir
+from batchocr.sink import PartWriter, Resume, committed_keys, completed
 from batchocr.sources import DocRef, list_documents
 from batchocr.spec import JobSpec, RenderSpec
 from batchocr.storage import Store

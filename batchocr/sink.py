@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from batchocr import layout, schema
 from batchocr.errors import ConfigError
-from batchocr.layout import done_marker, shard_dir  # noqa: F401  (callers import them from here too)
+from batchocr.layout import shard_dir
 from batchocr.spec import CommitSpec
 from batchocr.storage import Store
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from batchocr import layout
 from batchocr.plan import PlanInfo, read_plan
-from batchocr.sink import committed_keys, done_marker, shards_present
+from batchocr.layout import done_marker
+from batchocr.sink import committed_keys, shards_present
 from batchocr.storage import Store
 
 
