@@ -91,10 +91,13 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     summary = RunSummary(run_id=run_id, shard=str(shard), out=spec.out)
 
     _check_stores(spec, source, out)  # before the engine loads; a missing SOURCE leaves no run record
+    expected = None  # what OUT is to remember, known before the engine loads
     if engine is None:
+        expected = _producer_settings(spec)
+        producer.check(out, expected, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
         engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
     try:
-        return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop)
+        return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop, expected)
     except StorageError as exc:  # said here, not by the store: `status` and `report` resume nothing
         raise StorageError(f"{exc}; committed work is intact, rerun to resume") from None
     finally:
@@ -102,13 +105,18 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
 
 
 def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.datetime, summary: RunSummary,
-         out: Store, source: Store, progress: bool, stop: threading.Event) -> RunSummary:
+         out: Store, source: Store, progress: bool, stop: threading.Event,
+         expected: dict[str, Any] | None = None) -> RunSummary:
     shard = spec.shard
-    render = _render_spec(spec, engine)
+    render = _render_spec(spec, getattr(engine, "render_hints", {}))
     record = _run_record(spec, engine, run_id, started_at) | {"render": dataclasses.asdict(render)}
     held = cost.accelerator(engine)  # what the run holds, priced by `report --gpu-hourly-usd`
     settings = producer.of_record(record)
-    producer.check(out, settings, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
+    if expected is not None and settings != expected:  # the check before the load was on other settings
+        raise BoundaryError(f"engine {engine.name}: OUT was checked before it loaded against settings other than "
+                            f"the built engine's ({producer.describe_change(expected, settings)}): "
+                            f"engines.{engine.name}.settings() disagrees with the engine")
+    producer.remember(out, settings, spec.reprocess, spec.out)  # checked again, then OUT takes them
     out.write_json(layout.run_record(run_id), record | {"status": "running"})
 
     keys = committed_keys(out, shard.index)
@@ -252,10 +260,17 @@ def _check_stores(spec: JobSpec, source: Store, out: Store) -> None:
     out.check_writable_root("OUT")
 
 
-def _render_spec(spec: JobSpec, engine) -> RenderSpec:
-    """The engine's wishes (a VLM's page size) where the job spec leaves them unset."""
-    hints = getattr(engine, "render_hints", {})
+def _render_spec(spec: JobSpec, hints: dict[str, Any]) -> RenderSpec:
+    """The engine's wishes (`render_hints`: a VLM's page size) where the job spec leaves them unset."""
     return dataclasses.replace(spec.render, **{k: v for k, v in hints.items() if getattr(spec.render, k) is None})
+
+
+def _producer_settings(spec: JobSpec) -> dict[str, Any]:
+    """What OUT is to remember of this run (producer.settings), from the configuration
+    alone: the engine is not built (engines.settings)."""
+    known = engines.settings(spec.engine, spec.engine_options)
+    render = dataclasses.asdict(_render_spec(spec, known["render_hints"]))
+    return producer.settings(spec.engine, known["model"], known["preset"], known["prompt"], spec.route, render)
 
 
 def _documents(source: Store, out: Store, spec: JobSpec) -> Iterator[DocRef]:

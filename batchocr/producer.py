@@ -1,6 +1,7 @@
 """OUT remembers what produced it: the engine, model, preset, prompt, routing and
 render settings, in OUT/_producer.json (written by the first run). A run whose
-settings differ stops with exit 2 naming both, unless it is asked to reprocess
+settings differ stops with exit 2 naming both (checked before the engine loads,
+from the configuration alone: engines.settings), unless it is asked to reprocess
 (`--reprocess`, `reprocess: true`): then the file takes the new settings, pages
 made by runs with other settings no longer count as done (they are redone), and
 `compact` keeps the rows of runs with the current settings over older ones.
@@ -10,6 +11,7 @@ Which run made a row: its `run_id`, whose OUT/_runs/<run_id>.json has the settin
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 from batchocr import layout
@@ -24,15 +26,16 @@ RENDER_KEYS = ("dpi", "max_side", "size_multiple", "max_pixels", "max_image_pixe
 def of_record(record: dict[str, Any]) -> dict[str, Any]:
     """The settings that made a run's rows, from its run record."""
     params = record.get("engine_params") or {}
-    render = record.get("render") or {}
-    return {
-        "engine": record.get("engine"),
-        "model": record.get("model"),
-        "preset": params.get("preset"),
-        "prompt": params.get("prompt"),
-        "route": (record.get("spec") or {}).get("route"),
-        "render": {k: render.get(k) for k in RENDER_KEYS},
-    }
+    return settings(record.get("engine"), record.get("model"), params.get("preset"), params.get("prompt"),
+                    (record.get("spec") or {}).get("route"), record.get("render") or {})
+
+
+def settings(engine: str | None, model: str | None, preset: str | None, prompt: str | None, route: str | None,
+             render: dict[str, Any]) -> dict[str, Any]:
+    """What OUT remembers: from a run record (of_record), or from the configuration
+    alone before the engine loads (pipeline.run_job)."""
+    return {"engine": engine, "model": model, "preset": preset, "prompt": prompt, "route": route,
+            "render": {k: render.get(k) for k in RENDER_KEYS}}
 
 
 def _flat(producer: dict[str, Any]) -> dict[str, Any]:
@@ -40,8 +43,14 @@ def _flat(producer: dict[str, Any]) -> dict[str, Any]:
     return flat | {f"render.{k}": v for k, v in (producer.get("render") or {}).items()}
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, other: Any = None) -> str:
+    """`value` in at most 60 characters; a string from just before where it differs
+    from `other` (two prompts share their model's chat template for ~60 characters)."""
     text = repr(value)
+    if isinstance(value, str) and isinstance(other, str):
+        cut = len(os.path.commonprefix([text, repr(other)])) - 12
+        if cut > 12:
+            text = text[0] + "..." + text[cut:]
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -50,19 +59,30 @@ def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
     changed = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
     order = list(a) + [k for k in b if k not in a]
     changed.sort(key=order.index)
-    return (", ".join(f"{k} {_show(a.get(k))}" for k in changed) + "; this run: "
-            + ", ".join(f"{k} {_show(b.get(k))}" for k in changed))
+    return (", ".join(f"{k} {_show(a.get(k), b.get(k))}" for k in changed) + "; this run: "
+            + ", ".join(f"{k} {_show(b.get(k), a.get(k))}" for k in changed))
 
 
 def check(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> None:
-    """Before a run writes anything: OUT's settings are this run's, or it is asked
-    to reprocess (then OUT takes this run's settings)."""
-    stored = out.read_json(PRODUCER) if out.exists(PRODUCER) else _from_runs(out)
+    """OUT's settings are this run's, or it is asked to reprocess; writes nothing
+    (run before the engine loads: a refused run, or one whose engine fails to load,
+    leaves OUT as it was)."""
+    stored = _stored(out)
     if stored is not None and stored != producer and not reprocess:
         raise ConfigError(f"OUT {url} holds pages made with {describe_change(stored, producer)}: use another OUT, "
                           "or --reprocess to redo its pages with this run's settings")
-    if stored != producer or not out.exists(PRODUCER):
+
+
+def remember(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> None:
+    """Once the engine is up, before the run writes anything: checked again (another
+    pod may have written OUT meanwhile), then OUT takes this run's settings."""
+    check(out, producer, reprocess, url)
+    if not out.exists(PRODUCER) or out.read_json(PRODUCER) != producer:
         out.write_json(PRODUCER, producer)
+
+
+def _stored(out: Store) -> dict[str, Any] | None:
+    return out.read_json(PRODUCER) if out.exists(PRODUCER) else _from_runs(out)
 
 
 def _from_runs(out: Store) -> dict[str, Any] | None:

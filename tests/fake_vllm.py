@@ -136,7 +136,10 @@ class FakeEngine:
 
 
 class LLM:
+    built = 0  # how many were constructed (loading the model, in real vLLM)
+
     def __init__(self, max_num_seqs: int = 8, max_model_len: int = 4096, **kwargs):
+        LLM.built += 1
         self.kwargs = kwargs
         self.llm_engine = FakeEngine(max_num_seqs, max_model_len)
 

@@ -83,14 +83,19 @@ def test_a_rerun_processes_exactly_the_new_and_changed_documents(tmp_path):
         assert "nothing to do" in proc.stdout
 
 
-def test_out_remembers_what_made_it_and_reprocess_redoes_its_pages(rapidocr_run, tmp_path):
+def test_out_remembers_what_made_it_and_reprocess_redoes_its_pages(rapidocr_run, tmp_path, monkeypatch):
     """A rerun on the same OUT with another engine (or model, preset, prompt, route,
-    render settings) stops with exit 2 naming both, writing nothing; with --reprocess
-    its pages are redone, and compaction keeps the new rows."""
+    render settings) stops with exit 2 naming both, before any engine is built,
+    writing nothing; with --reprocess its pages are redone, and compaction keeps the
+    new rows."""
     import shutil
 
+    from batchocr import engines
     from conftest import SAMPLES
 
+    built = []
+    create = engines.create
+    monkeypatch.setattr(engines, "create", lambda name, options: built.append(name) or create(name, options))
     out = tmp_path / "out"
     shutil.copytree(rapidocr_run[0], out)
     before = sorted(p.name for p in out.rglob("*") if p.is_file())
@@ -102,11 +107,12 @@ def test_out_remembers_what_made_it_and_reprocess_redoes_its_pages(rapidocr_run,
         assert proc.stderr.startswith(f"Error: OUT {out} holds pages made with {changed}"), proc.stderr
         assert "--reprocess" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert sorted(p.name for p in out.rglob("*") if p.is_file()) == before, "a refused run wrote something"
+        assert not built, f"a refused run built the {built} engine"
     if "engine 'textlayer'" not in run_cli("run", str(SAMPLES), str(out), "-q", "--engine", "textlayer").stderr:
         raise AssertionError("the message names this run's engine too")
 
     proc = run_cli("run", str(SAMPLES), str(out), "-q", "--engine", "textlayer", "--reprocess", check=True)
-    assert "done: 5 documents, 10 pages" in proc.stdout
+    assert "done: 5 documents, 10 pages" in proc.stdout and built == ["textlayer"]
     # OUT has the new settings now: the same run again has nothing to do, without the flag
     assert "nothing to do" in run_cli("run", str(SAMPLES), str(out), "-q", "--engine", "textlayer", check=True).stdout
     compact(Store(str(out)))

@@ -230,3 +230,59 @@ def test_an_engine_refusing_every_page_ends_the_run_with_one_line_and_no_error_r
 
     (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
     assert record["status"] == "failed"
+
+
+def test_a_rerun_with_another_model_or_prompt_exits_2_before_vllm_loads(monkeypatch, tmp_path):
+    """OUT remembers the model and prompt it was made with; a rerun with others stops
+    with exit 2 naming both before vllm.LLM is built (a real one takes minutes and a
+    GPU), and writes nothing. The same settings rerun: the engine is built, nothing to do."""
+    import json
+
+    from conftest import run_cli
+
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(fake_vllm.LLM, "built", 0)
+    out = tmp_path / "out"
+    vllm = ("--engine", "vllm", "--model", "fake-model", "-q")
+    run_cli("run", str(SAMPLES), str(out), *vllm, check=True)
+    assert fake_vllm.LLM.built == 1
+    producer = json.loads((out / "_producer.json").read_text())
+    assert producer["model"] == "fake-model" and producer["render"]["max_side"] == 1288  # the preset's page size
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file())
+
+    job = tmp_path / "job.yaml"
+    job.write_text("engines:\n  vllm:\n    prompt: Transcribe the page.\n")
+    for args, old, new in [
+        (("--engine", "vllm", "--model", "other-model", "-q"), "model 'fake-model'", "model 'other-model'"),
+        ((*vllm, "--job", str(job)), "prompt '...vision_end|>Read all the text on this page",
+         "prompt '...vision_end|>Transcribe the page.<|im_end|>"),
+        ((*vllm, "--preset", "olmocr-2"), "preset 'qwen2.5-vl', prompt", "preset 'olmocr-2', prompt"),
+    ]:
+        proc = run_cli("run", str(SAMPLES), str(out), *args)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"Error: OUT {out} holds pages made with {old}"), proc.stderr
+        assert f"; this run: {new}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert fake_vllm.LLM.built == 1, f"vllm.LLM was built for a run OUT refuses: {args}"
+        assert sorted((p.name, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()) == before
+
+    assert "nothing to do" in run_cli("run", str(SAMPLES), str(out), *vllm, check=True).stdout
+    assert fake_vllm.LLM.built == 2
+
+
+def test_settings_known_before_the_load_that_differ_from_the_engines_stop_the_run(monkeypatch, tmp_path):
+    """engines.vllm.settings() is what OUT is checked against before the model loads;
+    should it ever disagree with the built engine, the run stops with one line (exit 1)
+    before writing anything, rather than record settings OUT was not checked against."""
+    import batchocr.engines.vllm as engine_module
+    from conftest import run_cli
+
+    fake_vllm.install(monkeypatch)
+    real = engine_module.settings
+    monkeypatch.setattr(engine_module, "settings", lambda options: real(options) | {"prompt": "stale"})
+    out = tmp_path / "out"
+    proc = run_cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "-q")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("Error: engine vllm: OUT was checked before it loaded against settings other "
+                                  "than the built engine's (prompt 'stale'; this run: prompt"), proc.stderr
+    assert "disagrees with the engine" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (out / "_producer.json").exists() and not list(out.glob("_runs/*"))

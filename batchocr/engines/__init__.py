@@ -49,6 +49,18 @@ def create(name: str, options: Mapping[str, Any]) -> Engine:
     return module.create(options)
 
 
+def settings(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """What OUT remembers of engine `name` with these options, from the configuration
+    alone: {"model", "preset", "prompt", "render_hints"} (None or {} where the engine
+    has none), without building the engine (no model loaded, vLLM not imported), so
+    that a run OUT would refuse stops before the engine loads. Each engine module's
+    `settings(options)` gives it; run_job checks it against the built engine's run record."""
+    if name not in _MODULES:
+        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
+    module = importlib.import_module(_MODULES[name])
+    return {"preset": None, "prompt": None, "render_hints": {}} | module.settings(options)
+
+
 # Each engine's options dataclass, in its module.
 _OPTIONS = {"rapidocr": "RapidOCROptions", "textlayer": "TextLayerOptions", "vllm": "VLLMOptions"}
 

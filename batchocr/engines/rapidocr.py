@@ -189,3 +189,16 @@ def _dist_version(name: str) -> str | None:
 
 def create(options: Mapping[str, Any]) -> RapidOCREngine:
     return RapidOCREngine(parse_options(RapidOCROptions, options, "rapidocr"))
+
+
+def settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """What OUT remembers of this engine, without building it (engines.settings): the
+    model named as RapidOCREngine names it, from rapidocr's default config (the
+    options set none of its keys); no model is loaded."""
+    from rapidocr.main import DEFAULT_CFG_PATH
+    from rapidocr.utils.parse_parameters import ParseParams
+
+    parse_options(RapidOCROptions, options, "rapidocr")
+    cfg = ParseParams.load(DEFAULT_CFG_PATH)
+    return {"model": "rapidocr {} det-{} rec-{}".format(
+        *(getattr(v, "value", v) for v in (cfg.Det.ocr_version, cfg.Det.model_type, cfg.Rec.model_type)))}

@@ -34,7 +34,7 @@ class TextLayerEngine:
 
     def __init__(self, options: TextLayerOptions):
         self.options = options
-        self.model = f"pymupdf-{pymupdf.__version__}"
+        self.model = _model()
 
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
         for batch in pages:
@@ -61,3 +61,13 @@ class TextLayerEngine:
 
 def create(options: Mapping[str, Any]) -> TextLayerEngine:
     return TextLayerEngine(parse_options(TextLayerOptions, options, "textlayer"))
+
+
+def _model() -> str:
+    return f"pymupdf-{pymupdf.__version__}"
+
+
+def settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """What OUT remembers of this engine, without building it (engines.settings)."""
+    parse_options(TextLayerOptions, options, "textlayer")
+    return {"model": _model()}

@@ -164,7 +164,7 @@ class VLLMEngine:
     @property
     def render_hints(self) -> dict[str, int]:
         """The page size the model wants: the pipeline renders to it."""
-        return {"max_side": self.preset.max_side, "size_multiple": self.preset.size_multiple}
+        return _render_hints(self.preset)
 
     @property
     def queue_pages(self) -> int:
@@ -364,6 +364,19 @@ def _check_can_generate(engine: Any, model: str) -> None:
 
 def _retry(page: _Page) -> _Page:
     return _Page(page.doc_id, page.page_index, page.width, page.height, page.image, attempt=page.attempt + 1)
+
+
+def _render_hints(preset: Preset) -> dict[str, int]:
+    return {"max_side": preset.max_side, "size_multiple": preset.size_multiple}
+
+
+def settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """What OUT remembers of this engine (model, preset, prompt, page size), from its
+    options alone: vLLM is not imported, no model loaded (engines.settings)."""
+    o = parse_options(VLLMOptions, options, "vllm")
+    preset = get_preset(o.preset)
+    return {"model": o.model, "preset": preset.name, "prompt": preset.prompt(o.prompt),
+            "render_hints": _render_hints(preset)}
 
 
 def create(options: Mapping[str, Any]) -> VLLMEngine:
