@@ -24,12 +24,13 @@ STRAIGHTEN_ABOVE = 0.5
 # TEXT_HEIGHT: tiny text is lost by the detector, huge text costs pixels for nothing.
 TEXT_HEIGHT_RANGE = (20.0, 80.0)
 TEXT_HEIGHT = 36.0
-# The rescaled image's longest side stays at most this (detector time grows with pixels).
+# The rescaled image's longest side stays at most this (detector time grows with pixels);
+# its pixel count is bounded by the engine's memory budget too (plan's max_pixels).
 MAX_SIDE = 4000
 
 
 def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = True,
-         most: float = 1.0) -> tuple[float, float, float]:
+         most: float = 1.0, max_pixels: float | None = None) -> tuple[float, float, float]:
     """(skew angle, rotation to apply, scale to apply) for a page whose detector saw
     an image of `shape` and found `quads`: rotate if the skew is above
     STRAIGHTEN_ABOVE, scale if the text height is outside TEXT_HEIGHT_RANGE.
@@ -37,7 +38,11 @@ def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = 
     Enlarging goes no further than `most` (the original pixels: rapidocr shrank the
     page to 2000 px, losing small text on a large page). Enlarging beyond them adds
     no detail: rapidocr's detector already enlarges small images itself (shorter
-    side to 736 px), and on 50-100 dpi pages doing it again gained nothing."""
+    side to 736 px), and on 50-100 dpi pages doing it again gained nothing.
+
+    The warped image has at most `max_pixels` pixels (its canvas, rotation
+    included): the scale is lowered to fit, below 1 if need be. An engine derives
+    it from its memory budget (batchocr.engines.rapidocr: memory_mb)."""
     angle = skew_angle(quads) if deskew else 0.0
     rotate = angle if abs(angle) >= STRAIGHTEN_ABOVE else 0.0
     scale = 1.0
@@ -46,7 +51,18 @@ def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = 
         scale = min(TEXT_HEIGHT / height, MAX_SIDE / max(shape[:2]), max(most, 1.0))
         if abs(scale - 1) < 0.1:
             scale = 1.0
+    if max_pixels and (rotate or scale != 1.0):
+        scale = min(scale, 0.999 * math.sqrt(max_pixels / canvas_pixels(shape, rotate)))  # 0.999: rounding
+        if not rotate and abs(scale - 1) < 0.1:  # the bound leaves it as it is: no second pass
+            scale = 1.0
     return angle, rotate, scale
+
+
+def canvas_pixels(shape: tuple[int, ...], angle: float, scale: float = 1.0) -> float:
+    """Pixels of warp's output for an image of `shape` turned by `angle` degrees and scaled."""
+    h, w = shape[:2]
+    cos, sin = abs(math.cos(math.radians(angle))), abs(math.sin(math.radians(angle)))
+    return (w * cos + h * sin) * (w * sin + h * cos) * scale * scale
 
 
 def turn(quads, angle: float, shape: tuple[int, ...]) -> np.ndarray:

@@ -194,6 +194,26 @@ def single_column(seed: int = 3) -> Page:
     return Page(doc, truth)
 
 
+def poster(tiles: int = 3) -> Page:
+    """tiles x tiles single-column pages on one sheet: small text on a large page (a
+    spread, a poster), which the rapidocr engine rescales up to read."""
+    src = single_column()
+    doc = pymupdf.open()
+    sheet = doc.new_page(width=tiles * W, height=tiles * H)
+    for row in range(tiles):
+        for col in range(tiles):
+            sheet.show_pdf_page(pymupdf.Rect(col * W, row * H, (col + 1) * W, (row + 1) * H), src.doc, 0)
+    return Page(doc, src.truth * tiles * tiles)
+
+
+def pixels(page: Page, megapixels: float) -> np.ndarray:
+    """The page's first page rendered in RGB at the zoom that gives it `megapixels`."""
+    rect = page.doc[0].rect
+    zoom = (megapixels * 1e6 / (rect.width * rect.height)) ** 0.5  # dpi / 72
+    pix = page.doc[0].get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB, alpha=False)
+    return np.frombuffer(pix.samples, np.uint8).reshape(pix.height, pix.width, 3)
+
+
 LAYOUTS = {"two-column": two_column, "three-column": three_column, "single-column": single_column}
 
 

@@ -6,20 +6,45 @@ switched off before onnxruntime is imported.
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Iterator, Mapping
 
+import cv2
 import numpy as np
 import pyarrow as pa
 from annotated_types import Ge, Le
+from rapidocr.utils.process_img import resize_image_within_bounds
 
 from batchocr import deskew, readingorder, schema
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
 from batchocr.engines import parse_options, result
 from batchocr.schema import Needs
+
+log = logging.getLogger(__name__)
+
+# A page's working memory, over the loaded engine holding the page. Detection grows
+# with its input's pixels: BASE_MB + BYTES_PER_DETECTOR_PIXEL a pixel bounds every
+# measured page (a 40 Mpx sheet of small text, detected again at 2.1-12.4 Mpx:
+# 494-2013 MB); the detector alone fits 146 bytes a pixel + 173 MB. Recognition
+# does not grow with the page: a batch of six full-width lines peaks at ~590 MB
+# whatever the page's size, so no budget below MIN_MEMORY_MB could hold. Measured
+# on the 2-core build machine (docs/BENCHMARKS.md, "A large page's memory"):
+#     python bench/page_memory.py --detector 1,2,4,8
+#     python bench/page_memory.py --kinds poster --pages 40 --budgets 600,768,1024,1280,1536,2048,huge
+BYTES_PER_DETECTOR_PIXEL = 150
+BASE_MB = 300
+MIN_MEMORY_MB = 768  # a detector input of 3.27 Mpx: a Letter page after rapidocr's 2000-px preprocessing
+# deskew.plan's warp aims this far below the bound: the detector rounds sides to 32 px
+# (up to 4% more pixels), and a warped image over the bound would be resampled again.
+FIT_MARGIN = 0.95
+# rapidocr's detector (Det.limit_side_len, limit_type min) enlarges an image whose
+# shorter side is below this; it pads one wider than 8:1 or at most 30 px high.
+DET_SIDE = 736
 
 
 @dataclass(frozen=True)
@@ -40,6 +65,12 @@ class RapidOCROptions:
     # Rescale pages whose text is too small or too large for the detector to its
     # preferred height (batchocr/deskew.py: TEXT_HEIGHT_RANGE).
     rescale: bool = True
+    # Memory (MB) for one page's work, over the loaded engine and the page image itself.
+    # It bounds the detector's input to (memory_mb - BASE_MB) / BYTES_PER_DETECTOR_PIXEL
+    # pixels (1024: 5.06 Mpx, more than any page rapidocr's 2000-px preprocessing leaves,
+    # turned for deskew); a page that needs more (small text on a large page, rescaled
+    # up; a narrow strip the detector enlarges) is detected at the largest size that fits.
+    memory_mb: Annotated[int, Ge(MIN_MEMORY_MB)] = 1024
 
 
 class RapidOCREngine:
@@ -64,6 +95,8 @@ class RapidOCREngine:
             }
         )
         cfg = self._ocr.cfg
+        self.max_detector_pixels = max_detector_pixels(options.memory_mb)
+        self._capped = False
         self.model = "rapidocr {} det-{} rec-{}".format(
             *(getattr(v, "value", v) for v in (cfg.Det.ocr_version, cfg.Det.model_type, cfg.Rec.model_type))
         )
@@ -71,15 +104,16 @@ class RapidOCREngine:
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
         stop = stop or threading.Event()
         for batch in pages:
-            cols = batch.select(["doc_id", "page_index", "width", "height", "image"]).to_pydict()
+            cols = batch.select(["doc_id", "page_index", "width", "height"]).to_pydict()
+            images = batch.column("image")  # each page's pixels read in place, not copied to bytes
             rows = []
-            for row in zip(cols["doc_id"], cols["page_index"], cols["width"], cols["height"], cols["image"]):
+            for i, row in enumerate(zip(cols["doc_id"], cols["page_index"], cols["width"], cols["height"])):
                 if stop.is_set():  # seconds a page: a SIGTERM does not wait for the whole batch
                     break
-                rows.append(self._page(*row))
+                rows.append(self._page(*row, images[i].as_buffer()))
             yield schema.batch(schema.RESULTS, rows)
 
-    def _page(self, doc_id: str, page_index: int, width: int, height: int, image: bytes) -> dict:
+    def _page(self, doc_id: str, page_index: int, width: int, height: int, image) -> dict:
         start = time.perf_counter()
         try:
             pixels = np.frombuffer(image, dtype=np.uint8).reshape(height, width, 3)
@@ -103,20 +137,27 @@ class RapidOCREngine:
         from rapidocr.main import RapidOCRError
 
         opts, ocr = self.options, self._ocr
-        bgr = np.ascontiguousarray(rgb[:, :, ::-1])  # rapidocr wants BGR, like OpenCV
-        img, op = ocr.preprocess_img(bgr)  # longest side at most 2000 (Global.max_side_len)
+        # rapidocr's preprocessing (longest side at most 2000, Global.max_side_len) on the
+        # RGB page, then BGR (rapidocr's order, like OpenCV's) of the small image only: no
+        # full-size copy of a large page (resizing is per channel, so the pixels are the same)
+        img = _bgr(resize_image_within_bounds(rgb, ocr.min_side_len, ocr.max_side_len)[0])
         try:
-            crops, det = ocr.detect_and_crop(img, op)
+            img, crops, det = self._detect(img)  # img: shrunk further if the budget asked for it
         except RapidOCRError:  # nothing detected
             return "", (0.0 if opts.deskew else None)
         angle, rotate, scale = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale,
-                                           most=bgr.shape[0] / img.shape[0])
+                                           most=rgb.shape[0] / img.shape[0],
+                                           max_pixels=self.max_detector_pixels * FIT_MARGIN)
         angle_out = round(angle, 2) if opts.deskew else None
+        wanted = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale,
+                             most=rgb.shape[0] / img.shape[0])[2]
+        if scale < wanted:
+            self._bounded(f"rescaled by {scale:.2f}x rather than {wanted:.2f}x")
         if rotate or scale != 1.0:
             # from the original pixels: a page rapidocr shrank and we enlarge keeps its detail
-            img = deskew.warp(bgr, rotate, scale * img.shape[0] / bgr.shape[0])
+            img = _bgr(deskew.warp(rgb, rotate, scale * img.shape[0] / rgb.shape[0]))
             try:
-                crops, det = ocr.detect_and_crop(img, {"preprocess": {"ratio_h": 1.0, "ratio_w": 1.0}})
+                img, crops, det = self._detect(img)
             except RapidOCRError:
                 return "", angle_out
             quads = det.boxes
@@ -133,6 +174,32 @@ class RapidOCREngine:
             return readingorder.read(readingorder.boxes_from_quads(*zip(*kept))), angle_out
         return join_lines(*zip(*kept)), angle_out
 
+    def _detect(self, img: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], Any]:
+        """rapidocr's detect_and_crop, its input bounded to max_detector_pixels: an image
+        too large is shrunk first, one the detector would enlarge past the bound (a
+        narrow strip: the shorter side goes to 736 px) is enlarged less. Returns the
+        image detected (boxes are in its pixels), the crops and rapidocr's result."""
+        scale, limit = detector_fit(img.shape[:2], self.max_detector_pixels)
+        if scale < 1.0 or limit < DET_SIDE:
+            self._bounded(f"detected at {scale:.2f}x, shorter side enlarged to at most {limit} px")
+        if scale < 1.0:
+            img = cv2.resize(img, (max(1, round(img.shape[1] * scale)), max(1, round(img.shape[0] * scale))),
+                             interpolation=cv2.INTER_AREA)
+        det_model = self._ocr._load_det_model()  # per call, the detector reads its limit_side_len
+        default, det_model.limit_side_len = det_model.limit_side_len, limit
+        try:
+            return (img, *self._ocr.detect_and_crop(img, {"preprocess": {"ratio_h": 1.0, "ratio_w": 1.0}}))
+        finally:
+            det_model.limit_side_len = default
+
+    def _bounded(self, what: str) -> None:
+        """Say once per engine that the memory budget made a page smaller than wanted."""
+        if not self._capped:
+            self._capped = True
+            log.warning("rapidocr: a page needs more than memory_mb %d (detector input over %d pixels): %s; "
+                        "such pages are read at the largest size that fits", self.options.memory_mb,
+                        self.max_detector_pixels, what)
+
     def describe(self) -> dict[str, Any]:
         import onnxruntime
         import rapidocr
@@ -144,12 +211,59 @@ class RapidOCREngine:
             "reading_order": self.options.reading_order,
             "deskew": self.options.deskew,
             "rescale": self.options.rescale,
+            "memory_mb": self.options.memory_mb,
+            "max_detector_pixels": self.max_detector_pixels,
             "rapidocr": getattr(rapidocr, "__version__", None) or _dist_version("rapidocr"),
             "onnxruntime": onnxruntime.__version__,
         }
 
     def close(self) -> None:
         self._ocr = None
+
+
+def max_detector_pixels(memory_mb: int) -> int:
+    """The largest detector input (pixels) a page's work of `memory_mb` MB allows."""
+    return int((memory_mb - BASE_MB) * 2**20 / BYTES_PER_DETECTOR_PIXEL)
+
+
+def detector_input(h: int, w: int, limit: int = DET_SIDE) -> tuple[int, int]:
+    """The (height, width) of the tensor rapidocr's detector makes of an h x w image
+    (rapidocr 3: detect_and_crop's apply_vertical_padding, then DetPreProcess.resize
+    with limit_type min): padded to a quarter of its width if wider than 8:1 or at
+    most 30 px high, its shorter side enlarged to `limit`, sides rounded to 32."""
+    h = _padded(h, w)
+    ratio = limit / min(h, w) if min(h, w) < limit else 1.0
+    return round(int(h * ratio) / 32) * 32, round(int(w * ratio) / 32) * 32
+
+
+def detector_fit(shape: tuple[int, int], max_pixels: int) -> tuple[float, int]:
+    """(scale for the image, the detector's limit_side_len) that keep the detector's
+    input for an image of `shape` at most `max_pixels`: the image shrunk, or, where
+    the detector would enlarge it, enlarged less. (1.0, DET_SIDE) when it fits."""
+    h, w = shape
+    scale, limit = 1.0, DET_SIDE
+    for _ in range(50):
+        sh, sw = max(1, round(h * scale)), max(1, round(w * scale))
+        dh, dw = detector_input(sh, sw, limit)
+        if dh * dw <= max_pixels or limit <= 32:
+            return scale, limit
+        shrink = min(0.99, math.sqrt(max_pixels / (dh * dw)))
+        if min(_padded(sh, sw), sw) < limit:  # the detector enlarges it: enlarge less
+            limit = max(32, int(limit * shrink))
+        else:
+            scale *= shrink
+    return scale, limit
+
+
+def _padded(h: int, w: int) -> int:
+    """The image's height after rapidocr's apply_vertical_padding (width_height_ratio 8, min_height 30)."""
+    if h <= 30 or w / h > 8:
+        return h + 2 * int(abs(max(int(w / 8), 30) * 2 - h) / 2)
+    return h
+
+
+def _bgr(rgb: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(rgb[:, :, ::-1])
 
 
 def join_lines(boxes, texts) -> str:
