@@ -66,8 +66,10 @@ def wait_until_running(job: Path, proc: subprocess.Popen, runs_before: int, time
     raise AssertionError(f"the run of {job} did not start within {timeout} s")
 
 
-def finish(job: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    proc = start(job, **kwargs)
+def finish(job: Path, timeout: float = 300, ms_per_page: float = 0, **kwargs) -> subprocess.CompletedProcess:
+    """A run left to complete. Not slowed down by default: the slowing is there for
+    kills to land mid-run (clean runs and the runs after the kills need none)."""
+    proc = start(job, ms_per_page, **kwargs)
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
