@@ -50,13 +50,29 @@ class _Worker:
         self.pages_seen: set[int] = set()
         self.deadline = 0.0
         self.ticks = 0
+        self.delay_seen: float | None = None
 
     def assign(self, task: RenderTask, timeout_s: float) -> None:
         """Raises OSError (BrokenPipeError) if the worker has died meanwhile."""
         self.progress[COUNT] = self.progress[PAGE] = UNKNOWN
         self.task, self.pages_seen = task, set()
         self.deadline = time.monotonic() + timeout_s
+        self.starved()  # counted from now
         self.conn.send(task)
+
+    def starved(self) -> float:
+        """Seconds the worker was ready to run but waited for a CPU since the last
+        call (Linux's schedstat run delay of its main thread, the one that renders;
+        0 where the kernel does not say). Not the worker's doing: its deadline moves on
+        by as much, so a busy or CPU-throttled node does not turn sound pages into
+        timeouts, while a page that hangs computing, or blocked on a read, still does."""
+        try:
+            with open(f"/proc/{self.process.pid}/schedstat") as f:
+                delay = int(f.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+        waited, self.delay_seen = (delay - self.delay_seen if self.delay_seen is not None else 0.0), delay
+        return max(0.0, waited)
 
     def moved_on(self) -> bool:
         """True if the worker started another page since the last call."""
@@ -135,6 +151,8 @@ class RenderPool:
             now = time.monotonic()
             # Wake at least twice a second to notice stop() and pages started.
             ready = wait([w.conn for w in busy], timeout=min(0.5, max(0.0, min(w.deadline for w in busy) - now)))
+            for w in busy:  # the timeout counts the worker's time, not the time it waited for a CPU
+                w.deadline += w.starved()
             for w in busy:
                 if w.conn in ready:
                     try:

@@ -40,7 +40,9 @@ class RenderSpec:
     max_image_pixels: Annotated[int, Gt(0)] = 200_000_000
     # Render worker processes (PyMuPDF is not thread-safe). 0 = one per CPU, at most 4.
     workers: Annotated[int, Ge(0)] = 0
-    # A document whose worker sends nothing for this long is killed and recorded as an error.
+    # A render worker that makes no progress (starts no page, sends nothing) for this
+    # long is killed, and its page recorded as `timeout`. Time it spent waiting for a CPU
+    # (a busy or CPU-throttled node) does not count.
     timeout_s: Annotated[float, Gt(0)] = 300.0
     # Pages per Arrow record batch sent by a render worker.
     batch_pages: Annotated[int, Gt(0)] = 4
