@@ -215,9 +215,17 @@ def compare(raw: dict, got: dict) -> dict:
             "differ_normalised": len(norm_diff), "differ_examples": [list(k) for k in norm_diff[:5]]}
 
 
-def machine_info(threads: int, workers: int) -> dict:
-    from importlib.metadata import version
+def _version(name: str) -> str | None:
+    """None where it is not installed as a distribution (the GPU machine: batchocr on PYTHONPATH, no rapidocr)."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def machine_info(threads: int, workers: int) -> dict:
     model = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -241,7 +249,7 @@ def machine_info(threads: int, workers: int) -> dict:
         "cpu_model": model,
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "versions": {n: version(n) for n in ("batchocr", "rapidocr", "onnxruntime", "pymupdf", "pyarrow", "numpy")},
+        "versions": {n: _version(n) for n in ("batchocr", "rapidocr", "onnxruntime", "pymupdf", "pyarrow", "numpy")},
         "git_commit": commit,
         "batchocr_dirty": dirty,
         "threads": threads,

@@ -4,7 +4,8 @@
 `get_supported_tasks`.
 
 It behaves like an engine with continuous batching: up to max_num_seqs requests
-decode one token a step; a page's answer length depends on its index; pages whose
+decode one token a step; a page's answer length depends on its index (without
+ignore_eos: with it, every request runs to max_tokens, as in vLLM); pages whose
 image is dark loop ("7 8 9 7 8 9 ...") at low temperature; prompts longer than
 max_model_len are rejected at add_request, as vLLM does.
 """
@@ -124,7 +125,9 @@ class FakeEngine:
             n = len(req.emitted)
             token = (7 + n % 3) if req.loops and req.params.temperature < 0.15 else 100 + n
             req.emitted.append(token)
-            done = (not req.loops or req.params.temperature >= 0.15) and n + 1 >= req.length
+            # ignore_eos: no end of answer, as in vLLM: the request runs to max_tokens
+            done = (not req.params.ignore_eos and (not req.loops or req.params.temperature >= 0.15)
+                    and n + 1 >= req.length)
             reason = "stop" if done else None
             if not done and n + 1 >= req.params.max_tokens:
                 done, reason = True, "length"

@@ -184,33 +184,36 @@ def mixed_corpus(folder: Path, documents: int) -> dict[str, list[Page]]:
     born-digital, and a page whose text layer must not be trusted (in turn: a scan
     under a bad hidden OCR layer, a font with a wrong ToUnicode map, text under a
     full-page scan). Every page's prose is different. For bench/route.py."""
+    return dict(mixed_document(folder, d) for d in range(documents))
+
+
+def mixed_document(folder: Path, d: int) -> tuple[str, list[Page]]:
+    """Document `d` of mixed_corpus, written into `folder`: (its file name, its pages).
+    It depends on `d` alone, so documents can be built in parallel."""
     folder.mkdir(parents=True, exist_ok=True)
-    docs: dict[str, list[Page]] = {}
-    for d in range(documents):
-        seed = 1000 + 10 * d
-        doc = pymupdf.open()
-        pages = []
-        _text_page(doc, prose(seed))
-        pages.append(Page("textlayer", prose(seed), "born-digital"))
-        _scan_page(doc, prose(seed + 1), seed + 1)
-        pages.append(Page("model", prose(seed + 1), "image-only scan"))
-        _text_page(doc, prose(seed + 2))
-        pages.append(Page("textlayer", prose(seed + 2), "born-digital"))
-        trap = d % 3
-        if trap == 0:
-            page = _scan_page(doc, prose(seed + 3), seed + 3)
-            page.insert_text((60, 80), _bad_ocr(prose(seed + 3), seed), fontsize=FONT_SIZE, lineheight=1.6,
-                             render_mode=3)
-            pages.append(Page("model", prose(seed + 3), "scan under a bad hidden OCR layer"))
-        elif trap == 1:
-            _, xref = _composite_font_page(doc, prose(seed + 3))
-            _garble_tounicode(doc, xref, seed)
-            pages.append(Page("model", prose(seed + 3), "embedded font with a wrong ToUnicode map"))
-        else:
-            page = _text_page(doc, prose(seed + 4))
-            page.insert_image(page.rect, stream=_scan_image(prose(seed + 3), seed + 3))
-            pages.append(Page("model", prose(seed + 3), "text layer covered by a full-page image"))
-        name = f"mixed-{d:03d}.pdf"
-        doc.save(folder / name, garbage=3, deflate=True)
-        docs[name] = pages
-    return docs
+    seed = 1000 + 10 * d
+    doc = pymupdf.open()
+    pages = []
+    _text_page(doc, prose(seed))
+    pages.append(Page("textlayer", prose(seed), "born-digital"))
+    _scan_page(doc, prose(seed + 1), seed + 1)
+    pages.append(Page("model", prose(seed + 1), "image-only scan"))
+    _text_page(doc, prose(seed + 2))
+    pages.append(Page("textlayer", prose(seed + 2), "born-digital"))
+    trap = d % 3
+    if trap == 0:
+        page = _scan_page(doc, prose(seed + 3), seed + 3)
+        page.insert_text((60, 80), _bad_ocr(prose(seed + 3), seed), fontsize=FONT_SIZE, lineheight=1.6,
+                         render_mode=3)
+        pages.append(Page("model", prose(seed + 3), "scan under a bad hidden OCR layer"))
+    elif trap == 1:
+        _, xref = _composite_font_page(doc, prose(seed + 3))
+        _garble_tounicode(doc, xref, seed)
+        pages.append(Page("model", prose(seed + 3), "embedded font with a wrong ToUnicode map"))
+    else:
+        page = _text_page(doc, prose(seed + 4))
+        page.insert_image(page.rect, stream=_scan_image(prose(seed + 3), seed + 3))
+        pages.append(Page("model", prose(seed + 3), "text layer covered by a full-page image"))
+    name = f"mixed-{d:03d}.pdf"
+    doc.save(folder / name, garbage=3, deflate=True)
+    return name, pages

@@ -162,11 +162,16 @@ def test_the_routing_benchmark_runs_with_the_vllm_engine(tmp_path):
     from conftest import ROOT
 
     figures = tmp_path / "route.json"
+    # --dummy as on the GPU (random weights): every model page runs to exactly 24 tokens, one attempt
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "route.py"), "--engine", "vllm", "--fake",
-                           "--docs", "1", "--modes", "auto,model", "--workers", "1", "--json", str(figures)],
-                          capture_output=True, text=True, timeout=600)
+                           "--dummy", "24", "--docs", "2", "--modes", "auto,model", "--workers", "1",
+                           "--json", str(figures)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     got = json.loads(figures.read_text())
     assert got["engine"] == "vllm" and got["equal_work"] and got["routed_exactly_born_digital"]
+    assert got["engine_options"] | {"ignore_eos": True, "max_tokens": 24, "load_format": "dummy"} == got["engine_options"]
     (round_,) = got["pairs"]
-    assert round_["auto"]["engines"] == {"textlayer": 2, "vllm": 2} and round_["model"]["engines"] == {"vllm": 4}
+    assert round_["auto"]["engines"] == {"textlayer": 4, "vllm": 4} and round_["model"]["engines"] == {"vllm": 8}
+    assert round_["auto"]["work"] == {"model_pages": 4, "output_tokens": 4 * 24, "output_tokens_per_model_page": [24],
+                                      "finish_reasons_model": {"length": 4}, "attempts": 8, "attempts_max": 1}
+    assert round_["model"]["work"]["output_tokens"] == 8 * 24 and round_["model"]["finish_reasons"] == {"length": 8}

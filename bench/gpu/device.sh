@@ -9,6 +9,9 @@
 #                                         # still brings the last pack back); then a summary
 #   bash bench/gpu/device.sh poll         # progress now, and the pack
 #
+# Wheels too large to travel with the last chunk (polars' runtime, for bench/route.py) can come in
+# a call of their own into /tmp/whl: they are installed with .whl/'s.
+#
 # Each call must come within 30 s of the last (the machine goes back when idle).
 set -u
 RES=${RES:-/tmp/res}
@@ -27,7 +30,10 @@ summary() {
   for f in "$RES"/*.log; do
     [ "$(basename "$f")" = suite.log ] && continue
     echo "== $(basename "$f")"
-    grep -E '^(a_|a0_|b_|c_|\{)| child ' "$f" | cut -c1-330; tail -2 "$f" | cut -c1-300
+    case $(basename "$f") in
+      route-*) grep -E '^\[|^ +[0-9]+ +(auto|model)' "$f" | cut -c1-330; tail -6 "$f" | cut -c1-400 ;;
+      *) grep -E '^(a_|a0_|b_|c_|\{)| child ' "$f" | cut -c1-330; tail -2 "$f" | cut -c1-300 ;;
+    esac
   done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
 }
@@ -35,12 +41,13 @@ case "${1:-}" in
   start)
     set -e
     bash /tmp/kit/device_install.sh /tmp/kit /tmp/site >/tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl $(ls /tmp/whl/*.whl 2>/dev/null)
     rm -rf "$REPO" && mkdir -p "$REPO" && cp -r batchocr bench tests "$REPO"/  # a copy the next call cannot touch
     env_setup
     # batchocr's own dependencies the device image lacks travel in .whl/ too: without pyspellchecker
     # the router turned every page into an error row (2026-12-01); fail here, not after the engine's start
     python3 -c "import pymupdf, spellchecker, pydantic, batchocr.pipeline, batchocr.render, batchocr.engines.vllm"
+    case " ${2:-} " in *" route-"*) python3 -c "import polars, rapidfuzz, batchocr.evaluate";; esac  # bench/route.py
     python3 "$REPO/bench/gpu/make_models.py" /tmp/models
     nvidia-smi --query-gpu=index,name,memory.total --format=csv
     RUNS=${2:-tp-7b tp-2b tp-7b-fp8} setsid nohup bash "$REPO/bench/gpu/suite.sh" "$RES" >/tmp/suite.out 2>&1 < /dev/null &

@@ -5,6 +5,8 @@
 #      guard off), then b with max_num_seqs 512 (its own engine);
 #   2. 2B layout bf16, 768 pages: a, c, b, a', then b on two engine processes sharing the GPU;
 #   3. 7B layout FP8 weights, 512 pages: b, then b with the FP8 KV cache too.
+# Named only (RUNS=...): route-7b, issue 14's routing figure (bench/route.py, route auto against
+# model, 7B layout, 1000 tokens a model page); tp-7b-fp8vs, b bf16 against b FP8 weights in one run.
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -12,6 +14,7 @@
 #   RUNS=tp-7b-fp8w bash bench/gpu/suite.sh /tmp/res   # named runs only
 #   TP_ARGS="--fake --pages 16 --max-num-seqs 4 --chunk 8 --render-workers 1" bash bench/gpu/suite.sh /tmp/dry
 #                                                # a dry run of the whole suite on the CPU
+#   RUNS=route-7b ROUTE_ARGS="--fake --docs 2" MODELS=/tmp bash bench/gpu/suite.sh /tmp/dry   # the same
 set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
@@ -25,6 +28,13 @@ tp() {  # NAME ARGS...: one throughput.py run, bounded in time, logged
   echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
 }
 
+rt() {  # NAME ARGS...: one bench/route.py run, bounded in time, logged
+  local name=$1; shift
+  echo "$(date +%T) start $name" >>"$RES/suite.log"
+  timeout 1500 python3 bench/route.py "$@" ${ROUTE_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
+  echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
+}
+
 run() {  # one named run of the suite
   case $1 in
     tp-7b) tp tp-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes a,c,b,a0 --variant "seqs512=--max-num-seqs 512" ;;
@@ -33,6 +43,10 @@ run() {  # one named run of the suite
     tp-7b-fp8) tp tp-7b-fp8 "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --quantization fp8 --modes b \
                  --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" ;;
     tp-7b-fp8w) tp tp-7b-fp8w "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --quantization fp8 --modes b ;;  # weights only: a short lease
+    tp-7b-fp8vs) tp tp-7b-fp8vs "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes b --variant "fp8w=--quantization fp8" ;;
+    # issue 14: 128 mixed documents (512 pages, half born-digital), auto and model twice, orders alternating
+    route-7b) rt route-7b --engine vllm "--model=$MODELS/qwen2.5-vl-7b" --preset qwen2.5-vl --dummy 1000 \
+                --docs 128 --repeat 2 --modes auto,model ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
   esac
 }
