@@ -33,7 +33,7 @@ def test_plan_keeps_the_warp_within_the_budget_pixels():
     shape = (2000, 1545)
     _, rotate, scale = deskew.plan(small, shape, most=3.5)
     assert deskew.canvas_pixels(shape, rotate, scale) > 12_000_000
-    cap = R.max_detector_pixels(1024)
+    cap = R.max_detector_pixels(R.RapidOCROptions().memory_mb)
     _, rotate, scale = deskew.plan(small, shape, most=3.5, max_pixels=cap)
     assert 1.1 < scale < 2.0 and deskew.canvas_pixels(shape, rotate, scale) <= cap
     out = deskew.warp(np.full((7000, 5408, 3), 255, np.uint8), rotate, scale * shape[0] / 7000)

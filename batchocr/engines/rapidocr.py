@@ -28,17 +28,19 @@ from batchocr.schema import Needs
 log = logging.getLogger(__name__)
 
 # A page's working memory, over the loaded engine holding the page. Detection grows
-# with its input's pixels: BASE_MB + BYTES_PER_DETECTOR_PIXEL a pixel bounds every
-# measured page (a 40 Mpx sheet of small text, detected again at 2.1-12.4 Mpx:
-# 494-2013 MB); the detector alone fits 146 bytes a pixel + 173 MB. Recognition
-# does not grow with the page: a batch of six full-width lines peaks at ~590 MB
-# whatever the page's size, so no budget below MIN_MEMORY_MB could hold. Measured
-# on the 2-core build machine (docs/BENCHMARKS.md, "A large page's memory"):
+# with its input's pixels: BASE_MB + BYTES_PER_DETECTOR_PIXEL a pixel is at or above
+# every measured page within the run-to-run spread of ~100 MB (Letter pages at 2-40
+# Mpx, detected at 2-3 Mpx: 490-840 MB; a sheet of small text detected again at
+# 4.8-12.4 Mpx: 0.98-2.2 GB); the detector alone fits 146-153 bytes a pixel + 173-246 MB. Recognition does
+# not grow with the page: a batch of six full-width lines peaks at ~590 MB whatever
+# the page's size, hence MIN_MEMORY_MB. Measured on the 2-core build machine
+# (docs/BENCHMARKS.md, "A large page's memory"):
+#     python bench/page_memory.py --baseline /tmp/oldtree
+#     python bench/page_memory.py --kinds poster --pages 40 --budgets 960,1280,1536,2048,huge
 #     python bench/page_memory.py --detector 1,2,4,8
-#     python bench/page_memory.py --kinds poster --pages 40 --budgets 600,768,1024,1280,1536,2048,huge
 BYTES_PER_DETECTOR_PIXEL = 150
-BASE_MB = 300
-MIN_MEMORY_MB = 768  # a detector input of 3.27 Mpx: a Letter page after rapidocr's 2000-px preprocessing
+BASE_MB = 500
+MIN_MEMORY_MB = 960  # a detector input of 3.2 Mpx: a Letter page after rapidocr's 2000-px preprocessing
 # deskew.plan's warp aims this far below the bound: the detector rounds sides to 32 px
 # (up to 4% more pixels), and a warped image over the bound would be resampled again.
 FIT_MARGIN = 0.95
@@ -67,10 +69,11 @@ class RapidOCROptions:
     rescale: bool = True
     # Memory (MB) for one page's work, over the loaded engine and the page image itself.
     # It bounds the detector's input to (memory_mb - BASE_MB) / BYTES_PER_DETECTOR_PIXEL
-    # pixels (1024: 5.06 Mpx, more than any page rapidocr's 2000-px preprocessing leaves,
-    # turned for deskew); a page that needs more (small text on a large page, rescaled
-    # up; a narrow strip the detector enlarges) is detected at the largest size that fits.
-    memory_mb: Annotated[int, Ge(MIN_MEMORY_MB)] = 1024
+    # pixels (1280: 5.45 Mpx, more than any page rapidocr's 2000-px preprocessing leaves,
+    # turned for deskew by up to 8 degrees); a page that needs more (small text on a large
+    # page, rescaled up; a narrow strip the detector enlarges) is detected at the largest
+    # size that fits.
+    memory_mb: Annotated[int, Ge(MIN_MEMORY_MB)] = 1280
 
 
 class RapidOCREngine:
