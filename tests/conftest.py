@@ -76,3 +76,20 @@ def textlayer_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("textlayer") / "out"
     proc = run_cli("run", str(SAMPLES), str(out), "--engine", "textlayer", "--quiet", check=True)
     return out, proc
+
+
+
+
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The suite runs on 2 pytest-xdist workers (pyproject's addopts: `-n 2 --dist
+    loadscope`: a module's tests stay on one worker, so a module fixture (a corpus and
+    its clean run, two OCR runs of a test set) is made once). The modules whose tests
+    share such a fixture are the long ones: they go first, so that none of them starts
+    last and runs alone."""
+    heavy = {item.module.__name__ for item in items if _shares_a_module_fixture(item)}
+    items.sort(key=lambda item: item.module.__name__ not in heavy)  # stable: collection order otherwise

@@ -100,7 +100,7 @@ def engine():
     det.session = session
 
 
-@pytest.mark.parametrize("shape", [(1000, 800), (200, 2000), (1500, 120), (25, 600)])
+@pytest.mark.parametrize("shape", [(1000, 800), (200, 2000), (480, 120), (25, 600)])
 def test_detector_input_is_what_rapidocr_makes(engine, shape):
     img = np.full((*shape, 3), 255, np.uint8)
     img[shape[0] // 2 - 4:shape[0] // 2 + 4, shape[1] // 4: 3 * shape[1] // 4] = 0  # a bar: something to find
