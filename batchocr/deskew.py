@@ -51,11 +51,17 @@ def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = 
         scale = min(TEXT_HEIGHT / height, MAX_SIDE / max(shape[:2]), max(most, 1.0))
         if abs(scale - 1) < 0.1:
             scale = 1.0
+    return angle, rotate, bound(scale, rotate, shape, max_pixels)
+
+
+def bound(scale: float, rotate: float, shape: tuple[int, ...], max_pixels: float | None) -> float:
+    """`scale` lowered so that the warp of an image of `shape`, turned by `rotate`,
+    has at most `max_pixels` pixels (plan's bound)."""
     if max_pixels and (rotate or scale != 1.0):
         scale = min(scale, 0.999 * math.sqrt(max_pixels / canvas_pixels(shape, rotate)))  # 0.999: rounding
         if not rotate and abs(scale - 1) < 0.1:  # the bound leaves it as it is: no second pass
             scale = 1.0
-    return angle, rotate, scale
+    return scale
 
 
 def canvas_pixels(shape: tuple[int, ...], angle: float, scale: float = 1.0) -> float:

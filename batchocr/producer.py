@@ -63,26 +63,23 @@ def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
             + ", ".join(f"{k} {_show(b.get(k), a.get(k))}" for k in changed))
 
 
-def check(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> None:
+def check(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> dict[str, Any] | None:
     """OUT's settings are this run's, or it is asked to reprocess; writes nothing
     (run before the engine loads: a refused run, or one whose engine fails to load,
-    leaves OUT as it was)."""
-    stored = _stored(out)
+    leaves OUT as it was). Returns what OUT/_producer.json holds (None: no file)."""
+    written = out.read_json(PRODUCER) if out.exists(PRODUCER) else None
+    stored = written if written is not None else _from_runs(out)
     if stored is not None and stored != producer and not reprocess:
         raise ConfigError(f"OUT {url} holds pages made with {describe_change(stored, producer)}: use another OUT, "
                           "or --reprocess to redo its pages with this run's settings")
+    return written
 
 
 def remember(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> None:
     """Once the engine is up, before the run writes anything: checked again (another
     pod may have written OUT meanwhile), then OUT takes this run's settings."""
-    check(out, producer, reprocess, url)
-    if not out.exists(PRODUCER) or out.read_json(PRODUCER) != producer:
+    if check(out, producer, reprocess, url) != producer:
         out.write_json(PRODUCER, producer)
-
-
-def _stored(out: Store) -> dict[str, Any] | None:
-    return out.read_json(PRODUCER) if out.exists(PRODUCER) else _from_runs(out)
 
 
 def _from_runs(out: Store) -> dict[str, Any] | None:

@@ -100,9 +100,7 @@ class RapidOCREngine:
         cfg = self._ocr.cfg
         self.max_detector_pixels = max_detector_pixels(options.memory_mb)
         self._capped = False
-        self.model = "rapidocr {} det-{} rec-{}".format(
-            *(getattr(v, "value", v) for v in (cfg.Det.ocr_version, cfg.Det.model_type, cfg.Rec.model_type))
-        )
+        self.model = _model(cfg)
 
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
         stop = stop or threading.Event()
@@ -148,12 +146,10 @@ class RapidOCREngine:
             img, crops, det = self._detect(img)  # img: shrunk further if the budget asked for it
         except RapidOCRError:  # nothing detected
             return "", (0.0 if opts.deskew else None)
-        angle, rotate, scale = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale,
-                                           most=rgb.shape[0] / img.shape[0],
-                                           max_pixels=self.max_detector_pixels * FIT_MARGIN)
+        angle, rotate, wanted = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale,
+                                            most=rgb.shape[0] / img.shape[0])
+        scale = deskew.bound(wanted, rotate, img.shape, self.max_detector_pixels * FIT_MARGIN)
         angle_out = round(angle, 2) if opts.deskew else None
-        wanted = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale,
-                             most=rgb.shape[0] / img.shape[0])[2]
         if scale < wanted:
             self._bounded(f"rescaled by {scale:.2f}x rather than {wanted:.2f}x")
         if rotate or scale != 1.0:
@@ -316,6 +312,10 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
     from rapidocr.utils.parse_parameters import ParseParams
 
     parse_options(RapidOCROptions, options, "rapidocr")
-    cfg = ParseParams.load(DEFAULT_CFG_PATH)
-    return {"model": "rapidocr {} det-{} rec-{}".format(
-        *(getattr(v, "value", v) for v in (cfg.Det.ocr_version, cfg.Det.model_type, cfg.Rec.model_type)))}
+    return {"model": _model(ParseParams.load(DEFAULT_CFG_PATH))}
+
+
+def _model(cfg) -> str:
+    """The table's `model` for a rapidocr configuration (the engine's, or rapidocr's default)."""
+    return "rapidocr {} det-{} rec-{}".format(
+        *(getattr(v, "value", v) for v in (cfg.Det.ocr_version, cfg.Det.model_type, cfg.Rec.model_type)))
