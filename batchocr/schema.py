@@ -31,6 +31,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("warning", pa.string(), "what MuPDF reported while repairing a damaged (truncated, corrupt) file: the page was read but may be incomplete or blank; null for sound files"),
     ("attempts", pa.int32(), "engine attempts at this page: VLM retries of a looping output count (null for CPU engines); on a `timeout` or `renderer_crashed` row, render attempts (a rerun retries a page once: 2 is final)"),
     ("latency_ms", pa.float32(), "engine time for this page in milliseconds (render time not included)"),
+    ("mode", pa.string(), "how the `vllm` engine read the page: `page` (alone), `document` (in one request with its neighbouring pages, the output split back on `<page>`), `fallback` (its document group's output did not split a part a page, hit the token limit, looped or was refused, so it was read again alone); null for other engines"),
     ("route", pa.string(), "where the page's text came from (see Routing): `textlayer` (the PDF's own text layer passed) or `model` (the run's engine); null for the textlayer engine and for error rows of unrendered pages"),
     ("route_score", pa.float32(), "quality of the page's text layer, 0 (none, or not to be trusted) to 1; `route: auto` takes the layer from 0.5"),
     ("run_id", pa.string(), "the run that wrote the row (`OUT/_runs/<run_id>.json` describes it)"),
@@ -71,6 +72,7 @@ def conform(table: pa.Table) -> pa.Table:
 ERROR_TYPES = {
     "empty_file", "unreadable", "open_failed", "encrypted", "no_pages", "render_failed", "too_large",
     "timeout", "renderer_crashed", "engine_error", "no_text_layer", "rejected", "repetition",
+    "document_split",
 }
 
 # What a render worker sends: page metadata, the page image and the PDF's text layer.
@@ -111,6 +113,7 @@ RESULTS = pa.schema(
         ("error_message", pa.string()),
         ("attempts", pa.int32()),
         ("latency_ms", pa.float32()),
+        ("mode", pa.string()),  # the vllm engine: page | document | fallback
         ("skew_angle", pa.float32()),  # engines that estimate it (rapidocr); null otherwise
     ]
 )

@@ -58,15 +58,22 @@ class _Request:
     loops: bool
     length: int
     emitted: list[int] = field(default_factory=list)
+    script: list[str] | None = None  # a document's output, a token each
 
 
 class _Renderer:
     def render_cmpl(self, prompts):
         (p,) = prompts
-        image = p["multi_modal_data"]["image"]
-        w, h = image.size
-        dark = image.getpixel((w // 2, h // 2))[0] < 60
-        return [{"type": "multimodal", "prompt": p["prompt"], "size": (w, h), "dark": dark}]
+        images = p["multi_modal_data"]["image"]
+        many = isinstance(images, list)
+        pages = []
+        for image in images if many else [images]:
+            w, h = image.size
+            r, g, _ = image.getpixel((w // 2, h // 2))[:3]
+            pages.append({"size": (w, h), "dark": r < 60, "red": r > 200 and g < 80})
+        prompt_len = sum((w // 28) * (h // 28) for w, h in (q["size"] for q in pages)) + 20
+        return [{"type": "multimodal", "prompt": p["prompt"], "size": pages[0]["size"], "dark": pages[0]["dark"],
+                 "pages": pages if many else None, "prompt_token_ids": list(range(prompt_len))}]
 
 
 class _Core:
@@ -87,6 +94,7 @@ class FakeEngine:
         self.order: list[str] = []
         self.aborted: list[str] = []
         self.added = 0
+        self.documents = 0  # requests of several images
         self.peak_waiting = 0
 
     # What the model was loaded for (a pooling model: ("embed",)), and an error that
@@ -100,15 +108,27 @@ class FakeEngine:
     def add_request(self, request_id, engine_input, params):
         if self.refuse is not None:
             raise self.refuse
-        w, h = engine_input["size"]
-        prompt_len = (w // 28) * (h // 28) + 20
+        prompt_len = len(engine_input["prompt_token_ids"])
         if prompt_len > self.max_model_len:
             raise ValueError(f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
                              f"length of {self.max_model_len}")
-        length = 3 + (w * 7 + h) % 11
-        self.requests[request_id] = _Request(params, prompt_len, engine_input["dark"], length)
+        pages = engine_input["pages"]
+        if pages is None:  # one page
+            w, h = engine_input["size"]
+            length, script = 3 + (w * 7 + h) % 11, None
+            loops = engine_input["dark"]
+        else:  # a document: each page's words, `<page>` between pages (none before a red page)
+            script = []
+            for i, q in enumerate(pages):
+                if i and not q["red"]:
+                    script.append("<page>")
+                w, h = q["size"]
+                script += [f"w{100 + len(script)} " for _ in range(3 + (w * 7 + h) % 11)]
+            length, loops = len(script), any(q["dark"] for q in pages)
+        self.requests[request_id] = _Request(params, prompt_len, loops, length, script=script)
         self.order.append(request_id)
         self.added += 1
+        self.documents += pages is not None
         self.peak_waiting = max(self.peak_waiting, len(self.order) - self.max_num_seqs)
 
     def abort_request(self, ids):
@@ -131,7 +151,9 @@ class FakeEngine:
             reason = "stop" if done else None
             if not done and n + 1 >= req.params.max_tokens:
                 done, reason = True, "length"
-            outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], f"w{token} ", reason)], done))
+            text = req.script[n] if req.script is not None and not (req.loops and req.params.temperature < 0.15) \
+                else f"w{token} "
+            outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], text, reason)], done))
             if done:
                 self.order.remove(rid)
                 del self.requests[rid]

@@ -20,7 +20,8 @@ from batchocr.spec import load_job
 from conftest import SAMPLES, count_pages, read_table, sample_documents
 
 PLACEHOLDERS = {"qwen2.5-vl": "<|image_pad|>", "qwen3-vl": "<|image_pad|>", "olmocr-2": "<|image_pad|>",
-                "paddleocr-vl": "<|IMAGE_PLACEHOLDER|>", "deepseek-ocr": "<image>", "dots-ocr": "<|imgpad|>"}
+                "paddleocr-vl": "<|IMAGE_PLACEHOLDER|>", "deepseek-ocr": "<image>", "dots-ocr": "<|imgpad|>",
+                "unlimited-ocr": "<image>"}
 
 
 def test_without_vllm_installed_the_error_says_what_to_install():
