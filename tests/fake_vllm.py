@@ -76,12 +76,51 @@ class _Renderer:
                  "pages": pages if many else None, "prompt_token_ids": list(range(prompt_len))}]
 
 
+class _Resources:
+    engine_dead = False
+
+
 class _Core:
+    """vLLM's sync engine-core client, as far as its death goes: with
+    BATCHOCR_FAKE_CORE_PROCESS set, the engine core is a real child process (a sleep),
+    watched as vLLM's MPClientEngineMonitor watches its engine cores. When it dies, the
+    monitor sets resources.engine_dead and shuts the output thread down without a word,
+    as vLLM 0.26 does (v1/engine/core_client.py: monitor_engine_cores, BackgroundResources),
+    so that a step() then waits on outputs_queue for good, as vLLM's get_output() does."""
+
     def __init__(self):
+        import os
+        import queue
+        import subprocess
+        import threading
+
         self.shut = False
+        self.resources = _Resources()
+        self.outputs_queue = queue.Queue()
+        self.process = None
+        if os.environ.get("BATCHOCR_FAKE_CORE_PROCESS"):
+            self.process = subprocess.Popen(["sleep", "3600"])
+            with open(os.environ["BATCHOCR_FAKE_CORE_PROCESS"], "w") as f:
+                f.write(str(self.process.pid))
+
+            def monitor():
+                self.process.wait()
+                self.resources.engine_dead = True
+
+            threading.Thread(target=monitor, daemon=True).start()
+
+    def get_output(self):
+        """What vLLM's step() waits on once its engine core is gone."""
+        out = self.outputs_queue.get()
+        if isinstance(out, Exception):
+            raise out
+        return out
 
     def shutdown(self):
         self.shut = True
+        self.resources.engine_dead = True
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
 
 
 class FakeEngine:
@@ -139,6 +178,8 @@ class FakeEngine:
                 self.order.remove(rid)
 
     def step(self):
+        if self.engine_core.resources.engine_dead:
+            self.engine_core.get_output()  # blocks, as vLLM's does, unless something wakes it
         outs = []
         for rid in list(self.order[: self.max_num_seqs]):
             req = self.requests[rid]

@@ -287,3 +287,64 @@ def test_settings_known_before_the_load_that_differ_from_the_engines_stop_the_ru
                                   "than the built engine's (prompt 'stale'; this run: prompt"), proc.stderr
     assert "disagrees with the engine" in proc.stderr and "Traceback" not in proc.stderr
     assert not (out / "_producer.json").exists() and not list(out.glob("_runs/*"))
+
+
+def test_the_engine_core_killed_mid_run_stops_it_in_seconds_and_the_rerun_completes_once(monkeypatch, tmp_path):
+    """SIGKILL of the engine-core process (a real child process in the stand-in, watched as
+    vLLM watches its own): vLLM's sync client would leave step() waiting for good; the run
+    stops within seconds with one line, exit 1, the run record `failed`, the committed pages
+    kept, and the rerun completes the shard exactly once."""
+    import json
+    import os
+    import signal
+    import time
+    from collections import Counter
+
+    from conftest import run_cli
+
+    fake_vllm.install(monkeypatch)
+    pid_file = tmp_path / "core.pid"
+    monkeypatch.setenv("BATCHOCR_FAKE_CORE_PROCESS", str(pid_file))
+    step = fake_vllm.FakeEngine.step
+
+    def slow(self):  # a real engine's pace, so that the kill lands mid-run
+        time.sleep(0.05)
+        return step(self)
+
+    monkeypatch.setattr(fake_vllm.FakeEngine, "step", slow)
+    out = tmp_path / "out"
+    job = tmp_path / "job.yaml"
+    job.write_text("commit:\n  every_pages: 1\n")
+    killed = {}
+
+    def kill_once_a_page_is_committed():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if pid_file.exists() and list(out.glob("pages/**/*.parquet")):
+                killed["at"] = time.monotonic()
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_once_a_page_is_committed)
+    killer.start()
+    proc = run_cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+                   "--job", str(job), "-q")
+    ended = time.monotonic()
+    killer.join()
+    assert "at" in killed, "the run ended before a page was committed"
+    assert proc.returncode == 1, proc.stderr
+    assert ended - killed["at"] < 5, f"the run took {ended - killed['at']:.1f} s to stop after the kill"
+    assert proc.stderr.startswith("Error: the vLLM engine failed: EngineCoreDied"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    assert record["status"] == "failed"
+    kept = read_table(out).to_pylist()
+    total = sum(count_pages(p) for p in sample_documents())
+    assert 1 <= len(kept) < total and not [r for r in kept if r["finish_reason"] == "error"]
+
+    monkeypatch.delenv("BATCHOCR_FAKE_CORE_PROCESS")
+    run_cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+            "--job", str(job), "-q", check=True)
+    rows = read_table(out).to_pylist()
+    assert Counter(Counter((r["doc_id"], r["page_index"]) for r in rows).values()) == {1: total}

@@ -37,6 +37,7 @@ from batchocr.schema import Needs
 
 INSTALL_HINT = "pip install 'batchocr[vllm]' (on a machine with an NVIDIA GPU)"
 CHECK_EVERY = 32  # tokens between two looks for runaway repetition
+WATCH_S = 0.5  # how often the engine core's death is looked for
 # Refusals alike before vLLM took any request that make the refusal the engine's (a
 # model that cannot take this input, a vLLM without the API batchocr calls), not the pages'.
 SYSTEMIC_REFUSALS = 8
@@ -215,6 +216,8 @@ class VLLMEngine:
         self.llm = llm
         self.engine = llm.llm_engine
         _check_can_generate(self.engine, options.model)
+        self._watching = threading.Event()
+        _watch_engine_core(self.engine, self._watching)
         self.prompt = self.preset.prompt(options.prompt)
         self.check = RepetitionCheck(options.repetition_span, options.repetition_max_period)
         self._ids = itertools.count()
@@ -345,6 +348,8 @@ class VLLMEngine:
             request.started = time.perf_counter()
             self.engine.add_request(request_id, engine_input, self.sampling(request))
         except Exception as exc:  # noqa: BLE001 - a rejected request is that page's error row ...
+            if _engine_dead(self.engine):  # ... but not a dead engine's refusal: that is the run's
+                raise BatchocrError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
             if request.document:  # a group refused (too long, say): its pages are read alone
                 self.groups["sent"] += 1
                 return self._fall_back(request, "rejected", preparing)
@@ -510,6 +515,7 @@ class VLLMEngine:
         """Shut vLLM down explicitly: a process that finished its LLM work was seen
         to hang at exit until killed."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._watching.set()  # our own shutdown is no death
         core = getattr(self.engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
@@ -540,6 +546,36 @@ def _shares(total: int, parts: list[str]) -> list[int]:
     for i in sorted(range(len(parts)), key=lambda i: exact[i] - shares[i], reverse=True)[:total - sum(shares)]:
         shares[i] += 1
     return shares
+
+
+class EngineCoreDied(RuntimeError):
+    pass
+
+
+def _watch_engine_core(engine: Any, stopped: threading.Event) -> None:
+    """vLLM 0.26's sync client never wakes a step() waiting on its output queue when the
+    engine-core process dies (killed, out of memory): its monitor thread sets
+    `resources.engine_dead` and stops the output thread without a word
+    (v1/engine/core_client.py: monitor_engine_cores, BackgroundResources.__call__), so
+    step() would wait for good and the run hang. This thread watches the same flag and puts
+    an error into that queue: step() raises, and the run stops with one line, exit 1."""
+    core = getattr(engine, "engine_core", None)
+    resources, outputs = getattr(core, "resources", None), getattr(core, "outputs_queue", None)
+    if resources is None or outputs is None or not hasattr(resources, "engine_dead"):
+        return  # another client (in-process core): nothing to wake
+
+    def watch() -> None:
+        while not stopped.wait(WATCH_S):
+            if resources.engine_dead:
+                if not stopped.is_set():
+                    outputs.put_nowait(EngineCoreDied("vLLM's engine-core process died"))
+                return
+
+    threading.Thread(target=watch, name="batchocr-engine-watch", daemon=True).start()
+
+
+def _engine_dead(engine: Any) -> bool:
+    return bool(getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_dead", False))
 
 
 def _check_can_generate(engine: Any, model: str) -> None:
