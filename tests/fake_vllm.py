@@ -7,7 +7,9 @@ It behaves like an engine with continuous batching: up to max_num_seqs requests
 decode one token a step; a page's answer length depends on its index (without
 ignore_eos: with it, every request runs to max_tokens, as in vLLM); pages whose
 image is dark loop ("7 8 9 7 8 9 ...") at low temperature; prompts longer than
-max_model_len are rejected at add_request, as vLLM does.
+max_model_len are rejected at add_request, as vLLM does. With `FakeEngine.answer`
+set, every request answers that text instead, a few characters a token (a model
+whose answer is parsed: grounding tags), cut where max_tokens cuts it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class _Request:
     prompt_len: int
     loops: bool
     length: int
+    pieces: list[str] = field(default_factory=list)  # the answer's text, token by token
     emitted: list[int] = field(default_factory=list)
 
 
@@ -93,6 +96,8 @@ class FakeEngine:
     # add_request raises for every request (an engine that refuses them all).
     tasks: tuple[str, ...] = ("generate",)
     refuse: Exception | None = None
+    answer: str | None = None
+    ANSWER_CHARS = 7  # characters of `answer` a token
 
     def get_supported_tasks(self):
         return self.tasks
@@ -106,7 +111,9 @@ class FakeEngine:
             raise ValueError(f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
                              f"length of {self.max_model_len}")
         length = 3 + (w * 7 + h) % 11
-        self.requests[request_id] = _Request(params, prompt_len, engine_input["dark"], length)
+        pieces = ([self.answer[i:i + self.ANSWER_CHARS] for i in range(0, len(self.answer), self.ANSWER_CHARS)]
+                  if self.answer is not None else [])
+        self.requests[request_id] = _Request(params, prompt_len, engine_input["dark"], len(pieces) or length, pieces)
         self.order.append(request_id)
         self.added += 1
         self.peak_waiting = max(self.peak_waiting, len(self.order) - self.max_num_seqs)
@@ -131,7 +138,8 @@ class FakeEngine:
             reason = "stop" if done else None
             if not done and n + 1 >= req.params.max_tokens:
                 done, reason = True, "length"
-            outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], f"w{token} ", reason)], done))
+            text = req.pieces[n] if n < len(req.pieces) else f"w{token} "
+            outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], text, reason)], done))
             if done:
                 self.order.remove(rid)
                 del self.requests[rid]

@@ -3,11 +3,18 @@ README there says where each came from), through batchocr.grounding.parse, the p
 and a pipeline run with vLLM stood in for."""
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
+import fake_vllm
+from batchocr.engines.presets import get_preset
+from batchocr.engines.vllm import VLLMEngine, VLLMOptions
 from batchocr.grounding import EOS, parse
+from batchocr.pipeline import run_job
+from batchocr.spec import load_job
+from conftest import SAMPLES, read_table, run_cli
 
 DATA = Path(__file__).parent / "data" / "grounding"
 TAG_TEXT = re.compile(r"<\|/?(?:ref|det)\|>|<\|$")
@@ -173,3 +180,42 @@ def test_several_boxes_in_one_tag_give_their_union():
         "[[150, 249, 377, 400]]", "[[150, 249, 377, 400], [425, 250, 640, 420]]", 1)
     _, blocks = parse(answer, 999, 999)
     assert blocks[5]["type"] == "image" and blocks[5]["box"] == [150, 249, 640, 420]
+
+
+def test_presets_read_their_answers():
+    deepseek, olmocr = get_preset("deepseek-ocr"), get_preset("olmocr-2")
+    answer = raw("deepseek-ocr/masrren-page001") + EOS[0]
+    assert deepseek.read(answer, 1654, 2339) == parse(answer, 1654, 2339)
+    assert olmocr.read("---\nprimary_language: zh\n---\n" + answer, 10, 10) == (answer, None)  # no layout parsed
+
+
+def test_a_pipeline_run_writes_blocks_in_the_rendered_pages_pixels(monkeypatch, tmp_path):
+    """The whole way: a real image rendered to the preset's size, vLLM stood in for
+    answering a real DeepSeek-OCR answer, the table, compaction, and the Markdown export."""
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(SAMPLES / "letter.jpg", src / "letter.jpg")
+    answer = raw("deepseek-ocr/masrren-page001") + EOS[0]
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(fake_vllm.FakeEngine, "answer", answer)
+    out = tmp_path / "out"
+    for name, max_tokens in (("whole", 8000), ("cut", 200)):
+        llm = fake_vllm.LLM(max_num_seqs=4, max_model_len=8192)
+        engine = VLLMEngine(VLLMOptions(model="/models/fake", preset="deepseek-ocr", max_tokens=max_tokens), llm=llm)
+        spec = load_job(None, source=str(src), out=str(out / name), engine="vllm",
+                        engine_options={"model": "/models/fake", "preset": "deepseek-ocr", "max_tokens": max_tokens})
+        run_job(spec, progress=False, engine=engine)
+    (whole,) = read_table(out / "whole").to_pylist()
+    (cut,) = read_table(out / "cut").to_pylist()
+    text, blocks = parse(answer, whole["width"], whole["height"])
+    assert whole["finish_reason"] == "stop" and whole["text"] == text and "<|" not in text
+    assert [b | {"box_norm": pytest.approx(b["box_norm"])} for b in whole["blocks"]] == blocks
+    assert all(0 <= b["box"][0] < b["box"][2] <= whole["width"] and b["box"][3] <= whole["height"]
+               for b in whole["blocks"])
+    assert cut["finish_reason"] == "length" and cut["output_tokens"] == 200
+    cut_text, cut_blocks = parse(answer[:200 * fake_vllm.FakeEngine.ANSWER_CHARS], cut["width"], cut["height"])
+    assert cut["text"] == cut_text and len(cut["blocks"]) == len(cut_blocks) < len(blocks)
+    run_cli("export", str(out / "whole"), str(tmp_path / "md"), "--format", "markdown", check=True)
+    (md,) = (tmp_path / "md").glob("*.md")
+    body = md.read_text()
+    assert text in body and "<|" not in body and "end▁of▁sentence" not in body

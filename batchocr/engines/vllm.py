@@ -320,8 +320,9 @@ class VLLMEngine:
 
     def _row(self, page: _Page, finish_reason: str | None) -> dict:
         reason = {"stop": "stop", "length": "length", "repetition": "repetition"}.get(finish_reason or "", "error")
-        text = self.preset.postprocess("".join(page.text)) if self.options.detokenize else None
-        row = result(page.doc_id, page.page_index, text=text, finish_reason=reason,
+        text, blocks = (self.preset.read("".join(page.text), page.width, page.height) if self.options.detokenize
+                        else (None, None))
+        row = result(page.doc_id, page.page_index, text=text, blocks=blocks, finish_reason=reason,
                      prompt_tokens=page.prompt_tokens, output_tokens=len(page.tokens), attempts=page.attempt,
                      latency_ms=(time.perf_counter() - page.started) * 1000)
         if reason == "repetition":
