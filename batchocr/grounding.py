@@ -71,8 +71,10 @@ def parse(raw: str, width: int, height: int) -> tuple[str, list[dict] | None]:
     for m, nxt in zip(matches, [*matches[1:], None]):
         kind = m.group("ref") if m.group("ref") is not None else m.group("label")
         grid = DEEPSEEK_GRID if m.group("ref") is not None else UNLIMITED_GRID
-        norm = _box(m.group("ref_box") if m.group("ref") is not None else m.group("box"), grid)
-        box = None if norm is None else [int(v * side) for v, side in zip(norm, (width, height, width, height))]
+        corners = _box(m.group("ref_box") if m.group("ref") is not None else m.group("box"), grid)
+        norm = None if corners is None else [c / grid for c in corners]
+        # c * side / grid, not (c / grid) * side: 290 on the 0-1000 grid of 100 px is 29, not 28.999...
+        box = None if corners is None else [int(c * side / grid) for c, side in zip(corners, (width, height) * 2)]
         text = _content(raw[m.end():nxt.start() if nxt else end])
         kind = kind.strip() if kind is not None else None
         if kind == "image":
@@ -90,11 +92,11 @@ def _without_eos(raw: str) -> str:
 
 
 def _box(text: str, grid: int) -> list[float] | None:
-    """The union of the boxes written in `text`, as fractions of the page, clamped."""
+    """The union of the boxes written in `text` on the grid, clamped to it."""
     boxes = [[float(v) for v in m.groups()] for m in _BOX.finditer(text)]
     if not boxes:
         return None
-    clamp = lambda v: min(max(v, 0.0), grid) / grid  # noqa: E731
+    clamp = lambda v: min(max(v, 0.0), float(grid))  # noqa: E731
     x1 = min(min(b[0], b[2]) for b in boxes)
     y1 = min(min(b[1], b[3]) for b in boxes)
     x2 = max(max(b[0], b[2]) for b in boxes)

@@ -67,7 +67,10 @@ def test_an_unlimited_ocr_page_uses_the_1000_grid():
     text, blocks = parse(raw("unlimited-ocr/npu-invoice"), 2000, 500)
     assert text == "Invoice No: UOCR-2026-0703\n\nTotal: 123.45 USD\n\nDeploy test on Ascend NPU"
     assert [b["type"] for b in blocks] == ["text"] * 3
-    assert blocks[0]["box"] == [118, 97, 546, 120] and blocks[0]["box_norm"] == pytest.approx([0.059, 0.194, 0.273, 0.24])
+    assert blocks[0]["box"] == [118, 97, 546, 120]
+    assert blocks[0]["box_norm"] == pytest.approx([0.059, 0.194, 0.273, 0.24])
+    _, (b,) = parse("<|det|>text [290, 0, 1000, 1000]<|/det|>x", 100, 100)
+    assert b["box"] == [29, 0, 100, 100]  # exact: 290 * 100 / 1000, not 0.29 * 100 = 28.999...
     _, (line,) = parse((DATA / "unlimited-ocr" / "docling-pr3944.raw.txt").read_text(), 880, 1200)
     assert line["type"] == "title" and line["text"] == "Reconciliation report No. 2026-07/1481"
     _, blocks = parse(raw("unlimited-ocr/documented-page"), 1240, 1754)
