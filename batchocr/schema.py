@@ -7,6 +7,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+# A page's layout blocks (batchocr.grounding), in reading order: the block's kind as the
+# model named it, its box [x1, y1, x2, y2] in the page image's pixels and as fractions
+# 0-1 of the page, and its Markdown.
+BLOCK = pa.struct([("type", pa.string()), ("box", pa.list_(pa.int32())), ("box_norm", pa.list_(pa.float32())),
+                   ("text", pa.string())])
+BLOCKS = pa.list_(BLOCK)
+
 # The page table (OUT/pages/**.parquet): one row per page. README documents the
 # same columns; a test keeps the two in step.
 PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
@@ -23,6 +30,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("engine", pa.string(), "engine that produced the row: `rapidocr`, `textlayer` or `vllm`"),
     ("model", pa.string(), "model (or library version) the engine used"),
     ("text", pa.large_string(), "the page text, lines separated by `\\n`; null on error rows"),
+    ("blocks", BLOCKS, "the page's layout blocks in reading order, for models that locate them (the `deepseek-ocr` preset with a grounding prompt, `unlimited-ocr`): each its `type` as the model named it (`title`, `text`, `table`, `image`, ...), `box` [x1, y1, x2, y2] in the rendered page's pixels, `box_norm` the same as fractions 0-1 of the page, and its Markdown `text` (see Layout blocks); null for engines and prompts without layout"),
     ("finish_reason", pa.string(), "`stop` (read), `error` (see `error_type`), `skipped` (nothing to read, e.g. no text layer); VLM engines add `length` (hit max tokens) and `repetition` (looping output cut off)"),
     ("prompt_tokens", pa.int32(), "tokens in the prompt, image included (VLM engines; null otherwise)"),
     ("output_tokens", pa.int32(), "tokens generated (VLM engines; null otherwise)"),
@@ -49,6 +57,8 @@ def _pandas_metadata(columns: list[tuple[str, pa.DataType, str]]) -> bytes:
         if pa.types.is_integer(t) or pa.types.is_floating(t):
             name = t.to_pandas_dtype().__name__  # int32, float32, ...
             return name, name.capitalize() if pa.types.is_integer(t) else name, None  # Int32: nullable
+        if pa.types.is_list(t):
+            return "list[object]", "object", None  # what pyarrow itself writes for it
         return "unicode", "object", None
     return json.dumps({
         "index_columns": [], "column_indexes": [], "creator": {"library": "batchocr"}, "pandas_version": "2.2.0",
@@ -106,6 +116,7 @@ RESULTS = pa.schema(
         ("doc_id", pa.string()),
         ("page_index", pa.int32()),
         ("text", pa.large_string()),
+        ("blocks", BLOCKS),  # engines that read the page's layout (batchocr.grounding); null otherwise
         ("finish_reason", pa.string()),
         ("prompt_tokens", pa.int32()),
         ("output_tokens", pa.int32()),

@@ -7,7 +7,9 @@ It behaves like an engine with continuous batching: up to max_num_seqs requests
 decode one token a step; a page's answer length depends on its index (without
 ignore_eos: with it, every request runs to max_tokens, as in vLLM); pages whose
 image is dark loop ("7 8 9 7 8 9 ...") at low temperature; prompts longer than
-max_model_len are rejected at add_request, as vLLM does.
+max_model_len are rejected at add_request, as vLLM does. With `FakeEngine.answer`
+set, every request answers that text instead, a few characters a token (a model
+whose answer is parsed: grounding tags), cut where max_tokens cuts it.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ class _Request:
     prompt_len: int
     loops: bool
     length: int
+    pieces: list[str] = field(default_factory=list)  # the answer's text, token by token
     emitted: list[int] = field(default_factory=list)
-    script: list[str] | None = None  # a document's output, a token each
 
 
 class _Renderer:
@@ -140,6 +142,8 @@ class FakeEngine:
     # add_request raises for every request (an engine that refuses them all).
     tasks: tuple[str, ...] = ("generate",)
     refuse: Exception | None = None
+    answer: str | None = None
+    ANSWER_CHARS = 7  # characters of `answer` a token
 
     def get_supported_tasks(self):
         return self.tasks
@@ -152,19 +156,20 @@ class FakeEngine:
             raise ValueError(f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
                              f"length of {self.max_model_len}")
         pages = engine_input["pages"]
-        if pages is None:  # one page
+        if pages is None:  # one page: the fixed answer, or words
             w, h = engine_input["size"]
-            length, script = 3 + (w * 7 + h) % 11, None
-            loops = engine_input["dark"]
+            pieces = ([self.answer[i:i + self.ANSWER_CHARS] for i in range(0, len(self.answer), self.ANSWER_CHARS)]
+                      if self.answer is not None else [])
+            length, loops = len(pieces) or 3 + (w * 7 + h) % 11, engine_input["dark"]
         else:  # a document: each page's words, `<page>` between pages (none before a red page)
-            script = []
+            pieces = []
             for i, q in enumerate(pages):
                 if i and not q["red"]:
-                    script.append("<page>")
+                    pieces.append("<page>")
                 w, h = q["size"]
-                script += [f"w{100 + len(script)} " for _ in range(3 + (w * 7 + h) % 11)]
-            length, loops = len(script), any(q["dark"] for q in pages)
-        self.requests[request_id] = _Request(params, prompt_len, loops, length, script=script)
+                pieces += [f"w{100 + len(pieces)} " for _ in range(3 + (w * 7 + h) % 11)]
+            length, loops = len(pieces), any(q["dark"] for q in pages)
+        self.requests[request_id] = _Request(params, prompt_len, loops, length, pieces)
         self.order.append(request_id)
         self.added += 1
         self.documents += pages is not None
@@ -192,7 +197,7 @@ class FakeEngine:
             reason = "stop" if done else None
             if not done and n + 1 >= req.params.max_tokens:
                 done, reason = True, "length"
-            text = req.script[n] if req.script is not None and not (req.loops and req.params.temperature < 0.15) \
+            text = req.pieces[n] if n < len(req.pieces) and not (req.loops and req.params.temperature < 0.15) \
                 else f"w{token} "
             outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], text, reason)], done))
             if done:

@@ -84,6 +84,7 @@ def test_document_mode_with_a_page_preset_is_exit_2_with_one_line_naming_the_key
 def test_the_output_splits_on_page_into_exactly_one_part_a_page():
     assert split_pages("a\n<page>\nb<page>c", "<page>", 3) == ["a", "b", "c"]
     assert split_pages("<page>a<page>b<page>", "<page>", 2) == ["a", "b"]  # separators around: no page
+    assert split_pages("<PAGE>a\n<PAGE>b", "<page>", 2) == ["a", "b"]  # the reference code's form
     assert split_pages("a<page><page>c", "<page>", 3) == ["a", "", "c"]  # a blank page keeps its place
     assert split_pages("a<page>b", "<page>", 3) is None  # a page short: nobody's text is shifted
     assert split_pages("a<page>b<page>c<page>d", "<page>", 3) is None

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from batchocr import grounding
 from batchocr.errors import ConfigError
 
 # The Qwen-VL family's chat format with one image before the instruction.
@@ -67,11 +68,15 @@ class Preset:
     # model writing `document_separator` between pages. None: the model reads one page a request.
     document_template: str | None = None  # {images}: one image placeholder per page
     document_instruction: str | None = None
-    document_separator: str = "<page>"
+    document_separator: str = "<page>"  # matched in any case: the reference code splits on <PAGE>
     image_placeholder: str = ""  # what {images} repeats, once a page
     # Prompt tokens a page costs in document mode (its image, base view), for grouping.
     document_page_tokens: int = 0
     document_sampling_args: dict[str, Any] = field(default_factory=dict)  # over sampling_args
+    # For models that write their layout: (raw answer, page width, page height in
+    # pixels) -> (Markdown text, blocks) (batchocr.grounding.parse); None: postprocess,
+    # and no blocks.
+    parse: Callable[[str, int, int], tuple[str, list[dict] | None]] | None = None
 
     def prompt(self, instruction: str | None = None) -> str:
         return self.template.format(instruction=instruction or self.instruction)
@@ -82,6 +87,12 @@ class Preset:
                               f"that reads whole documents ({', '.join(document_presets())})")
         return self.document_template.format(images=self.image_placeholder * pages,
                                              instruction=instruction or self.document_instruction)
+    def read(self, raw: str, width: int, height: int) -> tuple[str, list[dict] | None]:
+        """The page's text and layout blocks from the model's answer for a page image
+        of width x height pixels."""
+        if self.parse is not None:
+            return self.parse(raw, width, height)
+        return self.postprocess(raw), None
 
 
 def _qwen(name: str, instruction: str, max_side: int, multiple: int, **kw: Any) -> Preset:
@@ -119,13 +130,16 @@ def paddleocr_vl() -> Preset:
 
 def deepseek_ocr() -> Preset:
     # deepseek-ai/DeepSeek-OCR: vLLM's recipe bans repeated 30-grams in a 90-token
-    # window with its own logits processor (table tags whitelisted).
+    # window with its own logits processor (table tags whitelisted). Its answer is
+    # parsed for layout blocks, which a grounding prompt asks for
+    # ("<|grounding|>Convert the document to markdown."); "Free OCR." gives none.
     return Preset("deepseek-ocr", "<image>\n{instruction}", "Free OCR.", max_side=1024, size_multiple=16,
                   max_tokens=8192, temperature=0.0, max_model_len=8192,
                   engine_args={"logits_processors": [
                       "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]},
                   sampling_args={"skip_special_tokens": False, "extra_args": {
-                      "ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}})
+                      "ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}},
+                  parse=grounding.parse)
 
 
 def dots_ocr() -> Preset:
@@ -151,7 +165,8 @@ def unlimited_ocr() -> Preset:
                   sampling_args={"skip_special_tokens": False, "extra_args": {"ngram_size": 35, "window_size": 128}},
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
-                  document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}})
+                  document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},
+                  parse=grounding.parse)
 
 
 PRESETS: dict[str, Callable[[], Preset]] = {

@@ -475,8 +475,8 @@ class VLLMEngine:
         reason = {"stop": "stop", "length": "length", "repetition": "repetition"}.get(finish_reason or "", "error")
         if raw is None and self.options.detokenize:
             raw = "".join(request.text)
-        text = self.preset.postprocess(raw) if raw is not None else None
-        row = self._common(request, page, output_tokens) | {"text": text, "finish_reason": reason}
+        text, blocks = self.preset.read(raw, page.width, page.height) if raw is not None else (None, None)
+        row = self._common(request, page, output_tokens) | {"text": text, "blocks": blocks, "finish_reason": reason}
         if reason == "repetition":
             row["error_type"] = "repetition"
             row["error_message"] = (f"page {page.page_index}: the output kept repeating itself; stopped after "
@@ -526,8 +526,10 @@ class VLLMEngine:
 def split_pages(raw: str, separator: str, pages: int) -> list[str] | None:
     """A document request's output, a part a page, or None where it does not split into
     exactly `pages` parts: then no part is given to any page (text is never shifted onto
-    the wrong row). A separator before the first page or after the last is no page."""
-    parts = raw.split(separator)
+    the wrong row). A separator before the first page (Unlimited-OCR's reference code
+    expects one before every page: `outputs.split('<PAGE>')[1:]`) or after the last is no
+    page; the separator is matched in any case."""
+    parts = re.split(re.escape(separator), raw, flags=re.IGNORECASE)
     if len(parts) > pages and not parts[0].strip():
         parts = parts[1:]
     if len(parts) > pages and not parts[-1].strip():
