@@ -348,3 +348,29 @@ def test_the_engine_core_killed_mid_run_stops_it_in_seconds_and_the_rerun_comple
             "--job", str(job), "-q", check=True)
     rows = read_table(out).to_pylist()
     assert Counter(Counter((r["doc_id"], r["page_index"]) for r in rows).values()) == {1: total}
+
+
+def test_admission_in_groups_adds_pages_once_enough_sequences_are_free(monkeypatch):
+    """admit_pages N: vLLM never holds a queue of its own; requests are added N or more at
+    a time (except at the start of the tail), once N sequences are free, and every page
+    still comes back once."""
+    fake_vllm.install(monkeypatch)
+    llm = fake_vllm.LLM(max_num_seqs=8)
+    engine = VLLMEngine(VLLMOptions(model="/m", max_num_seqs=8, admit_pages=4, queue_pages=40, max_tokens=50), llm=llm)
+    fake, sizes = llm.llm_engine, []
+    step = fake.step
+
+    def counting_step():
+        sizes.append(fake.added)
+        return step()
+
+    fake.step = counting_step
+    rows = _run(engine, _pages(60))
+    assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(60))
+    assert fake.peak_waiting == 0  # nothing ever waited inside vLLM
+    added = [b - a for a, b in zip([0] + sizes, sizes) if b != a]
+    assert added[0] == 8 and all(n >= 4 for n in added[:-1]) and sum(added) == 60, added  # the last: what is left
+    # off (0): everything goes in at once, and waits inside vLLM
+    engine, fake = _engine(monkeypatch, max_num_seqs=8, queue_pages=40, max_tokens=50)
+    _run(engine, _pages(60))
+    assert fake.peak_waiting > 0

@@ -75,6 +75,9 @@ class VLLMOptions:
     enforce_eager: bool = False
     # Pages kept inside vLLM at once; 0 = max_num_seqs + max_num_seqs // 4 + 32.
     queue_pages: int = 0
+    # Requests go to vLLM once this many sequences are free, together (their prefills share a
+    # step); 0: at once, queued inside vLLM, which admits them as sequences free.
+    admit_pages: Annotated[int, Ge(0)] = 0
     # Threads preparing requests (image processor, tokens) off the engine loop.
     prepare_threads: int = 4
     # Runaway repetition: attempts per page (1 = no retry) and the loop detector.
@@ -310,9 +313,9 @@ class VLLMEngine:
                     else:
                         for page in group:
                             self._start(_Request([page]), preparing)
-                # 2. Hand prepared requests to vLLM, oldest first.
+                # 2. Hand prepared requests to vLLM, oldest first, as many as admit() says.
                 rows = []
-                while preparing and preparing[0][1].done():
+                for _ in range(self._admit(preparing, running, exhausted)):
                     request, future = preparing.popleft()
                     rows.extend(self._submit(request, future, running, preparing))
                 # 3. Collect what vLLM finished.
@@ -334,6 +337,26 @@ class VLLMEngine:
                 future.cancel()
             if running:
                 self.engine.abort_request(list(running))
+
+    def _admit(self, preparing: deque, running: dict, exhausted: bool) -> int:
+        """How many prepared requests go to vLLM now. admit_pages 0: all of them, and vLLM
+        admits them from its own queue as sequences free, one a step in the steady state,
+        paying a prefill step's fixed cost once a page. admit_pages N: none until N
+        sequences are free (nothing runs; or, at the input's end, as many as are left), then
+        as many as are free, so that their prefills share steps."""
+        ready = 0
+        for _, future in preparing:
+            if not future.done():
+                break
+            ready += 1
+        admit = self.options.admit_pages
+        if not ready or not admit:
+            return ready
+        free = self.options.max_num_seqs - len(running)
+        tail = exhausted and ready == len(preparing)  # no more to come: the last ones need fewer
+        if running and free < (min(admit, ready) if tail else admit):
+            return 0
+        return min(ready, max(free, 0 if running else 1))
 
     def _start(self, request: _Request, preparing: deque) -> None:
         preparing.append((request, self._pool.submit(self._prepare, request)))
@@ -507,7 +530,8 @@ class VLLMEngine:
         return {"vllm": vllm.__version__, "preset": self.preset.name, "prompt": _prompt_setting(self.options, self.preset),
                 "mode": self.options.mode, "group_pages": self.group_pages, "groups": self.groups,
                 "document_fallback": self.options.document_fallback,
-                "queue_pages": self.queue_pages, "prepare_threads": self.options.prepare_threads,
+                "queue_pages": self.queue_pages, "admit_pages": self.options.admit_pages,
+                "prepare_threads": self.options.prepare_threads,
                 "max_attempts": self.options.max_attempts,
                 "llm_args": self.options.llm_args(self.preset)}
 
