@@ -2,12 +2,22 @@
 config + tokenizer + processor, no weights. vLLM's `load_format="dummy"` gives them
 random weights at load: the cost of the real model, meaningless text.
 
-    python bench/gpu/make_models.py DIR        # DIR/qwen2.5-vl-7b, DIR/qwen2-vl-2b
+    python bench/gpu/make_models.py DIR                   # DIR/qwen2.5-vl-7b, DIR/qwen2-vl-2b, DIR/unlimited-ocr
+    python bench/gpu/make_models.py DIR unlimited-ocr     # only the named layouts
 
 Layouts (from transformers' configs of the published models): Qwen2.5-VL-7B is
 olmOCR-2's base; Qwen2-VL-2B a small VLM. The tokenizer is a word-level one
 whose vocabulary fills every id of the model's vocabulary with a word, with the
 Qwen special tokens at their real ids, so any generated id detokenizes.
+
+Unlimited-OCR (baidu/Unlimited-OCR, issue 20): the published config.json's values
+(../shared/notes/unlimited-ocr.md) for vLLM's UnlimitedOCRConfig, UnlimitedOCRForCausalLM
+and UnlimitedOCRProcessor (vLLM >= 0.26). Written as JSON, not through a config class:
+vLLM's own class reads it at load. Its tokenizer follows DeepSeek-OCR's: bos 0
+`<｜begin▁of▁sentence｜>`, eos 1 `<｜end▁of▁sentence｜>`, pad 2 `<｜▁pad▁｜>`, the image token
+`<image>` and the grounding tokens as special tokens, a word in every other id of the
+129,280; the ids of the tokens above 2 are this layout's (the real tokenizer.json is not
+reachable here), `<page>` among them (the separator of multi-page outputs).
 """
 
 from __future__ import annotations
@@ -118,9 +128,102 @@ def _save(path: Path, cfg, vocab_size: int, kind: str) -> Path:
     return path
 
 
-LAYOUTS = {"qwen2.5-vl-7b": qwen2_5_vl_7b, "qwen2-vl-2b": qwen2_vl_2b}
+# Unlimited-OCR: DeepSeek-OCR's tokenizer layout (DeepSeek-V3's: 129,280 ids, bos 0, eos 1, pad 2).
+UOCR_VOCAB = 129280
+UOCR_BOS, UOCR_EOS, UOCR_PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"
+# DeepSeek-VL2/OCR add these as special tokens; ids from 128815 up are this layout's choice.
+UOCR_ADDED = ["<image>", "<|ref|>", "<|/ref|>", "<|det|>", "<|/det|>", "<|grounding|>", "<|User|>",
+              "<|Assistant|>", "<page>"]
+UOCR_ADDED_FROM = 128815
+# Words of the prompts at ids of their own, so that the prompts tokenize as words, not as unknowns.
+UOCR_WORDS = ["document", "parsing", ".", "Multi", "page", "Free", "OCR"]
+
+# The published config.json of baidu/Unlimited-OCR (values in ../shared/notes/unlimited-ocr.md).
+# Not in the notes, set as DeepSeek-V2's: hidden_act silu, rms_norm_eps 1e-6, norm_topk_prob
+# false, routed_scaling_factor 1.0, untied embeddings (none changes the cost of a step).
+# rswa_window 128 (the config's window) at the top level, where vLLM reads it; not as
+# language_config.sliding_window: vLLM would make every layer a plain 128-token sliding window
+# (the prefix too), which R-SWA is not.
+UNLIMITED_OCR_CONFIG = {
+    "architectures": ["UnlimitedOCRForCausalLM"],
+    "model_type": "unlimited-ocr",
+    "candidate_resolutions": [[1024, 1024]],
+    "global_view_pos": "head",
+    "tile_tag": "2D",
+    "rswa_window": 128,
+    "torch_dtype": "bfloat16",
+    "language_config": {
+        "architectures": ["DeepseekOCRForCausalLM"],
+        "model_type": "deepseek_v2",
+        "vocab_size": UOCR_VOCAB, "hidden_size": 1280, "intermediate_size": 6848,
+        "moe_intermediate_size": 896, "num_hidden_layers": 12, "num_attention_heads": 10,
+        "num_key_value_heads": 10, "head_dim": 128, "v_head_dim": 128,
+        "use_mla": False, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0,
+        "kv_lora_rank": None, "q_lora_rank": None,
+        "first_k_dense_replace": 1, "n_routed_experts": 64, "n_shared_experts": 2,
+        "num_experts_per_tok": 6, "topk_method": "greedy", "scoring_func": "softmax",
+        "n_group": 1, "topk_group": 1, "norm_topk_prob": False, "routed_scaling_factor": 1.0,
+        "hidden_act": "silu", "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    },
+    "projector_config": {"input_dim": 2048, "n_embed": 1280, "projector_type": "linear",
+                         "model_type": "mlp_projector"},
+    "vision_config": {
+        "image_size": 1024, "mlp_ratio": 3.7362, "model_name": "deeplip_b_l", "model_type": "vision",
+        "width": {
+            "clip-l-14-224": {"heads": 16, "image_size": 224, "layers": 24, "patch_size": 14, "width": 1024},
+            "sam_vit_b": {"downsample_channels": [512, 1024], "global_attn_indexes": [2, 5, 8, 11],
+                          "heads": 12, "layers": 12, "width": 768},
+        },
+    },
+}
+
+# DeepSeek-OCR's processor_config.json keys, as vLLM's DeepseekOCRProcessor takes them; vLLM
+# passes the crop mode, sizes and max_crops (32) itself (UnlimitedOCRProcessingInfo).
+UOCR_PROCESSOR = {"processor_class": "UnlimitedOCRProcessor", "image_token": "<image>", "pad_token": UOCR_PAD,
+                  "patch_size": 16, "downsample_ratio": 4, "image_mean": [0.5, 0.5, 0.5],
+                  "image_std": [0.5, 0.5, 0.5], "normalize": True, "add_special_token": False,
+                  "sft_format": "deepseek", "mask_prompt": False, "ignore_id": -100}
+
+
+def unlimited_ocr_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    fixed = {UOCR_BOS: 0, UOCR_EOS: 1, UOCR_PAD: 2}
+    fixed |= {tok: UOCR_ADDED_FROM + i for i, tok in enumerate(UOCR_ADDED)}
+    fixed |= {word: 3 + i for i, word in enumerate(UOCR_WORDS)}
+    by_id = {i: tok for tok, i in fixed.items()}
+    vocab = {by_id.get(i, f"w{i}"): i for i in range(UOCR_VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w100"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens([UOCR_BOS, UOCR_EOS, UOCR_PAD, *UOCR_ADDED])
+    # A fast tokenizer of its own tokenizer.json: the processor asks for Llama's class, but any
+    # fast tokenizer with bos/eos/pad and `<image>` in its vocab does (vLLM passes it in).
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=UOCR_BOS, eos_token=UOCR_EOS,
+                                   pad_token=UOCR_PAD, unk_token="w100",
+                                   additional_special_tokens=UOCR_ADDED[1:])
+
+
+def unlimited_ocr(path: Path) -> Path:
+    """The Unlimited-OCR layout: ~3B parameters (12-layer DeepSeek-V2 MoE, 64 routed experts,
+    6 a token, plain MHA with R-SWA), SAM-ViT-B + CLIP-L encoder."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(UNLIMITED_OCR_CONFIG, indent=2) + "\n")
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}) + "\n")
+    unlimited_ocr_tokenizer().save_pretrained(path)
+    (path / "processor_config.json").write_text(json.dumps(UOCR_PROCESSOR, indent=2) + "\n")
+    return path
+
+
+LAYOUTS = {"qwen2.5-vl-7b": qwen2_5_vl_7b, "qwen2-vl-2b": qwen2_vl_2b, "unlimited-ocr": unlimited_ocr}
 
 if __name__ == "__main__":
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/models")
-    for name, build in LAYOUTS.items():
-        print("built", build(root / name))
+    for name in sys.argv[2:] or list(LAYOUTS):
+        print("built", LAYOUTS[name](root / name))
