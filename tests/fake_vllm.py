@@ -73,7 +73,8 @@ class _Renderer:
             w, h = image.size
             r, g, _ = image.getpixel((w // 2, h // 2))[:3]
             pages.append({"size": (w, h), "dark": r < 60, "red": r > 200 and g < 80})
-        prompt_len = sum((w // 28) * (h // 28) for w, h in (q["size"] for q in pages)) + 20
+        # a page alone: a Qwen-like patch grid; several: Unlimited-OCR's base view, 273 tokens a page
+        prompt_len = (273 * len(pages) if many else sum((w // 28) * (h // 28) for w, h in (q["size"] for q in pages))) + 20
         return [{"type": "multimodal", "prompt": p["prompt"], "size": pages[0]["size"], "dark": pages[0]["dark"],
                  "pages": pages if many else None, "prompt_token_ids": list(range(prompt_len))}]
 

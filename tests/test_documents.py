@@ -48,6 +48,10 @@ def test_the_unlimited_ocr_preset_is_vllms_recipe(monkeypatch):
     doc = engine.sampling(request)
     assert doc.extra_args == {"ngram_size": 35, "window_size": 1024} and doc.skip_special_tokens is False
     assert doc.max_tokens == 32768 - (4 * 273 + 6)
+    # max_tokens set: a page's, so a group of 4 pages may write 4 times as many
+    engine, _ = _engine(monkeypatch, mode="document", max_tokens=1000)
+    request = _request(engine, 4)
+    assert engine.sampling(request).max_tokens == 4000
 
 
 def _request(engine, n):
@@ -165,7 +169,7 @@ def test_a_group_is_one_request_and_comes_back_a_row_a_page(monkeypatch):
     # a group's tokens and prompt shared between its pages, adding up to the request's
     a = [rows[("a", i)] for i in range(4)]
     assert sum(r["output_tokens"] for r in a) == sum(len(r["text"].split()) for r in a) + 3
-    assert sum(r["prompt_tokens"] for r in a) == sum((280 + 28 * i) // 28 * 14 for i in range(4)) + 20
+    assert sum(r["prompt_tokens"] for r in a) == 4 * 273 + 20
     assert sorted(len(o) for o in outs) == [3, 4]  # a group leaves in one batch: committed whole
     assert engine.groups["sent"] == engine.groups["split"] == 2
 
@@ -183,7 +187,7 @@ def test_a_group_that_does_not_split_is_read_again_page_by_page(monkeypatch):
 
 
 def test_a_group_vllm_refuses_is_read_again_page_by_page(monkeypatch):
-    # three pages of 448 image tokens in one prompt are longer than the context; one alone is not
+    # three pages in one prompt (273 image tokens each) are longer than the context; one alone (448) is not
     engine, fake = _engine(monkeypatch, mode="document", max_model_len=600, group_page_tokens=8)
     _, rows = _run(engine, [_doc("a", 3, width=896)])
     assert engine.groups["fallback_rejected"] == 1 and fake.documents == 0

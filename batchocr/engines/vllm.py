@@ -259,8 +259,9 @@ class VLLMEngine:
         if request.document:
             extra |= p.document_sampling_args
             # The group was sized so that its prompt plus its pages' budget fits the context:
-            # it may use all of the context that its prompt leaves.
-            max_tokens = self._context - (request.prompt_tokens or len(request.pages) * p.document_page_tokens)
+            # it may use all of the context that its prompt leaves, or max_tokens a page if set.
+            left = self._context - (request.prompt_tokens or len(request.pages) * p.document_page_tokens)
+            max_tokens = min(left, len(request.pages) * o.max_tokens) if o.max_tokens else left
         return self._SamplingParams(
             temperature=temperature,
             max_tokens=max_tokens,

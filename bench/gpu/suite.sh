@@ -18,6 +18,7 @@
 set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
+UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -47,6 +48,13 @@ run() {  # one named run of the suite
     # issue 14: 128 mixed documents (512 pages, half born-digital), auto and model twice, orders alternating
     route-7b) rt route-7b --engine vllm "--model=$MODELS/qwen2.5-vl-7b" --preset qwen2.5-vl --dummy 1000 \
                 --docs 128 --repeat 2 --modes auto,model ;;
+    # issue 20: Unlimited-OCR (its dummy layout), 1,024 pages of 16-page documents, lognormal lengths;
+    # R-SWA needs an attention backend the kit carries (FA4, vLLM's choice, is not: bench/gpu/README.md)
+    uocr-page) tp uocr-page "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
+                 --modes a,b --engine-arg "$UOCR_ATTN" --b-variants "admit_pages=8;admit_pages=16" \
+                 --variant "seqs512=--max-num-seqs 512" ;;
+    uocr-doc) tp uocr-doc "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document --pages 1024 \
+                --per-doc 16 --modes a,b --engine-arg "$UOCR_ATTN" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
   esac
 }

@@ -283,11 +283,12 @@ def engine_args(args) -> dict:
     return out
 
 
-def work_of_outputs(outs) -> dict:
-    """What one finite generate call did: one attempt per page, by construction."""
+def work_of_outputs(outs, pages: int) -> dict:
+    """What one finite generate call did: one attempt per page, by construction (a request a page, or
+    a group of pages in document mode)."""
     reasons = collections.Counter(str(o.outputs[0].finish_reason) for o in outs)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"requests": len(outs), "pages": len(outs), "attempts": {"1": len(outs)}, "finish_reasons": dict(reasons),
+    return {"requests": len(outs), "pages": pages, "attempts": {"1": pages}, "finish_reasons": dict(reasons),
             "prompt_tokens_rows": sum(len(o.prompt_token_ids or []) for o in outs),
             "output_tokens_rows": tokens, "client_tokens": tokens}
 
@@ -325,6 +326,8 @@ def wait_gpu_free(sampler, below_gb: float = 4.0, timeout: float = 120.0) -> flo
 def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
     """This script again, in its own process (its own engine), with the same work and `extra` on top."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--pages", str(args.pages),
+            "--preset", args.preset, "--mode", args.mode, "--per-doc", str(args.per_doc),
+            "--max-model-len", str(args.max_model_len),
             "--lengths", args.lengths, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--prepare-threads", str(args.prepare_threads), "--queue-pages", str(args.queue_pages),
@@ -369,6 +372,13 @@ def merge_steady(records: list[dict], steps: list[tuple]) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="")
+    ap.add_argument("--preset", default="qwen2.5-vl", help="the model's preset (unlimited-ocr: its dummy layout)")
+    ap.add_argument("--mode", choices=["page", "document"], default="page",
+                    help="document: each document's pages in groups (batchocr's grouping), a group a request, in "
+                         "a and c too (<image> a page, the preset's document prompt); the split's fallback off")
+    ap.add_argument("--per-doc", type=int, default=8, help="pages a document of the corpus")
+    ap.add_argument("--max-model-len", type=int, default=0,
+                    help="0: 8192 in page mode, the preset's in document mode (a group fills the context)")
     ap.add_argument("--pages", type=int, default=1024)
     ap.add_argument("--lengths", choices=["A", "B"], default="B")
     ap.add_argument("--tokens", type=int, default=1000)
@@ -412,7 +422,7 @@ def main() -> None:
     from batchocr.storage import Store
 
     work = Path(tempfile.mkdtemp(prefix="tp-"))
-    per_doc = 8
+    per_doc = args.per_doc
     a4_corpus(work / "src", math.ceil(args.pages / per_doc), per_doc)
     if args.part:  # one of several engines: every N-th document
         i, n = map(int, args.part.split("/"))
@@ -422,8 +432,12 @@ def main() -> None:
     docs = list(list_documents(Store(str(work / "src"))))
     names = {d.doc_id: d.name for d in docs}  # lengths are keyed by file name: the same in every run
     guard = {} if args.guard == "on" else {"repetition_span": 10**6}  # never reached: max_tokens <= 4000
-    options = VLLMOptions(model=args.model or "fake", preset="qwen2.5-vl", load_format="dummy", ignore_eos=True,
-                          detokenize=False, max_model_len=8192, quantization=args.quantization,
+    context = args.max_model_len or (get_preset(args.preset).max_model_len if args.mode == "document" else 8192)
+    # document_fallback off: random weights never write <page> (and every group ends at its length):
+    # with it on, b would read every page again alone, other work than a's
+    options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
+                          load_format="dummy", ignore_eos=True,
+                          detokenize=False, max_model_len=context, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           prepare_threads=args.prepare_threads, queue_pages=args.queue_pages,
@@ -533,14 +547,32 @@ def main() -> None:
         report["page_size"] = [w, h]
     patches = (report.get("page_size", [896, 1288])[0] // 14) * (report.get("page_size", [896, 1288])[1] // 14)
     prompt = preset.prompt()
+    # What a request of a and c holds: a page, or in document mode a group of a document's pages, cut
+    # as batchocr cuts them (grouping.py: balanced groups of at most group_pages consecutive pages).
+    units = [[p] for p in pages]
+    if args.mode == "document":
+        by_doc = collections.defaultdict(list)
+        for page in pages:
+            by_doc[page[0].rsplit("/", 1)[0]].append(page)
+        size, units = options.group_size(preset), []
+        for doc_pages in by_doc.values():
+            target = math.ceil(len(doc_pages) / math.ceil(len(doc_pages) / size))
+            units += [doc_pages[i:i + target] for i in range(0, len(doc_pages), target)]
+    report["requests"] = len(units)
+
+    def image(w, h, img):
+        return Image.frombuffer("RGB", (w, h), img, "raw", "RGB", 0, 1)
 
     def requests(chunk):
-        return [{"prompt": prompt, "multi_modal_data": {"image": Image.frombuffer("RGB", (w, h), img, "raw", "RGB", 0, 1)}}
-                for _, w, h, img in chunk]
+        return [{"prompt": preset.document_prompt(len(unit)), "multi_modal_data": {"image": [image(*p[1:]) for p in unit]}}
+                if len(unit) > 1 else {"prompt": prompt, "multi_modal_data": {"image": image(*unit[0][1:])}}
+                for unit in chunk]
 
-    def params(chunk):
-        return [SamplingParams(max_tokens=lengths[key], ignore_eos=True, detokenize=False, temperature=0.0)
-                for key, *_ in chunk]
+    def params(chunk):  # the preset's sampling (n-gram processor arguments too): the same work as b's
+        def extra(unit):
+            return dict(preset.sampling_args) | (dict(preset.document_sampling_args) if len(unit) > 1 else {})
+        return [SamplingParams(max_tokens=sum(lengths[p[0]] for p in unit), ignore_eos=True, detokenize=False,
+                               temperature=0.0, **extra(unit)) for unit in chunk]
 
     def record(name, start, end, finishes=None, extra=None):
         wall = end - start
@@ -591,24 +623,24 @@ def main() -> None:
             self.engine = Counting(self.engine)
             self.finishes: list[float] = []
 
-        def sampling(self, page):
-            sp = super().sampling(page)
-            sp.max_tokens = lengths[f"{names[page.doc_id]}/{page.page_index}"]
+        def sampling(self, request):
+            sp = super().sampling(request)
+            sp.max_tokens = sum(lengths[f"{names[p.doc_id]}/{p.page_index}"] for p in request.pages)
             return sp
 
-        def _row(self, page, finish_reason):
+        def _common(self, request, page, output_tokens):  # every row, text or error
             self.finishes.append(time.monotonic())
-            return super()._row(page, finish_reason)
+            return super()._common(request, page, output_tokens)
 
         def close(self):  # the LLM serves the next mode
             self._pool.shutdown(wait=False)
 
     def chunks():
         start, finishes, outs = time.monotonic(), [], []
-        for i in range(0, len(pages), args.chunk):
-            chunk = pages[i:i + args.chunk]
+        for i in range(0, len(units), args.chunk):
+            chunk = units[i:i + args.chunk]
             outs += llm.generate(requests(chunk), params(chunk), use_tqdm=False)
-            finishes += [time.monotonic()] * len(chunk)
+            finishes += [time.monotonic()] * sum(len(u) for u in chunk)
         return start, finishes, outs
 
     prompt_tokens = None
@@ -616,15 +648,15 @@ def main() -> None:
         stacks.running = True
         if mode == "a":  # vLLM alone, one call
             start = time.monotonic()
-            outs = llm.generate(requests(pages), params(pages), use_tqdm=False)
-            record("a_vllm_alone", start, time.monotonic(), extra={"work": work_of_outputs(outs)})
+            outs = llm.generate(requests(units), params(units), use_tqdm=False)
+            record("a_vllm_alone", start, time.monotonic(), extra={"work": work_of_outputs(outs, len(pages))})
             prompt_tokens = len(outs[0].prompt_token_ids)
         elif mode == "a0":  # vLLM's own defaults, a chunk at a time (needs --llm defaults: its own engine)
             start, finishes, outs = chunks()
-            record("a0_vllm_defaults", start, time.monotonic(), finishes, {"work": work_of_outputs(outs)})
+            record("a0_vllm_defaults", start, time.monotonic(), finishes, {"work": work_of_outputs(outs, len(pages))})
         elif mode == "c":  # batch at a time, batchocr's engine arguments
             start, finishes, outs = chunks()
-            record("c_batch_at_a_time", start, time.monotonic(), finishes, {"work": work_of_outputs(outs)})
+            record("c_batch_at_a_time", start, time.monotonic(), finishes, {"work": work_of_outputs(outs, len(pages))})
         elif mode == "b":  # batchocr, the whole pipeline, the same lengths
             variants = [("b_batchocr", {})] + [
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
@@ -695,7 +727,7 @@ def main() -> None:
                                      and len(set(report["equal_work"]["pages"].values())) <= 1
                                      and len(set(report["equal_work"]["prompt_tokens"].values())) <= 1)
     mean_out = report["output_tokens_total"] / max(1, len(keys))
-    if args.model and not args.fake:
+    if args.model and not args.fake and args.preset != "unlimited-ocr":  # the ceiling knows Qwen2.5-VL's layout
         peak = PEAK_TFLOPS["fp8" if args.quantization == "fp8" else "bf16"]
         report["compute_ceiling"] = compute_ceiling(args.model, prompt_tokens or (patches / 4 + 84), mean_out,
                                                     patches, peak)
