@@ -306,3 +306,21 @@ def test_document_mode_through_the_cli_records_the_mode_and_its_groups(monkeypat
     proc = run_cli("run", str(tmp_path / "src"), str(out), "--engine", "vllm", "--model", "fake-model",
                    "--preset", "unlimited-ocr", "-q")
     assert proc.returncode == 2 and "Multi page parsing." in proc.stderr, proc.stderr
+
+
+def test_document_mode_keeps_max_num_seqs_groups_running(monkeypatch):
+    """The queue counts requests, not pages: groups of 14 pages still fill every sequence
+    (a cap of 37 pages held document mode to 2 groups of 4 sequences; on the H200, 44 of 256)."""
+    fake_vllm.install(monkeypatch)
+    llm = fake_vllm.LLM(max_num_seqs=4, max_model_len=32768)
+    engine = VLLMEngine(VLLMOptions(model="/m", preset="unlimited-ocr", mode="document", max_num_seqs=4), llm=llm)
+    fake, running = llm.llm_engine, []
+    step = fake.step
+
+    def counting():
+        running.append(min(len(fake.order), 4))
+        return step()
+
+    fake.step = counting
+    _, rows = _run(engine, [_doc(f"d{i}", 14) for i in range(10)])
+    assert len(rows) == 140 and max(running) == 4

@@ -73,7 +73,8 @@ class VLLMOptions:
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights, for benchmarks
     enforce_eager: bool = False
-    # Pages kept inside vLLM at once; 0 = max_num_seqs + max_num_seqs // 4 + 32.
+    # Requests kept in flight at once (a page, or in document mode a group); 0 = max_num_seqs +
+    # max_num_seqs // 4 + 32.
     queue_pages: int = 0
     # Requests go to vLLM once this many sequences are free, together (their prefills share a
     # step); 0: at once, queued inside vLLM, which admits them as sequences free.
@@ -244,8 +245,11 @@ class VLLMEngine:
 
     @property
     def queue_pages(self) -> int:
+        """Requests kept in flight (preparing, or inside vLLM): a page each, or in document mode
+        a group of up to group_pages pages each, so that a group mode fills max_num_seqs too (on
+        the H200, a cap in pages held document mode at 44 groups of 8 running of 256)."""
         n = self.options.max_num_seqs
-        return self.options.queue_pages or max(n + n // 4 + 32, 2 * self.group_pages)
+        return self.options.queue_pages or n + n // 4 + 32
 
     def sampling(self, request: _Request) -> Any:
         """Sampling parameters of one attempt at a request (benchmarks override this)."""
@@ -296,7 +300,7 @@ class VLLMEngine:
         preparing: deque[tuple[_Request, Future]] = deque()
         running: dict[str, _Request] = {}
         exhausted = False
-        held = lambda: sum(len(r.pages) for r, _ in preparing) + sum(len(r.pages) for r in running.values())  # noqa: E731
+        held = lambda: len(preparing) + len(running)  # noqa: E731 - requests: a page, or a group of pages
         try:
             while True:
                 if stop.is_set():
