@@ -8,7 +8,7 @@ import sys
 import click
 
 from batchocr import __version__, layout
-from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError
+from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError, ConfigError
 from batchocr.spec import ENGINES, ROUTES, Shard
 
 
@@ -22,6 +22,9 @@ class _Group(click.Group):
             from batchocr.storage import environment_secrets, redact
 
             click.echo(f"Error: {redact(str(exc), environment_secrets())}", err=True)
+            ctx.exit(exc.exit_code)
+        except click.UsageError as exc:  # a subcommand's bad flag or argument: the same one line, no banner
+            click.echo(f"Error: {exc.format_message()} (see {(exc.ctx or ctx).command_path} --help)", err=True)
             ctx.exit(exc.exit_code)
 
 
@@ -166,7 +169,7 @@ def status(out, storage):
 
     store = Store(out, storage)
     if not store.exists():
-        raise click.UsageError(f"OUT {out} does not exist")
+        raise ConfigError(f"OUT {out} does not exist")
     rows = shard_status(store)
     click.echo(f"{'shard':>5}  {'state':<11} {'documents':>9} {'pages':>8} {'errors':>7}  planned")
     for r in rows:
@@ -198,7 +201,7 @@ def compact(out, storage):
 
     store = Store(out, storage)
     if not store.exists(layout.PAGES):
-        raise click.UsageError(f"no page table under {out}")
+        raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
     for c in compact_out(store):
         click.echo(f"shard {c.shard}: {c.parts_before} parts, {c.rows_before} rows -> 1 part, {c.rows_after} rows")
 
@@ -254,15 +257,19 @@ def report(out, truth, as_json, html_file, top, gpu_hourly_usd, storage):
 
     \b
     Example:
-        batchocr report out/demo --truth samples/truth --html report.html
+        batchocr report out/demo --truth samples/truth --html out/demo-report.html
         batchocr report az://results/run1 --gpu-hourly-usd 3.50 --json
     """
-    from batchocr.report import build_report, format_text
-    from batchocr.storage import Store
-    from batchocr.table import read_pages
+    from batchocr.report import format_text, load_report
 
-    summary = build_report(read_pages(out, storage), out=out, truth=truth, top=top,
-                           runs=Store(out, storage).read_jsons(layout.RUNS), gpu_hourly_usd=gpu_hourly_usd)
+    if html_file:  # before anything is read or printed: a run without the extra stops at once
+        from batchocr.charts import require_matplotlib
+
+        require_matplotlib()
+        folder = os.path.dirname(os.path.abspath(html_file))
+        if not os.path.isdir(folder):
+            raise ConfigError(f"--html {html_file}: folder {folder} does not exist")
+    summary = load_report(out, storage, truth=truth, top=top, gpu_hourly_usd=gpu_hourly_usd)
     click.echo(summary.to_json() if as_json else format_text(summary))
     if html_file:
         from pathlib import Path
@@ -287,16 +294,17 @@ def export(out, dest, fmt, storage):
 
     \b
     Example:
-        batchocr export out/demo docs/ --format markdown
+        batchocr export out/demo out/demo-documents --format markdown
         batchocr export az://results/run1 az://exports/run1 --format jsonl
     """
     from batchocr.export import export as export_documents
+    from batchocr.report import plural
     from batchocr.storage import Store
     from batchocr.table import read_pages
 
     done = export_documents(read_pages(out, storage), Store(dest, storage), fmt)
-    click.echo(f"exported {done.documents} documents, {done.pages} pages ({done.marked} marked) "
-               f"into {done.files} files -> {dest}")
+    click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
+               f"into {plural(done.files, 'file')} -> {dest}")
 
 
 def entry(argv: list[str] | None = None) -> None:
