@@ -40,7 +40,8 @@ def _figure(height: float, ncols: int = 1, nrows: int = 1, **kw):
 def _integer(axis) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    axis.set_major_locator(MaxNLocator(integer=True))
+    # AutoLocator's own choice of steps and tick count, limited to whole numbers
+    axis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
 
 
 def _dates(axis) -> None:
@@ -208,7 +209,7 @@ def _cost(r: Report):
         phases.append((run["run_id"], [max(p, 0) * share for p in parts]))
     if len(phases) > MAX_BARS:
         phases = [(f"all {len(phases):,} runs", [sum(p[i] for _, p in phases) for i in range(3)])]
-    fig, ((ax,),) = _figure(1.3 + 0.3 * max(len(phases), 1))
+    fig, ((ax,),) = _figure(1.6 + 0.3 * max(len(phases), 1))
     div, unit = _time_unit(max((sum(p) for _, p in phases), default=1))
     left = [0.0] * len(phases)
     for i, (label, color) in enumerate((("start-up, before the first row", "C1"), ("reading pages", "C0"),
@@ -220,15 +221,16 @@ def _cost(r: Report):
     price = (f"; ${c['usd_per_million_pages']:,.2f} per million pages at ${c['gpu_hourly_usd']:g} an hour"
              if c["usd_per_million_pages"] is not None else "")
     per_hour = f"{c['pages_per_accelerator_hour']:,.0f}" if c["pages_per_accelerator_hour"] else "n/a"
-    ax.set(xlabel=f"accelerator time, {unit}  (in all {c['accelerator_seconds'] / 3600:,.3g} accelerator-hours, "
-                  f"{per_hour} pages an accelerator-hour{price})")
-    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=3, fontsize=8, frameon=False)
+    ax.set(xlabel=f"accelerator time, {unit}")
+    ax.set_title(f"in all {c['accelerator_seconds'] / 3600:,.3g} accelerator-hours, {per_hour} pages an "
+                 f"accelerator-hour{price}", fontsize=9)
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     return fig
 
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format="png", dpi=120)  # 960 px wide: the page's column at 1280 px
     return base64.b64encode(buf.getvalue()).decode()
 
 

@@ -24,7 +24,8 @@ class _Group(click.Group):
             click.echo(f"Error: {redact(str(exc), environment_secrets())}", err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:  # a subcommand's bad flag or argument: the same one line, no banner
-            click.echo(f"Error: {exc.format_message()} (see {(exc.ctx or ctx).command_path} --help)", err=True)
+            command = " ".join(["batchocr", *(exc.ctx or ctx).command_path.split()[1:]])
+            click.echo(f"Error: {exc.format_message()} (see {command} --help)", err=True)
             ctx.exit(exc.exit_code)
 
 
