@@ -129,7 +129,7 @@ def _throughput(r: Report):
              xlim=(starts[0], starts[-1] + bucket))
     _integer(rate.yaxis)
     _dates(rate.xaxis)
-    done.set_title(f"{plural(r.pages, 'page')} over {duration(r.span_s or 0)}; bars of {duration_word(width)}",
+    done.set_title(f"{plural(r.pages, 'page')} over {duration(r.span_s or 0)}; a bar per {duration_word(width)}",
                    fontsize=9)
     return fig
 

@@ -192,12 +192,10 @@ def latency_by_route(page_rows: pl.DataFrame) -> dict[str, dict[str, float]]:
     """distribution() of latency_ms for each source of text: "model" (the run's
     engine) and "textlayer" (routed to the PDF's own layer, or the textlayer
     engine). Rows of pages that never reached an engine have no latency."""
-    source = (pl.when(pl.col("route").is_not_null()).then(pl.col("route"))
-              .when(pl.col("engine") == "textlayer").then(pl.lit("textlayer")).otherwise(pl.lit("model")))
-    split = page_rows.select(source.alias("source"), "latency_ms").drop_nulls("latency_ms")
+    layer = (pl.col("route") == "textlayer") | (pl.col("route").is_null() & (pl.col("engine") == "textlayer"))
     out = {}
-    for key in ("model", "textlayer"):
-        d = distribution(split.filter(pl.col("source") == key)["latency_ms"])
+    for key, mask in (("model", ~layer), ("textlayer", layer)):
+        d = distribution(page_rows.select(pl.col("latency_ms").filter(mask.fill_null(False)))["latency_ms"])
         if d is not None:
             out[key] = d
     return out
@@ -248,9 +246,9 @@ def timeline(stamps: pl.Series) -> dict[str, Any] | None:
     counts = full.join(counts, on="at", how="left").fill_null(0)
     # Pages done at each distinct timestamp (rows committed together share one), at
     # most DONE_POINTS of them, evenly spread over the rows: the cumulative curve.
-    done = stamps.to_frame("t").group_by("t").len().sort("t").with_columns(pl.col("len").cum_sum())
-    if done.height > DONE_POINTS:
-        done = done.gather_every(-(-done.height // DONE_POINTS)).vstack(done.tail(1)).unique("t").sort("t")
+    ordered = stamps.sort()
+    at = ordered.gather(sorted({round(i * (ordered.len() - 1) / DONE_POINTS) for i in range(DONE_POINTS + 1)}))
+    done = pl.DataFrame({"t": at, "n": ordered.search_sorted(at, side="right")}).unique("t").sort("t")
     return {"bucket_s": bucket, "points": [{"at": at.isoformat(), "pages": n} for at, n in counts.iter_rows()],
             "done": [{"at": at.isoformat(), "pages": n} for at, n in done.iter_rows()]}
 
