@@ -16,7 +16,8 @@ import io
 from typing import Any
 
 from batchocr.errors import ConfigError
-from batchocr.report import Report, duration, duration_word, format_text, plural
+from batchocr.report import Report, format_text
+from batchocr.words import duration, duration_word, plural
 
 MAX_BARS = 40  # a bar chart of more (runs, CER pages) shows the first MAX_BARS and says so
 

@@ -10,6 +10,7 @@ import click
 from batchocr import __version__, layout
 from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError, ConfigError
 from batchocr.spec import ENGINES, ROUTES, Shard
+from batchocr.words import plural
 
 
 class _Group(click.Group):
@@ -151,7 +152,8 @@ def plan(source, out, shards, storage):
 
     info = make_plan(Store(source, storage), Store(out, storage), shards)
     sizes = [s["bytes"] for s in info.per_shard]
-    click.echo(f"planned {info.documents} documents ({info.bytes / 1e6:.1f} MB) into {info.shards} shards "
+    click.echo(f"planned {plural(info.documents, 'document')} ({info.bytes / 1e6:.1f} MB) into "
+               f"{plural(info.shards, 'shard')} "
                f"({min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each) -> {out}/_plan/")
 
 
@@ -178,8 +180,8 @@ def status(out, storage):
         click.echo(f"{r.shard:>5}  {r.state:<11} {r.documents:>9} {r.pages:>8} {r.error_pages:>7}  {planned}")
     states = [r.state for r in rows]
     click.echo(f"{states.count('done')}/{len(rows)} shards done, {states.count('partial')} partial, "
-               f"{states.count('not started')} not started; {sum(r.pages for r in rows)} pages, "
-               f"{sum(r.error_pages for r in rows)} error pages")
+               f"{states.count('not started')} not started; {plural(sum(r.pages for r in rows), 'page')}, "
+               f"{plural(sum(r.error_pages for r in rows), 'error page')}")
 
 
 @main.command()
@@ -204,7 +206,8 @@ def compact(out, storage):
     if not store.exists(layout.PAGES):
         raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
     for c in compact_out(store):
-        click.echo(f"shard {c.shard}: {c.parts_before} parts, {c.rows_before} rows -> 1 part, {c.rows_after} rows")
+        click.echo(f"shard {c.shard}: {plural(c.parts_before, 'part')}, {plural(c.rows_before, 'row')} -> 1 part, "
+                   f"{plural(c.rows_after, 'row')}")
 
 
 @main.command("eval")
@@ -299,7 +302,6 @@ def export(out, dest, fmt, storage):
         batchocr export az://results/run1 az://exports/run1 --format jsonl
     """
     from batchocr.export import export as export_documents
-    from batchocr.report import plural
     from batchocr.storage import Store
     from batchocr.table import read_pages
 

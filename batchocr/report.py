@@ -22,6 +22,7 @@ import polars as pl
 from batchocr import cost
 from batchocr.compact import dedupe
 from batchocr.evaluate import page_line
+from batchocr.words import duration, duration_word, plural
 
 # What the summary reads: dedupe's keys and the figures' columns; text only as its length.
 COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "prompt_tokens",
@@ -149,7 +150,8 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
     uris = _uris(pages, slowest["doc_id"].to_list() + flagged_head["doc_id"].to_list())
     at = pl.col("processed_at")
     run_rows = {run: {"pages": n, "first_row_at": lo, "last_row_at": hi} for run, n, lo, hi in
-                page_rows.drop_nulls("run_id").group_by("run_id").agg(pl.len(), at.min().alias("lo"), at.max().alias("hi")).iter_rows()}
+                page_rows.drop_nulls("run_id").group_by("run_id")
+                .agg(pl.len(), at.min().alias("lo"), at.max().alias("hi")).iter_rows()}
     by_run = {run: v["pages"] for run, v in run_rows.items()}
     models = (page_rows.group_by("engine", "model").len("pages").drop_nulls("engine")
               .sort(["pages", "engine"], descending=[True, False]))
@@ -298,22 +300,6 @@ def _cer(pages: pl.LazyFrame, truth: str) -> dict[str, Any]:
             "pages": result.pages.to_dicts(), "missing": result.missing}
 
 
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """'1 page', '2 pages', '1,024 runs' (every word batchocr counts takes an s)."""
-    return f"{n:,} {word if n == 1 else words or word + 's'}"
-
-
-def duration(seconds: float) -> str:
-    """14.2 s, 8 min 3 s, 3 h 12 min, 2 d 4 h."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    s = round(seconds)
-    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
-        if s >= size:
-            return f"{s // size} {unit} {s % size // sub_size} {sub}"
-    return f"{s} s"  # pragma: no cover
-
-
 def _dist_line(name: str, d: dict[str, float] | None, unit: str = "") -> str:
     if d is None:
         return f"  {name:<22} n/a"
@@ -388,15 +374,6 @@ def _throughput_lines(r: Report) -> list[str]:
     return lines
 
 
-def duration_word(seconds: int) -> str:
-    """A bucket's width as the unit of a rate: 'second', '10 s', 'minute', '5 min', 'hour', '2 h', 'day'."""
-    for size, one, many in ((86400, "day", "d"), (3600, "hour", "h"), (60, "minute", "min"), (1, "second", "s")):
-        if seconds >= size and seconds % size == 0:
-            n = seconds // size
-            return one if n == 1 else f"{n} {many}"
-    return f"{seconds} s"  # pragma: no cover
-
-
 def format_text(r: Report) -> str:
     """The report as a readable terminal table (lines of at most ~100 characters)."""
     lines = [f"batchocr report: {r.out}", *header_lines(r), "",
@@ -422,7 +399,8 @@ def format_text(r: Report) -> str:
     lines += [f"  {k:<22} {v:>12,}  {v / max(r.pages, 1):7.2%}" for k, v in r.routes.items()] or ["  (not routed)"]
     if r.route_saving is not None:
         s = r.route_saving
-        lines.append(f"  {s['device'] + ' time saved':<22} {s['saved_s']:>12,.1f} s  ({plural(s['routed_pages'], 'page')} "
+        lines.append(f"  {s['device'] + ' time saved':<22} {s['saved_s']:>12,.1f} s  "
+                     f"({plural(s['routed_pages'], 'page')} "
                      f"x {s['seconds_per_model_page']:.3f} s, a {s['engine']} page here)")
     lines += ["", f"pages that hit the token limit (length) or looped (repetition): {r.flagged_total:,}"]
     lines += [f"  {p['finish_reason']:<11} page {p['page_index']:>5}  {p['output_tokens'] or '':>6} tokens  "

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from batchocr.report import duration, plural
+from batchocr.words import duration, plural
 from conftest import SAMPLES, run_cli
 from synthetic import row, write_part
 

@@ -137,3 +137,34 @@ def test_charts_of_counts_have_integer_ticks_and_more_than_one_bar(tmp_path):
     axes = _axes(tmp_path / "plain")
     assert "Pages by finish_reason" not in axes and "Errors by error_type" not in axes
     assert "Routing" not in axes and "Cost: where the accelerator time went" not in axes  # no routes, no records
+
+
+def test_a_backfill_of_many_runs_reads_in_brief(tmp_path):
+    """50 runs (pods, retries): the header names the first three and counts the rest,
+    the HTML header gives the first and the last, the cost chart sums them in one bar."""
+    runs = [f"20260301T12{i:02d}00Z-{i:06x}" for i in range(50)]
+    (tmp_path / "_runs").mkdir(parents=True)
+    rows = []
+    for i, run in enumerate(runs):
+        start = T0 + dt.timedelta(minutes=i)
+        (tmp_path / "_runs" / f"{run}.json").write_text(json.dumps({
+            "run_id": run, "status": "done" if i else "interrupted", "engine": "vllm", "model": "m",
+            "started_at": start.isoformat(), "finished_at": (start + dt.timedelta(seconds=50)).isoformat(),
+            "accelerator": {"kind": "gpu", "name": "H200", "count": 2, "seconds": 100.0},
+            "spec": {"shard": {"index": i, "count": 50}}}))
+        rows += [row(f"az://s/d{i}.pdf", p, i * 60 + 10 + p, text="x", run_id=run, page_count=20, shard=i)
+                 for p in range(20)]
+    write_part(tmp_path, "x", rows)
+    got = json.loads(run_cli("report", str(tmp_path), "--json", "--gpu-hourly-usd", "2", check=True).stdout)
+    assert len(got["runs"]) == 50 and {r["pages"] for r in got["runs"]} == {20}
+    assert got["runs"][3]["shard"] == "3/50" and got["runs"][0]["status"] == "interrupted"
+    assert got["cost"]["accelerator_seconds"] == 5000 and len(got["cost"]["per_run"]) == 50
+    assert got["cost"]["usd_per_million_pages"] == pytest.approx(2 * 5000 / 3600 / 1000 * 1e6)
+    text = run_cli("report", str(tmp_path), check=True).stdout
+    assert "\n  runs       50 runs: 49 done, 1 interrupted\n" in text
+    assert f"\n             {runs[2]}  done, started 2026-03-01 12:02:00 UTC, 20 pages in the table, shard 2/50\n" in text
+    assert "\n             ... and 47 more runs (--json lists them all)\n" in text
+    (cost,) = _axes(tmp_path)["Cost: where the accelerator time went"]
+    assert [t.get_text() for t in cost.get_yticklabels()] == ["all 50 runs"]
+    # the three phases of one bar: 10 s before the first row, 19 s reading, 21 s after, x2 GPUs, x50 runs
+    assert [round(p.get_width()) for p in cost.patches] == [round(v * 2 * 50 / 60) for v in (10, 19, 21)]
