@@ -253,9 +253,10 @@ def eval_(out, truth, max_cer, storage):
                    "[default: the job spec's gpu_hourly_usd]")
 @storage_option("OUT")
 def report(out, truth, as_json, html_file, top, gpu_hourly_usd, storage):
-    """Summarise a run from its page table: pages, documents, finish reasons, errors,
-    throughput over time, tokens and text length per page, slowest documents, pages
-    that hit the token limit or looped, and CER per page with --truth.
+    """Summarise a run from its page table and run records: runs, engines and models,
+    pages, documents, finish reasons, errors, throughput over time, cost, engine time
+    by route, tokens and text length per page, slowest documents, pages that hit the
+    token limit or looped, and CER per page with --truth.
 
     Reads only the columns it needs, so it stays quick on millions of pages.
 

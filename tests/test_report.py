@@ -96,6 +96,8 @@ def test_report_table_in_the_terminal(rapidocr_run):
     assert re.search(r"^  engine ms, text layer\s+mean\s+0\.0.*\(3 pages\)$", text, re.M)
     assert re.search(r"s  1 page\s+file://\S+/letter\.jpg$", text, re.M)  # one page, one "page"
     assert not re.search(r"\b1 (pages|runs|documents|files|buckets|minutes|duplicates)\b", text), text
+    # a terminal's width, or the HTML page's column: only a long URI makes a line longer
+    assert max(len(line) for line in text.splitlines() if "://" not in line) <= 110
     # route auto: the born-digital report.pdf's 3 pages from their text layer
     assert re.search(r"^  textlayer\s+3\s+30\.00%$", text, re.M) and re.search(r"^  model\s+7\s+70\.00%$", text, re.M)
     assert re.search(r"^  CPU time saved\s+[\d.]+ s  \(3 pages x [\d.]+ s, a rapidocr page here\)$", text, re.M), text
@@ -131,6 +133,27 @@ def test_report_estimates_the_engine_time_routing_saved(tmp_path):
     write_part(tmp_path / "plain", "r-00000", gpu)  # nothing routed: no estimate
     got = _report(tmp_path / "plain")
     assert got["routes"] == {"model": 4} and got["route_saving"] is None
+
+
+def test_engine_time_of_a_mostly_born_digital_run_is_the_models_not_zero(tmp_path):
+    """9 pages from the text layer (0 ms) and 3 the model read: pooled, p50 and p90
+    would read 0 ms; split by route, the model's pages keep their own."""
+    from synthetic import row, write_part
+
+    layer = [row(f"az://s/born{i}.pdf", 0, i, text="y", latency_ms=0, route="textlayer", engine="textlayer")
+             for i in range(9)]
+    model = [row(f"az://s/scan{i}.pdf", 0, 10 + i, text="x", latency_ms=ms, route="model")
+             for i, ms in enumerate([2000, 3000, 4000])]
+    unrendered = [row("az://s/bad.pdf", 0, 20, finish_reason="error", error_type="render_failed", latency_ms=None)]
+    write_part(tmp_path, "r-00000", layer + model + unrendered)
+    got = _report(tmp_path)["latency_ms_by_route"]
+    assert (got["model"]["count"], got["model"]["p50"], got["model"]["p90"], got["model"]["mean"]) == (3, 3000, 4000, 3000)
+    assert (got["textlayer"]["count"], got["textlayer"]["max"]) == (9, 0)
+    text = run_cli("report", str(tmp_path), check=True).stdout
+    assert re.search(r"^  engine ms, model\s+mean\s+3000\.0  p50\s+3000\.0  p90\s+4000\.0 .*\(3 pages\)$", text, re.M)
+    # an output of the textlayer engine (no route column values): its pages are the text layer's
+    write_part(tmp_path / "tl", "r-00000", [row("az://s/a.pdf", 0, 0, text="a", latency_ms=0, engine="textlayer")])
+    assert list(_report(tmp_path / "tl")["latency_ms_by_route"]) == ["textlayer"]
 
 
 def test_report_of_a_resumed_output_keeps_one_row_per_page(tmp_path):
