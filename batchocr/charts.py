@@ -39,10 +39,12 @@ def _figure(height: float, ncols: int = 1, nrows: int = 1, **kw):
 
 
 def _integer(axis) -> None:
-    from matplotlib.ticker import MaxNLocator
+    """A count: AutoLocator's own choice of steps and tick count, limited to whole
+    numbers, written in full (1,000,000, not 1.0 under a 1e6)."""
+    from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
-    # AutoLocator's own choice of steps and tick count, limited to whole numbers
     axis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+    axis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
 
 
 def _dates(axis) -> None:
@@ -76,7 +78,7 @@ def figures(r: Report) -> dict[str, Any]:
         out["Pages by finish_reason"] = _counts(r.finish_reasons, "rows")
     if len(r.error_types) > 1:
         out["Errors by error_type"] = _counts(r.error_types, "rows")
-    if r.routes:
+    if len(r.routes) > 1:  # every page on one route: the summary says it in a line
         out["Routing"] = _routing(r)
     if r.latency_ms_by_route:
         out["Engine time per page, by route"] = _latency(r)
@@ -152,11 +154,12 @@ def _routing(r: Report):
     _barh(pages, [names.get(k, k) for k in routes], [r.routes[k] for k in routes])
     pages.set(xlabel="pages")
     _integer(pages.xaxis)
-    lat = r.latency_ms_by_route
+    lat, s = r.latency_ms_by_route, r.route_saving
     spent = {k: lat[k]["mean"] * lat[k]["count"] / 1000 for k in routes if k in lat}
+    if s is not None:  # the estimate the saving uses: vLLM's pages overlap, their latencies do not add up
+        spent["model"] = s["seconds_per_model_page"] * s["model_pages"]
     bars = [("model pages", spent.get("model", 0.0), {}),
             ("text-layer pages", spent.get("textlayer", 0.0), {})]
-    s = r.route_saving
     if s is not None:
         bars.append(("text-layer pages\nhad the model read them", s["saved_s"],
                      {"hatch": "//", "facecolor": "none", "edgecolor": "C0"}))
@@ -166,6 +169,8 @@ def _routing(r: Report):
         time.bar_label(b, labels=[f"{seconds / div:,.3g}"], padding=3, fontsize=8)
     time.margins(x=0.15)
     time.set(xlabel=f"{s['device'] if s else 'engine'} time, {unit}")
+    if s is not None:
+        time.set_title(f"at {s['seconds_per_model_page']:.3g} s a model page of {s['engine']}", fontsize=9)
     return fig
 
 

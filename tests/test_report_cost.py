@@ -119,6 +119,7 @@ def test_the_throughput_chart_is_labelled_in_the_unit_it_shows_over_the_runs_spa
     import matplotlib.dates as mdates
 
     assert isinstance(rate.xaxis.get_major_formatter(), mdates.ConciseDateFormatter)
+    assert rate.yaxis.get_major_formatter()(1_000_000, 0) == "1,000,000"  # no 1e6 above the axis
 
 
 def test_charts_of_counts_have_integer_ticks_and_more_than_one_bar(tmp_path):
@@ -137,6 +138,9 @@ def test_charts_of_counts_have_integer_ticks_and_more_than_one_bar(tmp_path):
     axes = _axes(tmp_path / "plain")
     assert "Pages by finish_reason" not in axes and "Errors by error_type" not in axes
     assert "Routing" not in axes and "Cost: where the accelerator time went" not in axes  # no routes, no records
+    write_part(tmp_path / "one-route", "x", [row("file:///s/a.pdf", i, i, text="a", page_count=3, route="model")
+                                             for i in range(3)])
+    assert "Routing" not in _axes(tmp_path / "one-route")  # every page to the model: one bar
 
 
 def test_a_backfill_of_many_runs_reads_in_brief(tmp_path):
