@@ -8,8 +8,9 @@ import sys
 import click
 
 from batchocr import __version__, layout
-from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError
+from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError, ConfigError
 from batchocr.spec import ENGINES, ROUTES, Shard
+from batchocr.words import plural
 
 
 class _Group(click.Group):
@@ -22,6 +23,10 @@ class _Group(click.Group):
             from batchocr.storage import environment_secrets, redact
 
             click.echo(f"Error: {redact(str(exc), environment_secrets())}", err=True)
+            ctx.exit(exc.exit_code)
+        except click.UsageError as exc:  # a subcommand's bad flag or argument: the same one line, no banner
+            command = " ".join(["batchocr", *(exc.ctx or ctx).command_path.split()[1:]])
+            click.echo(f"Error: {exc.format_message()} (see {command} --help)", err=True)
             ctx.exit(exc.exit_code)
 
 
@@ -152,7 +157,8 @@ def plan(source, out, shards, storage):
 
     info = make_plan(Store(source, storage), Store(out, storage), shards)
     sizes = [s["bytes"] for s in info.per_shard]
-    click.echo(f"planned {info.documents} documents ({info.bytes / 1e6:.1f} MB) into {info.shards} shards "
+    click.echo(f"planned {plural(info.documents, 'document')} ({info.bytes / 1e6:.1f} MB) into "
+               f"{plural(info.shards, 'shard')} "
                f"({min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each) -> {out}/_plan/")
 
 
@@ -171,7 +177,7 @@ def status(out, storage):
 
     store = Store(out, storage)
     if not store.exists():
-        raise click.UsageError(f"OUT {out} does not exist")
+        raise ConfigError(f"OUT {out} does not exist")
     rows = shard_status(store)
     click.echo(f"{'shard':>5}  {'state':<11} {'documents':>9} {'pages':>8} {'errors':>7}  planned")
     for r in rows:
@@ -179,8 +185,8 @@ def status(out, storage):
         click.echo(f"{r.shard:>5}  {r.state:<11} {r.documents:>9} {r.pages:>8} {r.error_pages:>7}  {planned}")
     states = [r.state for r in rows]
     click.echo(f"{states.count('done')}/{len(rows)} shards done, {states.count('partial')} partial, "
-               f"{states.count('not started')} not started; {sum(r.pages for r in rows)} pages, "
-               f"{sum(r.error_pages for r in rows)} error pages")
+               f"{states.count('not started')} not started; {plural(sum(r.pages for r in rows), 'page')}, "
+               f"{plural(sum(r.error_pages for r in rows), 'error page')}")
 
 
 @main.command()
@@ -203,9 +209,10 @@ def compact(out, storage):
 
     store = Store(out, storage)
     if not store.exists(layout.PAGES):
-        raise click.UsageError(f"no page table under {out}")
+        raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
     for c in compact_out(store):
-        click.echo(f"shard {c.shard}: {c.parts_before} parts, {c.rows_before} rows -> 1 part, {c.rows_after} rows")
+        click.echo(f"shard {c.shard}: {plural(c.parts_before, 'part')}, {plural(c.rows_before, 'row')} -> 1 part, "
+                   f"{plural(c.rows_after, 'row')}")
 
 
 @main.command("eval")
@@ -251,23 +258,28 @@ def eval_(out, truth, max_cer, storage):
                    "[default: the job spec's gpu_hourly_usd]")
 @storage_option("OUT")
 def report(out, truth, as_json, html_file, top, gpu_hourly_usd, storage):
-    """Summarise a run from its page table: pages, documents, finish reasons, errors,
-    throughput over time, tokens and text length per page, slowest documents, pages
-    that hit the token limit or looped, and CER per page with --truth.
+    """Summarise a run from its page table and run records: runs, engines and models,
+    pages, documents, finish reasons, errors, throughput over time, cost, engine time
+    by route, tokens and text length per page, slowest documents, pages that hit the
+    token limit or looped, and CER per page with --truth.
 
     Reads only the columns it needs, so it stays quick on millions of pages.
 
     \b
     Example:
-        batchocr report out/demo --truth samples/truth --html report.html
+        batchocr report out/demo --truth samples/truth --html out/demo-report.html
         batchocr report az://results/run1 --gpu-hourly-usd 3.50 --json
     """
-    from batchocr.report import build_report, format_text
-    from batchocr.storage import Store
-    from batchocr.table import read_pages
+    from batchocr.report import format_text, load_report
 
-    summary = build_report(read_pages(out, storage), out=out, truth=truth, top=top,
-                           runs=Store(out, storage).read_jsons(layout.RUNS), gpu_hourly_usd=gpu_hourly_usd)
+    if html_file:  # before anything is read or printed: a run without the extra stops at once
+        from batchocr.charts import require_matplotlib
+
+        require_matplotlib()
+        folder = os.path.dirname(os.path.abspath(html_file))
+        if not os.path.isdir(folder):
+            raise ConfigError(f"--html {html_file}: folder {folder} does not exist")
+    summary = load_report(out, storage, truth=truth, top=top, gpu_hourly_usd=gpu_hourly_usd)
     click.echo(summary.to_json() if as_json else format_text(summary))
     if html_file:
         from pathlib import Path
@@ -292,7 +304,7 @@ def export(out, dest, fmt, storage):
 
     \b
     Example:
-        batchocr export out/demo docs/ --format markdown
+        batchocr export out/demo out/demo-documents --format markdown
         batchocr export az://results/run1 az://exports/run1 --format jsonl
     """
     from batchocr.export import export as export_documents
@@ -300,8 +312,8 @@ def export(out, dest, fmt, storage):
     from batchocr.table import read_pages
 
     done = export_documents(read_pages(out, storage), Store(dest, storage), fmt)
-    click.echo(f"exported {done.documents} documents, {done.pages} pages ({done.marked} marked) "
-               f"into {done.files} files -> {dest}")
+    click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
+               f"into {plural(done.files, 'file')} -> {dest}")
 
 
 def entry(argv: list[str] | None = None) -> None:

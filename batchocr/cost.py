@@ -62,12 +62,15 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def summarise(runs: Iterable[dict[str, Any]], pages: int, hourly_usd: float | None = None) -> dict[str, Any] | None:
+def summarise(runs: Iterable[dict[str, Any]], pages: int, hourly_usd: float | None = None,
+              pages_by_run: dict[str, int] | None = None) -> dict[str, Any] | None:
     """Accelerator-seconds of the runs and, for `pages` pages in the table, pages per
     accelerator-hour and (with a price per accelerator-hour: `hourly_usd`, else the
-    latest run's job-spec `gpu_hourly_usd`) dollars per million pages. None when no
-    run recorded its accelerator."""
-    seconds, names, priced, counted, unrecorded = 0.0, {}, None, 0, 0
+    latest run's job-spec `gpu_hourly_usd`) dollars per million pages; `per_run`, the
+    same for each run from pages_by_run (its pages in the table, after compaction's
+    rule). None when no run recorded its accelerator."""
+    seconds, names, priced, counted, unrecorded, per_run = 0.0, {}, None, 0, 0, []
+    pages_by_run = pages_by_run or {}
     for run in sorted(runs, key=lambda r: r.get("started_at", "")):
         acc = run.get("accelerator")
         if not acc or "seconds" not in acc:  # still running, or written before cost records
@@ -77,18 +80,28 @@ def summarise(runs: Iterable[dict[str, Any]], pages: int, hourly_usd: float | No
         seconds += float(acc["seconds"])
         names[f"{acc.get('count', 1)} x {acc.get('name', '?')} ({acc.get('kind', '?')})"] = None
         priced = run.get("spec", {}).get("gpu_hourly_usd") or priced  # the latest run that names one
+        per_run.append({"run_id": run.get("run_id"), "started_at": run.get("started_at"),
+                        "accelerator_seconds": round(float(acc["seconds"]), 3),
+                        "pages": pages_by_run.get(run.get("run_id"), 0)})
     if not counted:
         return None
     price, source = (hourly_usd, "--gpu-hourly-usd") if hourly_usd is not None else (priced, "job spec")
-    hours = seconds / 3600
+    for r in per_run:
+        r.update(_rates(r["accelerator_seconds"], r["pages"], price))
     return {
         "accelerators": list(names),
         "runs": counted,
         "runs_without_record": unrecorded,
         "accelerator_seconds": round(seconds, 3),
         "pages": pages,
-        "pages_per_accelerator_hour": pages / hours if hours else None,
+        **_rates(seconds, pages, price),
         "gpu_hourly_usd": price,
         "price_from": source if price is not None else None,
-        "usd_per_million_pages": price * hours / pages * 1e6 if price is not None and pages else None,
+        "per_run": per_run,
     }
+
+
+def _rates(seconds: float, pages: int, price: float | None) -> dict[str, float | None]:
+    hours = seconds / 3600
+    return {"pages_per_accelerator_hour": pages / hours if hours else None,
+            "usd_per_million_pages": price * hours / pages * 1e6 if price is not None and pages else None}

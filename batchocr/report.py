@@ -11,6 +11,7 @@ compaction a redone page can have several rows: the summary keeps one per
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -21,10 +22,11 @@ import polars as pl
 from batchocr import cost
 from batchocr.compact import dedupe
 from batchocr.evaluate import page_line
+from batchocr.words import duration, duration_word, plural
 
 # What the summary reads: dedupe's keys and the figures' columns; text only as its length.
 COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "prompt_tokens",
-           "output_tokens", "latency_ms", "processed_at", "engine", "run_id", "route"]
+           "output_tokens", "latency_ms", "processed_at", "engine", "model", "run_id", "route"]
 FLAGGED = ("length", "repetition")  # hit max tokens; looping output cut off
 
 
@@ -58,13 +60,16 @@ def distribution(values: pl.Series) -> dict[str, float] | None:
             "max": float(values.max())}
 
 
-def histogram(values: pl.Series, bins: int = 20) -> dict[str, list] | None:
+def histogram(values: pl.Series, max_bins: int = 40) -> dict[str, list] | None:
+    """numpy's "auto" bins (Sturges for few values, Freedman-Diaconis for many: 10
+    pages get 5 bins, not 20 bars of 0 or 1), at most max_bins."""
     import numpy as np
 
     values = values.drop_nulls().to_numpy()
     if not len(values):
         return None
-    counts, edges = np.histogram(values, bins=bins)
+    edges = np.histogram_bin_edges(values, bins="auto")
+    counts, edges = np.histogram(values, bins=edges if len(edges) <= max_bins + 1 else max_bins)
     return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
 
 
@@ -80,13 +85,16 @@ class Report:
     error_types: dict[str, int]
     first_at: str | None
     last_at: str | None
-    pages_per_minute: float | None  # over the span from first to last row
+    span_s: float | None  # from the first row to the last
+    pages_per_minute: float | None  # pages over that span; None when every row has one timestamp
     per_minute: list[dict[str, Any]]  # {"minute": ISO time, "pages": n} for each minute with rows
     text_chars: dict[str, float] | None
     text_chars_histogram: dict[str, list] | None
     output_tokens: dict[str, float] | None  # VLM engines only: None for CPU engines
     prompt_tokens: dict[str, float] | None
-    latency_ms: dict[str, float] | None
+    # Engine time per page, by where the text came from ("model", "textlayer"): a text-layer
+    # page costs ~0 ms, and pooled with the model's pages it would hide their latency.
+    latency_ms_by_route: dict[str, dict[str, float]]
     slowest_documents: list[dict[str, Any]]  # source_uri, doc_id, pages, latency_ms (sum)
     flagged_total: int  # pages with finish_reason length or repetition
     flagged_pages: list[dict[str, Any]]  # the first `limit` of them
@@ -94,17 +102,33 @@ class Report:
     route_saving: dict[str, Any] | None = None  # engine time the routed pages did not cost (route_saving())
     cer: dict[str, Any] | None = None  # with truth: overall, chars, errors, pages, missing
     cost: dict[str, Any] | None = None  # accelerator-seconds of the runs, $ per million pages (cost.summarise)
-    timeline: dict[str, Any] | None = None  # pages per minute in buckets sized to the span (timeline())
+    timeline: dict[str, Any] | None = None  # pages in buckets sized to the span (timeline())
+    runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the run records, in brief (run_brief)
+    models: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # pages by engine and model
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
+
+
+def load_report(out: str, storage_options: dict[str, Any] | None = None, **options) -> Report:
+    """The report of an OUT, as `batchocr report` prints it: its page table and its run
+    records (for the header and the cost). options: build_report's (truth, top,
+    limit, gpu_hourly_usd)."""
+    from batchocr import layout
+    from batchocr.storage import Store
+    from batchocr.table import read_pages
+
+    pages = read_pages(out, storage_options)
+    runs = Store(out, storage_options).read_jsons(layout.RUNS)
+    return build_report(pages, out=out, runs=runs, **options)
 
 
 def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, top: int = 10,
                  limit: int = 100, runs: list[dict[str, Any]] | None = None,
                  gpu_hourly_usd: float | None = None) -> Report:
     """pages: the page table (batchocr.read_pages). truth: a folder for evaluate().
-    runs: the OUT's run records (OUT/_runs/*.json), for the cost figures."""
+    runs: the OUT's run records (OUT/_runs/*.json), for the header and the cost
+    (load_report reads both)."""
     raw = scan(pages).collect()
     read = raw.height
     rows = one_row_per_page(raw)
@@ -116,14 +140,21 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
     first, last = (times.min(), times.max()) if len(times) else (None, None)
     minutes = (page_rows.group_by(pl.col("processed_at").dt.truncate("1m").alias("minute"))
                .agg(pl.len().alias("pages")).drop_nulls("minute").sort("minute"))
-    span_min = (last - first).total_seconds() / 60 if first is not None else 0
-    rate = page_rows.height / max(span_min, 1.0) if first is not None else None
+    span_s = (last - first).total_seconds() if first is not None else None
+    rate = page_rows.height / (span_s / 60) if span_s else None  # over the real span, however short
 
     slowest = (page_rows.group_by("doc_id").agg(pl.len().alias("pages"), pl.col("latency_ms").sum())
                .sort(["latency_ms", "doc_id"], descending=[True, False]).head(top))
     flagged = page_rows.filter(pl.col("finish_reason").is_in(FLAGGED)).sort("doc_id", "page_index")
     flagged_head = flagged.head(limit).select("doc_id", "page_index", "finish_reason", "output_tokens")
     uris = _uris(pages, slowest["doc_id"].to_list() + flagged_head["doc_id"].to_list())
+    at = pl.col("processed_at")
+    run_rows = {run: {"pages": n, "first_row_at": lo, "last_row_at": hi} for run, n, lo, hi in
+                page_rows.drop_nulls("run_id").group_by("run_id")
+                .agg(pl.len(), at.min().alias("lo"), at.max().alias("hi")).iter_rows()}
+    by_run = {run: v["pages"] for run, v in run_rows.items()}
+    models = (page_rows.group_by("engine", "model").len("pages").drop_nulls("engine")
+              .sort(["pages", "engine"], descending=[True, False]))
 
     return Report(
         out=out,
@@ -136,13 +167,14 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
         error_types=counts("error_type"),
         first_at=first.isoformat() if first is not None else None,
         last_at=last.isoformat() if last is not None else None,
+        span_s=span_s,
         pages_per_minute=rate,
         per_minute=[{"minute": m.isoformat(), "pages": n} for m, n in minutes.iter_rows()],
         text_chars=distribution(page_rows["text_chars"]),
         text_chars_histogram=histogram(page_rows["text_chars"]),
         output_tokens=distribution(page_rows["output_tokens"]),
         prompt_tokens=distribution(page_rows["prompt_tokens"]),
-        latency_ms=distribution(page_rows["latency_ms"]),
+        latency_ms_by_route=latency_by_route(page_rows),
         slowest_documents=[{"source_uri": uris.get(d), "doc_id": d, "pages": n, "latency_ms": float(ms or 0)}
                            for d, n, ms in slowest.iter_rows()],
         flagged_total=flagged.height,
@@ -151,32 +183,76 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
         routes=dict(page_rows.drop_nulls("route")["route"].value_counts(sort=True).iter_rows()),
         route_saving=route_saving(page_rows),
         cer=_cer(pages, truth) if truth else None,
-        cost=cost.summarise(runs, page_rows.height, gpu_hourly_usd) if runs else None,
+        cost=cost.summarise(runs, page_rows.height, gpu_hourly_usd, by_run) if runs else None,
         timeline=timeline(page_rows["processed_at"]),
+        runs=sorted((run_brief(r, run_rows) for r in runs or []), key=lambda r: (r["started_at"] or "", r["run_id"])),
+        models=models.to_dicts(),
     )
 
 
-# Bucket widths for the throughput chart, in seconds: the first that gives at most
-# ~120 points over the span (a 30-second run: 1 s buckets; three days: 1 h).
-BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400)
+def latency_by_route(page_rows: pl.DataFrame) -> dict[str, dict[str, float]]:
+    """distribution() of latency_ms for each source of text: "model" (the run's
+    engine) and "textlayer" (routed to the PDF's own layer, or the textlayer
+    engine). Rows of pages that never reached an engine have no latency."""
+    layer = (pl.col("route") == "textlayer") | (pl.col("route").is_null() & (pl.col("engine") == "textlayer"))
+    out = {}
+    for key, mask in (("model", ~layer), ("textlayer", layer)):
+        d = distribution(page_rows.select(pl.col("latency_ms").filter(mask.fill_null(False)))["latency_ms"])
+        if d is not None:
+            out[key] = d
+    return out
+
+
+def run_brief(record: dict[str, Any], run_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the report says of a run record (OUT/_runs/<run_id>.json), with its rows
+    in the table (pages, first and last processed_at): the header, and where its
+    accelerator time went (start-up before its first row, reading, after its last)."""
+    shard = (record.get("spec") or {}).get("shard") or {}
+    mine = run_rows.get(record.get("run_id"), {})
+    iso = lambda t: t.isoformat() if t is not None else None  # noqa: E731
+    return {"run_id": record.get("run_id"), "status": record.get("status"), "engine": record.get("engine"),
+            "model": record.get("model"), "started_at": record.get("started_at"),
+            "finished_at": record.get("finished_at"), "host": record.get("host"),
+            "shard": f"{shard['index']}/{shard['count']}" if "index" in shard and "count" in shard else None,
+            "accelerators": (record.get("accelerator") or {}).get("count"),
+            "pages": mine.get("pages", 0), "first_row_at": iso(mine.get("first_row_at")),
+            "last_row_at": iso(mine.get("last_row_at"))}
+
+
+# Bucket widths for the throughput chart, in seconds: round figures from a second to a week.
+BUCKETS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600,
+             12 * 3600, 86400, 7 * 86400)
+MAX_BUCKETS = 100  # a readable chart: at most this many bars...
+DONE_POINTS = 400
+MIN_PAGES_A_BUCKET = 10  # ...and this many pages a bar on average: rows are committed in batches, so
+#                          finer buckets only show when a batch happened to land (60 → 0 → 180 → 0)
 
 
 def timeline(stamps: pl.Series) -> dict[str, Any] | None:
-    """Pages per minute over time, in buckets sized to the span: {"bucket_s",
-    "points": [{"at": ISO start of the bucket, "pages_per_minute"}]}, empty buckets
-    included (a stall shows as zero)."""
+    """Pages over time, in buckets that follow the run's length: the first width in
+    BUCKETS_S with at most MAX_BUCKETS buckets over the span and MIN_PAGES_A_BUCKET
+    pages a bucket on average (a 10-page demo: 15 s; 655 pages in 8 minutes: 10 s;
+    10 million pages in three days: 1 h). {"bucket_s", "points": [{"at": ISO start
+    of the bucket, "pages": n}], "done": [{"at", "pages": done by then}]}, empty
+    buckets included (a stall shows as zero)."""
     stamps = stamps.drop_nulls()
     if stamps.is_empty():
         return None
     span = (stamps.max() - stamps.min()).total_seconds()
-    bucket = next((b for b in BUCKETS_S if span / b <= 120), BUCKETS_S[-1])
+    bucket = next((b for b in BUCKETS_S if span / b <= MAX_BUCKETS and stamps.len() * b >= MIN_PAGES_A_BUCKET * span),
+                  BUCKETS_S[-1])
     counts = (stamps.to_frame("t").group_by(pl.col("t").dt.truncate(f"{bucket}s").alias("at"))
               .agg(pl.len().alias("n")).sort("at"))
     start, end = counts["at"].min(), counts["at"].max()
     full = pl.datetime_range(start, end, f"{bucket}s", eager=True).alias("at").to_frame()
     counts = full.join(counts, on="at", how="left").fill_null(0)
-    return {"bucket_s": bucket, "points": [{"at": at.isoformat(), "pages_per_minute": n * 60 / bucket}
-                                           for at, n in counts.iter_rows()]}
+    # Pages done at each distinct timestamp (rows committed together share one), at
+    # most DONE_POINTS of them, evenly spread over the rows: the cumulative curve.
+    ordered = stamps.sort()
+    at = ordered.gather(sorted({round(i * (ordered.len() - 1) / DONE_POINTS) for i in range(DONE_POINTS + 1)}))
+    done = pl.DataFrame({"t": at, "n": ordered.search_sorted(at, side="right")}).unique("t").sort("t")
+    return {"bucket_s": bucket, "points": [{"at": at.isoformat(), "pages": n} for at, n in counts.iter_rows()],
+            "done": [{"at": at.isoformat(), "pages": n} for at, n in done.iter_rows()]}
 
 
 def route_saving(page_rows: pl.DataFrame) -> dict[str, Any] | None:
@@ -227,16 +303,44 @@ def _cer(pages: pl.LazyFrame, truth: str) -> dict[str, Any]:
 def _dist_line(name: str, d: dict[str, float] | None, unit: str = "") -> str:
     if d is None:
         return f"  {name:<22} n/a"
-    return (f"  {name:<22} mean {d['mean']:>9.1f}  p50 {d['p50']:>9.1f}  p90 {d['p90']:>9.1f}  "
-            f"p99 {d['p99']:>9.1f}  max {d['max']:>9.1f}{unit}  ({d['count']:,} pages)")
+    return (f"  {name:<22} mean {d['mean']:>8.1f}  p50 {d['p50']:>8.1f}  p90 {d['p90']:>8.1f}  "
+            f"p99 {d['p99']:>8.1f}  max {d['max']:>8.1f}{unit}  ({plural(d['count'], 'page')})")
+
+
+def _stamp(iso: str | None) -> str:
+    if not iso:
+        return "?"
+    import datetime as dt
+
+    t = dt.datetime.fromisoformat(iso)
+    return t.strftime("%Y-%m-%d %H:%M:%S") + (" UTC" if t.utcoffset() == dt.timedelta(0) else t.strftime(" %z"))
+
+
+def header_lines(r: Report, most: int = 3) -> list[str]:
+    """Which runs and engines made OUT: run ids (the first `most`), engines and models."""
+    lines = []
+    if len(r.runs) > 1:
+        states = collections.Counter(run["status"] or "?" for run in r.runs)
+        lines.append(f"  {'runs':<10} {plural(len(r.runs), 'run')}: "
+                     + ", ".join(f"{n:,} {state}" for state, n in states.most_common()))
+    for i, run in enumerate(r.runs[:most]):
+        shard = f", shard {run['shard']}" if run["shard"] and run["shard"] != "0/1" else ""
+        lines.append(f"  {'run' if i == 0 and len(r.runs) == 1 else '':<10} {run['run_id']}  {run['status'] or '?'}, "
+                     f"started {_stamp(run['started_at'])}, {plural(run['pages'], 'page')} in the table{shard}")
+    if len(r.runs) > most:
+        lines.append(f"  {'':<10} ... and {plural(len(r.runs) - most, 'more run')} (--json lists them all)")
+    for i, m in enumerate(r.models):
+        lines.append(f"  {'engine' if i == 0 else '':<10} {m['engine']} ({m['model'] or '?'}): "
+                     f"{plural(m['pages'], 'page')}")
+    return lines
 
 
 def _cost_lines(c: dict[str, Any] | None) -> list[str]:
     if c is None:
         return ["  (no run recorded its accelerator time)"]
     lines = [f"  {'accelerators':<22} {', '.join(c['accelerators'])}",
-             f"  {'accelerator-hours':<22} {c['accelerator_seconds'] / 3600:>12,.3f}  ({c['runs']:,} runs, "
-             f"wall time from start to end: model load included)"]
+             f"  {'accelerator-hours':<22} {c['accelerator_seconds'] / 3600:>12,.3f}  ({plural(c['runs'], 'run')}, "
+             f"start to end, model load included)"]
     if c["pages_per_accelerator_hour"] is not None:
         lines.append(f"  {'pages per acc.-hour':<22} {c['pages_per_accelerator_hour']:>12,.0f}")
     if c["usd_per_million_pages"] is not None:
@@ -245,46 +349,59 @@ def _cost_lines(c: dict[str, Any] | None) -> list[str]:
     else:
         lines.append(f"  {'$ per million pages':<22} {'n/a':>12}  (give --gpu-hourly-usd PRICE)")
     if c["runs_without_record"]:
-        lines.append(f"  ({c['runs_without_record']:,} runs without a finished accelerator record are not counted)")
+        lines.append(f"  ({plural(c['runs_without_record'], 'run')} without a finished accelerator record "
+                     f"not counted)")
+    return lines
+
+
+def _throughput_lines(r: Report) -> list[str]:
+    if r.first_at is None:
+        return ["  (no timestamps)"]
+    lines = [f"  {'first row':<22} {_stamp(r.first_at)}", f"  {'last row':<22} {_stamp(r.last_at)}"]
+    if r.pages_per_minute is None:
+        lines.append(f"  {'pages per minute':<22} {'n/a':>12}  (every row has the same timestamp)")
+    else:
+        lines.append(f"  {'pages per minute':<22} {r.pages_per_minute:>12,.1f}  ({plural(r.pages, 'page')} "
+                     f"over the {duration(r.span_s)} from the first row to the last)")
+    t = r.timeline
+    if t is not None:
+        per = [p["pages"] for p in t["points"]]
+        width = duration_word(t["bucket_s"])
+        lines.append(f"  {'pages per ' + width:<22} busiest {max(per):,}, quietest {min(per):,} "
+                     f"({plural(len(per), 'bucket')})")
+        if len(per) <= 15:
+            lines += [f"    {_stamp(p['at'])}  {p['pages']:>9,}" for p in t["points"]]
     return lines
 
 
 def format_text(r: Report) -> str:
-    """The report as a readable terminal table."""
-    lines = [f"batchocr report: {r.out}", "",
+    """The report as a readable terminal table (lines of at most ~100 characters)."""
+    lines = [f"batchocr report: {r.out}", *header_lines(r), "",
              f"  {'documents':<22} {r.documents:>12,}",
              f"  {'pages':<22} {r.pages:>12,}",
              f"  {'document error rows':<22} {r.document_errors:>12,}",
-             f"  {'rows read':<22} {r.rows:>12,}  ({r.duplicates:,} duplicates of redone pages: "
-             f"batchocr compact drops them)", "", "finish_reason"]
+             f"  {'rows read':<22} {r.rows:>12,}  ({plural(r.duplicates, 'duplicate')} of redone pages: "
+             f"compact drops them)", "", "finish_reason"]
     lines += [f"  {k:<22} {v:>12,}  {v / max(r.rows - r.duplicates, 1):7.2%}"
               for k, v in r.finish_reasons.items()] or ["  (none)"]
     lines += ["", "error_type"]
     lines += [f"  {k:<22} {v:>12,}" for k, v in r.error_types.items()] or ["  (none)"]
-    lines += ["", "throughput"]
-    if r.first_at is None:
-        lines.append("  (no timestamps)")
-    else:
-        per = [m["pages"] for m in r.per_minute]
-        lines += [f"  {'first row':<22} {r.first_at}", f"  {'last row':<22} {r.last_at}",
-                  f"  {'pages per minute':<22} {r.pages_per_minute:>12,.1f}  (over the span; busiest minute "
-                  f"{max(per, default=0):,}, quietest {min(per, default=0):,}, {len(per):,} minutes with rows)"]
-        if len(per) <= 15:
-            lines += [f"    {m['minute']}  {m['pages']:>9,}" for m in r.per_minute]
+    lines += ["", "throughput"] + _throughput_lines(r)
     lines += ["", "cost"] + _cost_lines(r.cost)
-    lines += ["", "per page",
-              _dist_line("text chars", r.text_chars), _dist_line("output tokens", r.output_tokens),
-              _dist_line("prompt tokens", r.prompt_tokens), _dist_line("latency ms", r.latency_ms),
-              "", "slowest documents (engine time, sum of latency_ms)"]
-    lines += [f"  {d['latency_ms'] / 1000:>9.1f} s  {d['pages']:>6,} pages  {d['source_uri']}"
+    lines += ["", "per page", _dist_line("text chars", r.text_chars), _dist_line("output tokens", r.output_tokens),
+              _dist_line("prompt tokens", r.prompt_tokens)]
+    lines += [_dist_line(f"engine ms, {'text layer' if k == 'textlayer' else k}", d)
+              for k, d in r.latency_ms_by_route.items()] or [_dist_line("engine ms", None)]
+    lines += ["", "slowest documents (engine time, sum of latency_ms)"]
+    lines += [f"  {d['latency_ms'] / 1000:>9.1f} s  {plural(d['pages'], 'page'):<11}  {d['source_uri']}"
               for d in r.slowest_documents] or ["  (none)"]
     lines += ["", "route (where each page's text came from)"]
     lines += [f"  {k:<22} {v:>12,}  {v / max(r.pages, 1):7.2%}" for k, v in r.routes.items()] or ["  (not routed)"]
     if r.route_saving is not None:
         s = r.route_saving
-        lines.append(f"  {s['device'] + ' time saved':<22} {s['saved_s']:>12,.1f} s  ({s['routed_pages']:,} pages "
-                     f"from the text layer x {s['seconds_per_model_page']:.3f} s a page of {s['engine']}, "
-                     f"from its {s['model_pages']:,} pages here)")
+        lines.append(f"  {s['device'] + ' time saved':<22} {s['saved_s']:>12,.1f} s  "
+                     f"({plural(s['routed_pages'], 'page')} "
+                     f"x {s['seconds_per_model_page']:.3f} s, a {s['engine']} page here)")
     lines += ["", f"pages that hit the token limit (length) or looped (repetition): {r.flagged_total:,}"]
     lines += [f"  {p['finish_reason']:<11} page {p['page_index']:>5}  {p['output_tokens'] or '':>6} tokens  "
               f"{p['source_uri']}" for p in r.flagged_pages]

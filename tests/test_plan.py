@@ -102,4 +102,4 @@ def test_status_of_a_partial_shard_and_compact_dedupes(tmp_path):
     assert pages.height == 3 and pages["source_etag"].n_unique() == 1
     assert len(list((out / "pages" / "shard-00000").glob("*.parquet"))) == 1
     proc = run_cli("compact", str(out), check=True)  # idempotent
-    assert "1 parts, 3 rows -> 1 part, 3 rows" in proc.stdout
+    assert "1 part, 3 rows -> 1 part, 3 rows" in proc.stdout

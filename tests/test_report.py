@@ -45,9 +45,25 @@ def test_report_figures_equal_pyarrow_counts_on_the_real_run(rapidocr_run):
     stamps = table["processed_at"].to_pylist()
     minutes = collections.Counter(s.replace(second=0, microsecond=0) for s in stamps)
     assert [(dt.datetime.fromisoformat(m["minute"]), m["pages"]) for m in got["per_minute"]] == sorted(minutes.items())
-    span = (max(stamps) - min(stamps)).total_seconds() / 60
-    assert got["pages_per_minute"] == pytest.approx(len(stamps) / max(span, 1))
+    span = (max(stamps) - min(stamps)).total_seconds()
+    assert 0 < span < 60 and got["span_s"] == pytest.approx(span)
+    assert got["pages_per_minute"] == pytest.approx(len(stamps) / (span / 60))  # over the real span, not a minute
     assert dt.datetime.fromisoformat(got["first_at"]) == min(stamps)
+    # engine time by route: the model's pages apart from the text layer's (~0 ms)
+    by_route = collections.defaultdict(list)
+    for route, ms in zip(table["route"].to_pylist(), table["latency_ms"].to_pylist()):
+        by_route[route].append(ms)
+    assert set(got["latency_ms_by_route"]) == set(by_route) == {"model", "textlayer"}
+    for route, values in by_route.items():
+        d = got["latency_ms_by_route"][route]
+        assert d["count"] == len(values) and d["mean"] == pytest.approx(sum(values) / len(values), rel=1e-5)
+        assert d["max"] == pytest.approx(max(values), rel=1e-5)
+    assert got["latency_ms_by_route"]["model"]["p50"] > 100 and got["latency_ms_by_route"]["textlayer"]["max"] < 100
+    # the header: the run records and the engines and models of the rows
+    (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    assert [(r["run_id"], r["status"], r["pages"]) for r in got["runs"]] == [(record["run_id"], "done", 10)]
+    models = collections.Counter(zip(table["engine"].to_pylist(), table["model"].to_pylist()))
+    assert {(m["engine"], m["model"]): m["pages"] for m in got["models"]} == models
     # slowest documents: engine time summed per document
     sums = collections.defaultdict(float)
     for uri, ms in zip(table["source_uri"].to_pylist(), table["latency_ms"].to_pylist()):
@@ -69,12 +85,22 @@ def test_report_table_in_the_terminal(rapidocr_run):
     assert re.search(r"^  documents\s+5$", text, re.M) and re.search(r"^  pages\s+10$", text, re.M)
     assert re.search(r"^  stop\s+10\s+100\.00%$", text, re.M)
     for doc in ("report.pdf", "scanned.pdf", "fax.tiff", "letter.jpg", "receipt.png"):
-        assert re.search(rf"s\s+\d+ pages  file://\S+/{re.escape(doc)}$", text, re.M), doc
+        assert re.search(rf"s\s+\d+ pages?\s+file://\S+/{re.escape(doc)}$", text, re.M), doc
     assert "CER" not in text  # only with --truth
+    run_id = next((out / "_runs").glob("*.json")).stem
+    assert re.search(rf"^  run        {run_id}  done, started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC, 10 pages in the table$",
+                     text, re.M), text
+    assert re.search(r"^  engine     rapidocr \(rapidocr PP-OCR\S* .*\): 7 pages$", text, re.M)
+    assert re.search(r"^             textlayer \(pymupdf-\S+\): 3 pages$", text, re.M)
+    assert re.search(r"^  engine ms, model\s+mean\s+\d+\.\d.*\(7 pages\)$", text, re.M)
+    assert re.search(r"^  engine ms, text layer\s+mean\s+0\.0.*\(3 pages\)$", text, re.M)
+    assert re.search(r"s  1 page\s+file://\S+/letter\.jpg$", text, re.M)  # one page, one "page"
+    assert not re.search(r"\b1 (pages|runs|documents|files|buckets|minutes|duplicates)\b", text), text
+    # a terminal's width, or the HTML page's column: only a long URI makes a line longer
+    assert max(len(line) for line in text.splitlines() if "://" not in line) <= 110
     # route auto: the born-digital report.pdf's 3 pages from their text layer
     assert re.search(r"^  textlayer\s+3\s+30\.00%$", text, re.M) and re.search(r"^  model\s+7\s+70\.00%$", text, re.M)
-    assert re.search(r"^  CPU time saved\s+[\d.]+ s  \(3 pages from the text layer x [\d.]+ s a page of rapidocr, "
-                     r"from its 7 pages here\)$", text, re.M), text
+    assert re.search(r"^  CPU time saved\s+[\d.]+ s  \(3 pages x [\d.]+ s, a rapidocr page here\)$", text, re.M), text
 
 
 def test_report_estimates_the_engine_time_routing_saved(tmp_path):
@@ -102,11 +128,32 @@ def test_report_estimates_the_engine_time_routing_saved(tmp_path):
     assert (saving["device"], saving["finish_interval_s"], saving["latency_s"]) == ("CPU", 2.0, 1.5)
     assert saving["saved_s"] == pytest.approx(4.5)
     text = run_cli("report", str(tmp_path / "cpu"), check=True).stdout
-    assert "CPU time saved                  4.5 s  (3 pages from the text layer x 1.500 s a page of rapidocr" in text
+    assert "CPU time saved                  4.5 s  (3 pages x 1.500 s, a rapidocr page here)" in text
 
     write_part(tmp_path / "plain", "r-00000", gpu)  # nothing routed: no estimate
     got = _report(tmp_path / "plain")
     assert got["routes"] == {"model": 4} and got["route_saving"] is None
+
+
+def test_engine_time_of_a_mostly_born_digital_run_is_the_models_not_zero(tmp_path):
+    """9 pages from the text layer (0 ms) and 3 the model read: pooled, p50 and p90
+    would read 0 ms; split by route, the model's pages keep their own."""
+    from synthetic import row, write_part
+
+    layer = [row(f"az://s/born{i}.pdf", 0, i, text="y", latency_ms=0, route="textlayer", engine="textlayer")
+             for i in range(9)]
+    model = [row(f"az://s/scan{i}.pdf", 0, 10 + i, text="x", latency_ms=ms, route="model")
+             for i, ms in enumerate([2000, 3000, 4000])]
+    unrendered = [row("az://s/bad.pdf", 0, 20, finish_reason="error", error_type="render_failed", latency_ms=None)]
+    write_part(tmp_path, "r-00000", layer + model + unrendered)
+    got = _report(tmp_path)["latency_ms_by_route"]
+    assert (got["model"]["count"], got["model"]["p50"], got["model"]["p90"], got["model"]["mean"]) == (3, 3000, 4000, 3000)
+    assert (got["textlayer"]["count"], got["textlayer"]["max"]) == (9, 0)
+    text = run_cli("report", str(tmp_path), check=True).stdout
+    assert re.search(r"^  engine ms, model\s+mean\s+3000\.0  p50\s+3000\.0  p90\s+4000\.0 .*\(3 pages\)$", text, re.M)
+    # an output of the textlayer engine (no route column values): its pages are the text layer's
+    write_part(tmp_path / "tl", "r-00000", [row("az://s/a.pdf", 0, 0, text="a", latency_ms=0, engine="textlayer")])
+    assert list(_report(tmp_path / "tl")["latency_ms_by_route"]) == ["textlayer"]
 
 
 def test_report_of_a_resumed_output_keeps_one_row_per_page(tmp_path):
@@ -152,22 +199,36 @@ def test_report_html_is_one_self_contained_page_with_charts(rapidocr_run, tmp_pa
     html = page.read_text()
     assert not re.search(r"(https?:)?//[\w.-]+\.\w+/", html), "no external URL"
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)">', html)
-    assert [t for t, _ in images] == ["Throughput over time", "Pages by finish_reason", "Text length per page",
+    # every page finished `stop`: no chart of one bar (the summary says it in a line)
+    assert [t for t, _ in images] == ["Throughput over time", "Routing", "Engine time per page, by route",
+                                      "Cost: where the accelerator time went", "Text length per page",
                                       "Slowest documents", "CER per page"]
     for _, data in images:
         assert base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n")
     assert "overall: " in html and "report.pdf" in html
+    # the header: OUT, the run, its engines and models
+    (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    facts = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", html))
+    assert facts["OUT"] == str(out) and facts["run"] == f"{record['run_id']}: done, 10 pages"
+    assert facts["engine"].startswith("rapidocr (rapidocr PP-OCR") and facts["engine"].endswith(": 7 pages")
+    assert re.fullmatch(r"\d+\.\d pages a minute over \d+\.\d s", facts["throughput"])
+    # the summary wraps instead of running out of its box (docs/report-demo.png: 1280 px wide)
+    assert "white-space:pre-wrap" in html and "img{max-width:100%" in html
 
 
-def test_report_html_without_matplotlib_says_what_to_install(rapidocr_run, tmp_path):
+def test_report_html_without_matplotlib_says_what_to_install_before_anything_else(rapidocr_run, tmp_path):
     out, _ = rapidocr_run
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from batchocr.cli import main; main(sys.argv[1:])")
     proc = subprocess.run([sys.executable, "-c", code, "report", str(out), "--html", str(tmp_path / "r.html")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == "Error: charts need matplotlib: pip install 'batchocr[analysis]'"
+    assert proc.stderr == "Error: charts need matplotlib: pip install 'batchocr[analysis]'\n"
+    assert proc.stdout == "", "nothing printed before the check"
     assert not (tmp_path / "r.html").exists()
+    # and without --html the text report needs no matplotlib
+    proc = subprocess.run([sys.executable, "-c", code, "report", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "batchocr report: " in proc.stdout, proc.stderr
 
 
 def test_report_of_a_folder_without_a_page_table_is_a_user_error(tmp_path):
