@@ -64,6 +64,9 @@ class _Request:
 
 
 class _Renderer:
+    def __init__(self):
+        self.kwargs = []  # each request's own mm_processor_kwargs
+
     def render_cmpl(self, prompts):
         (p,) = prompts
         images = p["multi_modal_data"]["image"]
@@ -75,6 +78,7 @@ class _Renderer:
             pages.append({"size": (w, h), "dark": r < 60, "red": r > 200 and g < 80})
         # a page alone: a Qwen-like patch grid; several: Unlimited-OCR's base view, 273 tokens a page
         prompt_len = (273 * len(pages) if many else sum((w // 28) * (h // 28) for w, h in (q["size"] for q in pages))) + 20
+        self.kwargs.append(p.get("mm_processor_kwargs"))
         return [{"type": "multimodal", "prompt": p["prompt"], "size": pages[0]["size"], "dark": pages[0]["dark"],
                  "pages": pages if many else None, "prompt_token_ids": list(range(prompt_len))}]
 

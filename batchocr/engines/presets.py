@@ -73,6 +73,8 @@ class Preset:
     # Prompt tokens a page costs in document mode (its image, base view), for grouping.
     document_page_tokens: int = 0
     document_sampling_args: dict[str, Any] = field(default_factory=dict)  # over sampling_args
+    # The processor's arguments for a document request (a request's own mm_processor_kwargs).
+    document_mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
     # For models that write their layout: (raw answer, page width, page height in
     # pixels) -> (Markdown text, blocks) (batchocr.grounding.parse); None: postprocess,
     # and no blocks.
@@ -166,6 +168,10 @@ def unlimited_ocr() -> Preset:
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
                   document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},
+                  # base mode's 1024 view: vLLM 0.26 keeps gundam's image_size 640 for a request of
+                  # several images, squeezing each page to 640x640 (docs/BENCHMARKS.md: CER proxy
+                  # 0.089 at 6 pt against 0.000 at 1024, the same 273 tokens a page)
+                  document_mm_processor_kwargs={"image_size": 1024},
                   parse=grounding.parse)
 
 

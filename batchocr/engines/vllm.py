@@ -287,6 +287,8 @@ class VLLMEngine:
         images = [Image.frombuffer("RGB", (p.width, p.height), p.image, "raw", "RGB", 0, 1) for p in request.pages]
         if request.document:
             prompt = {"prompt": self.preset.document_prompt(len(images)), "multi_modal_data": {"image": images}}
+            if self.preset.document_mm_processor_kwargs:
+                prompt["mm_processor_kwargs"] = dict(self.preset.document_mm_processor_kwargs)
         else:
             prompt = {"prompt": self.prompt, "multi_modal_data": {"image": images[0]}}
         (engine_input,) = self.engine.renderer.render_cmpl([prompt])
