@@ -109,7 +109,9 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
          expected: dict[str, Any] | None = None) -> RunSummary:
     shard = spec.shard
     render = _render_spec(spec, getattr(engine, "render_hints", {}))
-    record = _run_record(spec, engine, run_id, started_at) | {"render": dataclasses.asdict(render)}
+    # The render settings used: the worker count resolved (the spec's own, 0 for "one per CPU", is in "spec").
+    used = dataclasses.asdict(dataclasses.replace(render, workers=render.worker_count))
+    record = _run_record(spec, engine, run_id, started_at) | {"render": used}
     held = cost.accelerator(engine)  # what the run holds, priced by `report --gpu-hourly-usd`
     settings = producer.of_record(record)
     if expected is not None and settings != expected:  # the check before the load was on other settings
