@@ -72,12 +72,12 @@ def test_single_image_files_give_the_exact_total_before_any_opens():
     p.close()
 
 
-def _drive(p: Progress, seconds: float, gap: float) -> float:
-    """Pages in bursts every `gap` s for `seconds`; returns how long it really took."""
-    start = time.monotonic()
+def _drive(p: Progress, bursts: int, gap: float) -> float:
+    """Pages in bursts of 20 updates, `gap` s apart; returns how long it took."""
     p.count_documents(iter([doc("a.png", 1)] * 1000), lambda d: 0).join()
+    start = time.monotonic()
     p.started(doc("a.png", 1))
-    while time.monotonic() - start < seconds:
+    for _ in range(bursts):
         for _ in range(20):
             p.done(1)
         time.sleep(gap)
@@ -85,34 +85,38 @@ def _drive(p: Progress, seconds: float, gap: float) -> float:
     return time.monotonic() - start
 
 
+# Lines a run of 4 intervals or more gets, at the least: the first (when the bar starts),
+# one from the ticker, the closing line. Measured with two CPU hogs beside the test:
+# 5-6 lines a second at 0.25 s; 3 on the most loaded machine seen (load 12 on 2 cores:
+# the ticker's wake-ups late). Without the ticker a quiet second gets 2.
+AT_LEAST = 3
+
+
 def test_a_log_gets_a_whole_line_once_an_interval_whenever_pages_come():
-    """Pages in bursts (20 updates together) every 0.05 s, and a quiet gap longer
-    than the interval: a line per interval, each ended by a newline, none
+    """Pages in bursts (20 updates together) every 0.05 s, then a quiet gap longer
+    than the interval: a line per interval at most, each ended by a newline, none
     by a carriage return. Delays (a loaded machine) can only make lines fewer."""
     out = io.StringIO()
-    p = Progress("shard 0/1", enabled=True, file=out, interval=0.25)
-    took = _drive(p, 1.0, 0.05)
+    took = _drive(Progress("shard 0/1", enabled=True, file=out, interval=0.25), 20, 0.05)
     text = out.getvalue()
     assert "\r" not in text and text.endswith("\n")
     lines = text.splitlines()
     assert all(line.startswith("shard 0/1:") for line in lines), lines
-    # the first (when the bar starts), one an interval, the closing line
-    assert 4 <= len(lines) <= 2 + took / 0.25 + 1, (took, lines)
-    assert re.search(r"\b\d+/1000 \[", lines[-1]), lines[-1]
+    assert AT_LEAST <= len(lines) <= 2 + took / 0.25 + 1, (took, lines)  # +1: an update and a tick at once
+    assert re.search(r"\b400/1000 \[", lines[-1]), lines[-1]
 
     out = io.StringIO()
-    p = Progress("shard 0/1", enabled=True, file=out, interval=0.25)
-    took = _drive(p, 0.01, 1.0)  # one burst, then nothing for 1 s: the ticker still writes
-    assert 4 <= len(out.getvalue().splitlines()) <= 2 + took / 0.25 + 1, (took, out.getvalue())
+    took = _drive(Progress("shard 0/1", enabled=True, file=out, interval=0.25), 1, 1.0)  # then nothing for 1 s
+    assert AT_LEAST <= len(out.getvalue().splitlines()) <= 2 + took / 0.25 + 1, (took, out.getvalue())
 
 
 def test_a_terminal_is_redrawn_twice_a_second_in_place():
     out = Terminal()
     p = Progress("shard 0/1", enabled=True, file=out)
     assert p.interval == progress.TERMINAL_INTERVAL_S == 0.5
-    took = _drive(p, 1.6, 0.05)
+    took = _drive(p, 32, 0.05)
     draws = out.getvalue().count("\r")
-    assert 3 <= draws <= 2 + took / 0.5 + 1, (took, draws)
+    assert AT_LEAST <= draws <= 2 + took / 0.5 + 1, (took, draws)
     assert "\n" not in out.getvalue().rstrip("\n")  # in place: one line
 
 
@@ -138,7 +142,7 @@ def test_a_run_not_on_a_terminal_logs_a_line_an_interval(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert "\r" not in err
     lines = err.splitlines()
-    assert 3 <= len(lines) <= 2 + summary.seconds / 0.3 + 1, (summary.seconds, lines)
+    assert AT_LEAST <= len(lines) <= 2 + summary.seconds / 0.3 + 1, (summary.seconds, lines)
     assert re.search(r"\| 60/60 \[\d\d:\d\d<00:00, .*docs 6/6\]$", lines[-1]), lines[-1]
     assert all(re.search(r"page", line) for line in lines), lines
 
