@@ -83,6 +83,7 @@ class Progress:
         self.terminal = self.file.isatty()
         self.interval = interval or (TERMINAL_INTERVAL_S if self.terminal else LOG_INTERVAL_S)
         self.bar: tqdm | None = None  # drawn once there is a page to do
+        self._ticker: threading.Thread | None = None
         self.documents_total: int | None = None  # documents this run will work on, once counted
         self.documents_started = 0
         self._listed_pages = 0  # pages of the documents to do known from the listing (ONE_PAGE)
@@ -172,7 +173,8 @@ class Progress:
         make = tqdm if self.terminal else LogLines
         self.bar = make(unit="page", file=self.file, dynamic_ncols=self.terminal, desc=self.desc, smoothing=0.1,
                         mininterval=self.interval, miniters=1)
-        threading.Thread(target=self._tick, name="batchocr-progress", daemon=True).start()
+        self._ticker = threading.Thread(target=self._tick, name="batchocr-progress", daemon=True)
+        self._ticker.start()
 
     def _tick(self) -> None:
         """Refresh the bar once an interval when no update() has (pages came in batches)."""
@@ -205,5 +207,6 @@ class Progress:
         with self._lock:
             self._closed.set()
         if self.bar is not None:
+            self._ticker.join()  # woken by _closed: nothing is drawn after the closing line
             self._update()
             self.bar.close()

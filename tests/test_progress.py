@@ -6,6 +6,7 @@ a redraw twice a second; a run with nothing to do draws no bar."""
 import io
 import re
 import shutil
+import threading
 import time
 
 from batchocr import progress
@@ -104,6 +105,7 @@ def test_a_log_gets_a_whole_line_once_an_interval_whenever_pages_come():
     assert all(line.startswith("shard 0/1:") for line in lines), lines
     assert AT_LEAST <= len(lines) <= 2 + took / 0.25 + 1, (took, lines)  # +1: an update and a tick at once
     assert re.search(r"\b400/1000 \[", lines[-1]), lines[-1]
+    assert not [t for t in threading.enumerate() if t.name == "batchocr-progress"]  # the ticker ended with it
 
     out = io.StringIO()
     took = _drive(Progress("shard 0/1", enabled=True, file=out, interval=0.25), 1, 1.0)  # then nothing for 1 s
