@@ -20,6 +20,7 @@ to do: a run with nothing to do draws none.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import sys
 import threading
@@ -37,6 +38,14 @@ ESTIMATED = "{l_bar}{bar}| {n_fmt}/about {total_fmt} [{elapsed}<{remaining}, {ra
 def listed_pages(uri: str) -> int | None:
     """The pages of a document known from its name alone."""
     return 1 if posixpath.splitext(uri)[1].lower() in ONE_PAGE else None
+
+
+def _columns(file: TextIO) -> int:
+    """The width of the terminal `file` is, 0 if it is none."""
+    try:
+        return os.get_terminal_size(file.fileno()).columns if file.isatty() else 0
+    except (AttributeError, OSError, ValueError):  # no fileno (a StringIO), or not a terminal after all
+        return 80 if file.isatty() else 0
 
 
 class LogLines(tqdm):
@@ -80,7 +89,7 @@ class Progress:
         self.desc = desc
         self.enabled = enabled
         self.file = file or sys.stderr
-        self.terminal = self.file.isatty()
+        self.terminal = _columns(self.file) > 0  # a terminal of no width (a pty never sized) shows no bar: a log then
         self.interval = interval or (TERMINAL_INTERVAL_S if self.terminal else LOG_INTERVAL_S)
         self.bar: tqdm | None = None  # drawn once there is a page to do
         self._ticker: threading.Thread | None = None

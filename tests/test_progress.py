@@ -174,3 +174,22 @@ def test_a_quiet_progress_draws_nothing():
     p.done(3)
     p.close()
     assert out.getvalue() == ""
+
+
+def test_a_terminal_of_no_width_gets_log_lines():
+    """A pty nobody sized (0 columns) would show tqdm's bar as nothing at all."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    try:
+        with open(follower, "w", closefd=False) as tty:
+            assert Progress("t", enabled=True, file=tty).terminal is False
+            fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+            assert Progress("t", enabled=True, file=tty).terminal is True
+    finally:
+        os.close(leader)
+        os.close(follower)
