@@ -28,7 +28,7 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_the_page_total_is_estimated_from_the_bytes_of_the_documents_opened_so_far():
+def test_the_page_total_is_estimated_from_the_documents_opened_so_far():
     out = io.StringIO()
     p = Progress("t", enabled=True, file=out, interval=60)
     docs = [doc("a.pdf", 100), doc("b.pdf", 300), doc("c.pdf", 200), doc("d.pdf", 400), doc("e.png", 50),
@@ -38,19 +38,20 @@ def test_the_page_total_is_estimated_from_the_bytes_of_the_documents_opened_so_f
     assert p.documents_total == 5 and p.estimated_pages() is None  # no PDF opened yet: no basis
     for d in docs[:5]:
         p.started(d, committed.get(d.name, 0))
-    p.opened(docs[0].doc_id, 2)  # 2 pages in 100 bytes: 1 a 50 bytes
-    # a: 2; c and d, 600 bytes: about 12; e.png: 1 (its name says); b, 300 bytes: about 6, 2 of them committed
-    assert p.estimated_pages() == (2 + 12 + 1 + 4, False)
+    p.opened(docs[0].doc_id, 4)  # 4 pages a PDF so far
+    # a: 4; b, c, d: about 12, 2 of them committed; e.png: 1 (its name says)
+    assert p.estimated_pages() == (4 + 10 + 1, False)
     p._update()
-    assert re.search(r"\| 0/about 19 \[", str(p.bar)), str(p.bar)
+    assert re.search(r"\| 0/about 15 \[", str(p.bar)), str(p.bar)
     p.opened(docs[1].doc_id, 10)  # b: 10 pages, 2 committed
     p.opened(docs[1].doc_id, 10)  # its next batch changes nothing
+    assert p.estimated_pages() == (4 + 8 + 1 + 2 * 7, False)  # 7 a PDF now, for c and d
     p.opened(docs[2].doc_id, 1)
     p.opened(docs[3].doc_id, 3)
-    assert p.estimated_pages() == (2 + 8 + 1 + 3 + 1, True)  # all opened: the exact total, e.png still 1
-    p.done(15)
+    assert p.estimated_pages() == (4 + 8 + 1 + 3 + 1, True)  # all opened: the exact total, e.png still 1
+    p.done(17)
     p.close()
-    assert re.search(r"\| 15/15 \[", out.getvalue().splitlines()[-1]), out.getvalue()  # exact: no "about"
+    assert re.search(r"\| 17/17 \[", out.getvalue().splitlines()[-1]), out.getvalue()  # exact: no "about"
 
 
 def test_the_total_never_falls_below_the_pages_done():
