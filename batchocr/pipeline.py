@@ -110,7 +110,9 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
          expected: dict[str, Any] | None = None) -> RunSummary:
     shard = spec.shard
     render = _render_spec(spec, getattr(engine, "render_hints", {}))
-    record = _run_record(spec, engine, run_id, started_at) | {"render": dataclasses.asdict(render)}
+    # The render settings used: the worker count resolved (the spec's own, 0 for "one per CPU", is in "spec").
+    used = dataclasses.asdict(dataclasses.replace(render, workers=render.worker_count))
+    record = _run_record(spec, engine, run_id, started_at) | {"render": used}
     held = cost.accelerator(engine)  # what the run holds, priced by `report --gpu-hourly-usd`
     settings = producer.of_record(record)
     if expected is not None and settings != expected:  # the check before the load was on other settings
@@ -130,9 +132,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     inflight: dict[tuple[str, int], dict] = {}
     timings = {"render_wait_s": 0.0, "engine_s": 0.0, "write_s": 0.0}
     bar = Progress(f"shard {shard}", progress)
-    todo = lambda doc: done.get((doc.doc_id, doc.etag), Resume(frozenset())) is not None  # noqa: E731
-    bar.count_documents(_documents(source, out, spec), todo)  # a second pass, in the background
-    skipped_pages: dict[str, int] = {}  # documents started, not yet opened: their committed pages
+    bar.count_documents(_documents(source, out, spec), lambda doc: _committed(done, doc))  # in the background
 
     def tasks() -> Iterator[RenderTask]:
         for doc in documents:
@@ -143,10 +143,9 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             if summary.documents == 0 and out.exists(done_marker(shard.index)):
                 out.remove(done_marker(shard.index))  # there is work again: not done
             summary.documents += 1
-            skipped_pages[doc.doc_id] = len(resume.skip)
             if grouper is not None:
                 grouper.expect(doc.doc_id, resume.skip)
-            bar.started()
+            bar.started(doc, len(resume.skip))
             yield RenderTask(doc, resume.skip, resume.retry)
 
     def write(rows: list[dict], by=engine) -> None:
@@ -176,9 +175,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             if batch is None or stop.is_set():
                 return
             for doc, count in zip(batch.column("doc_id").to_pylist(), batch.column("page_count").to_pylist()):
-                if doc in skipped_pages:  # its first batch: now its pages are known
-                    skip = skipped_pages.pop(doc)
-                    bar.opened(1 if count is None else count - skip)
+                bar.opened(doc, count)  # its first batch: now its pages are known
             failed = batch.column("error_type").is_valid()
             errors = batch.select(schema.CARRIED + ["error_type", "error_message", "attempts"]).filter(failed).to_pylist()
             good = batch
@@ -263,6 +260,12 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
     })
     return summary
+
+
+def _committed(done: dict, doc: DocRef) -> int | None:
+    """How many of a document's pages are committed; None: all (it is done)."""
+    resume = done.get((doc.doc_id, doc.etag), Resume(frozenset()))
+    return None if resume is None else len(resume.skip)
 
 
 def _check_stores(spec: JobSpec, source: Store, out: Store) -> None:

@@ -46,6 +46,27 @@ def environment_secrets(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     return tuple(env[k] for k in SECRET_VARIABLES if env.get(k))
 
 
+def _create(tmp: str, make_folder: bool):
+    """Open a new temp file; its staging folder made first if asked. Another writer
+    (another shard's pod on the same volume) removes the staging folder once it is
+    empty (_remove_if_empty), possibly between our makedirs and our open: then again."""
+    for attempt in range(5):
+        if make_folder:
+            os.makedirs(posixpath.dirname(tmp), exist_ok=True)
+        try:
+            return open(tmp, "wb")
+        except FileNotFoundError:
+            if not make_folder or attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _remove_if_empty(folder: str) -> None:
+    """The staging folder goes when its last temp does: no empty OUT/_tmp stays behind."""
+    with contextlib.suppress(OSError):  # not empty (another writer's temp), or gone already
+        os.rmdir(folder)
+
+
 def _temp_prefix(rel: str) -> str:
     """A staged temp file's name starts with its target's path, `/` spelt `__`."""
     return rel.replace("/", "__") + ("" if rel.endswith("/") else ".")
@@ -231,10 +252,9 @@ class Store:
                 if staging is None:
                     tmp = posixpath.join(folder, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
                 else:
-                    os.makedirs(self.path(staging), exist_ok=True)
                     tmp = self.path(staging, f"{_temp_prefix(rel)}{uuid.uuid4().hex[:8]}.tmp")
                 try:
-                    with open(tmp, "wb") as f:
+                    with _create(tmp, staging is not None) as f:
                         f.write(data)
                         f.flush()
                         os.fsync(f.fileno())
@@ -244,6 +264,9 @@ class Store:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
                     raise
+                finally:
+                    if staging is not None:
+                        _remove_if_empty(self.path(staging))
             else:
                 self.fs.pipe_file(path, data)
         return path
@@ -271,6 +294,8 @@ class Store:
             for name in os.listdir(folder):
                 if name.startswith(prefix) and name.endswith(".tmp"):
                     os.unlink(os.path.join(folder, name))
+            if staging is not None:
+                _remove_if_empty(folder)
 
     def walk_files(self) -> Iterator[tuple[str, dict]]:
         """(path, info) of every file under the root, in a stable sorted order.

@@ -63,19 +63,39 @@ def _invoke(args, env):
     return sp.CompletedProcess(["batchocr", *args], result.exit_code, result.stdout, stderr)
 
 
+def _run_once(tmp_path_factory, worker_id: str, name: str, *args: str):
+    """`batchocr run ARGS SAMPLES OUT`, once for the whole session: the first pytest-xdist
+    worker to want it runs it under a lock in the folder the workers share (xdist's own
+    recipe), the others read what it left (each worker made its own before: a second
+    rapidocr run of the samples on the 2-core CI). Its OUT is read-only to the tests."""
+    import fcntl
+    import json
+    import subprocess as sp
+
+    if worker_id == "master":  # not under xdist (-n 0)
+        out = tmp_path_factory.mktemp(name) / "out"
+        return out, run_cli("run", str(SAMPLES), str(out), *args, check=True)
+    shared = tmp_path_factory.getbasetemp().parent / name
+    shared.mkdir(exist_ok=True)
+    out, result = shared / "out", shared / "result.json"
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            proc = run_cli("run", str(SAMPLES), str(out), *args, check=True)
+            result.write_text(json.dumps({"stdout": proc.stdout, "stderr": proc.stderr}))
+    kept = json.loads(result.read_text())
+    return out, sp.CompletedProcess(["batchocr", "run", *args], 0, kept["stdout"], kept["stderr"])
+
+
 @pytest.fixture(scope="session")
-def rapidocr_run(tmp_path_factory):
+def rapidocr_run(tmp_path_factory, worker_id):
     """One real rapidocr run over the samples, shared by the tests that read it."""
-    out = tmp_path_factory.mktemp("rapidocr") / "out"
-    proc = run_cli("run", str(SAMPLES), str(out), "--quiet", check=True)
-    return out, proc
+    return _run_once(tmp_path_factory, worker_id, "rapidocr", "--quiet")
 
 
 @pytest.fixture(scope="session")
-def textlayer_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("textlayer") / "out"
-    proc = run_cli("run", str(SAMPLES), str(out), "--engine", "textlayer", "--quiet", check=True)
-    return out, proc
+def textlayer_run(tmp_path_factory, worker_id):
+    return _run_once(tmp_path_factory, worker_id, "textlayer", "--engine", "textlayer", "--quiet")
 
 
 

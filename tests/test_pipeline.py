@@ -83,6 +83,13 @@ def test_run_record_and_done_marker(rapidocr_run):
     assert record["status"] == "done"
     assert record["engine"] == "rapidocr"
     assert record["engine_params"]["use_cls"] is False
+    # The numbers used, not the spec's 0 for "one per CPU" (which "spec" keeps, as it was given).
+    from batchocr.cpus import available_cpus
+    from batchocr.spec import RenderSpec
+
+    assert record["engine_params"]["threads"] == available_cpus() > 0
+    assert record["render"]["workers"] == RenderSpec().worker_count > 0 and record["spec"]["render"]["workers"] == 0
+    assert (out / "pages").is_dir() and not (out / "_tmp").exists()  # no empty staging folder left
     assert record["counts"]["pages"] == 10 and record["counts"]["documents"] == 5
     assert {"batchocr", "pymupdf", "pyarrow", "python"} <= set(record["versions"])
     assert record["run_id"] in proc.stdout

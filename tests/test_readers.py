@@ -24,7 +24,8 @@ def out(tmp_path_factory):
     (src / "broken.pdf").write_bytes(b"%PDF-1.7 this is not a PDF")  # one row, page_index -1, nulls
     out = tmp_path_factory.mktemp("readers") / "out"
     run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", "0/1", "--quiet", check=True)
-    (out / "_tmp" / "pages__shard-00000__part-x-00001.parquet.1234abcd.tmp").write_bytes(b"PAR1 half")  # killed
+    (out / "_tmp").mkdir()  # the run left none (gone when empty): as a killed writer leaves it
+    (out / "_tmp" / "pages__shard-00000__part-x-00001.parquet.1234abcd.tmp").write_bytes(b"PAR1 half")
     return out
 
 

@@ -213,11 +213,36 @@ def test_store_write_atomic_leaves_no_temp_and_replaces(tmp_path):
     assert os.listdir(tmp_path / "a") == ["b.json"]
     # Staged under a folder of its own (part files: readers list their folder whole).
     store.write_atomic("a/c.parquet", b"3", staging="_tmp")
-    assert sorted(os.listdir(tmp_path / "a")) == ["b.json", "c.parquet"] and os.listdir(tmp_path / "_tmp") == []
+    assert sorted(os.listdir(tmp_path / "a")) == ["b.json", "c.parquet"]
+    assert not (tmp_path / "_tmp").exists()  # the staging folder goes with its last temp
+    (tmp_path / "_tmp").mkdir()
     (tmp_path / "_tmp" / "a__x.parquet.1234abcd.tmp").write_bytes(b"half")  # left by a killed writer of a/
     (tmp_path / "_tmp" / "ab__y.parquet.1234abcd.tmp").write_bytes(b"live")  # another folder's writer
+    store.write_atomic("a/d.parquet", b"4", staging="_tmp")  # a folder with other temps stays
     store.remove_stale_temps("a", staging="_tmp")
     assert os.listdir(tmp_path / "_tmp") == ["ab__y.parquet.1234abcd.tmp"]
+    os.unlink(tmp_path / "_tmp" / "ab__y.parquet.1234abcd.tmp")
+    store.remove_stale_temps("a", staging="_tmp")
+    assert not (tmp_path / "_tmp").exists()
+
+
+def test_a_writer_whose_staging_folder_another_removes_makes_it_again(tmp_path, monkeypatch):
+    """Two pods' writers on one volume: one removes the empty staging folder between
+    the other's makedirs and its open."""
+    from batchocr import storage
+
+    real = os.makedirs
+    raced = []
+
+    def makedirs(path, exist_ok=False):
+        real(path, exist_ok=exist_ok)
+        if path.endswith("_tmp") and not raced:
+            raced.append(path)
+            os.rmdir(path)  # the other writer's _remove_if_empty
+
+    monkeypatch.setattr(storage.os, "makedirs", makedirs)
+    Store(str(tmp_path)).write_atomic("a/c.parquet", b"3", staging="_tmp")
+    assert raced and (tmp_path / "a" / "c.parquet").read_bytes() == b"3" and not (tmp_path / "_tmp").exists()
 
 
 def test_join_lines_groups_boxes_on_one_line():

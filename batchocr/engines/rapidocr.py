@@ -87,7 +87,7 @@ class RapidOCREngine:
 
         onnxruntime.disable_telemetry_events()
 
-        threads = options.threads or available_cpus()
+        self.threads = threads = options.threads or available_cpus()  # the record gives the count used
         self._ocr = RapidOCR(
             params={
                 "Global.use_cls": options.use_cls,
@@ -204,7 +204,7 @@ class RapidOCREngine:
         import rapidocr
 
         return {
-            "threads": self.options.threads,
+            "threads": self.threads,
             "use_cls": self.options.use_cls,
             "text_score": self.options.text_score,
             "reading_order": self.options.reading_order,
