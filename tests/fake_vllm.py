@@ -63,10 +63,11 @@ class _Request:
 class _Renderer:
     def render_cmpl(self, prompts):
         (p,) = prompts
-        image = p["multi_modal_data"]["image"]
-        w, h = image.size
-        dark = image.getpixel((w // 2, h // 2))[0] < 60
-        return [{"type": "multimodal", "prompt": p["prompt"], "size": (w, h), "dark": dark}]
+        images = p["multi_modal_data"]["image"]
+        images = images if isinstance(images, list) else [images]  # several: one request, n pages
+        w, h = images[0].size
+        dark = any(im.getpixel((im.width // 2, im.height // 2))[0] < 60 for im in images)
+        return [{"type": "multimodal", "prompt": p["prompt"], "size": (w, h), "dark": dark, "images": len(images)}]
 
 
 class _Core:
@@ -101,7 +102,7 @@ class FakeEngine:
         if self.refuse is not None:
             raise self.refuse
         w, h = engine_input["size"]
-        prompt_len = (w // 28) * (h // 28) + 20
+        prompt_len = engine_input.get("images", 1) * (w // 28) * (h // 28) + 20
         if prompt_len > self.max_model_len:
             raise ValueError(f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
                              f"length of {self.max_model_len}")

@@ -72,3 +72,48 @@ def test_compute_ceiling_of_the_issue_layouts(tmp_path):
     b = compute_ceiling(str(two), 1518 + 84, 1000, patches, 773)
     assert 16 <= a["ceiling_pages_per_s"] <= 19 and 34 <= b["ceiling_pages_per_s"] <= 40
     assert a["text_share"] > 0.75 and b["text_share"] < 0.5  # the 2B layout's vision tower dominates
+
+
+def test_throughput_document_mode_dry_run(tmp_path):
+    # Document mode's vLLM alone (a, c): one request a group of a document's consecutive pages,
+    # n images and "<image>" x n, its length the sum of its pages'; the preset's n-gram window
+    # becomes the multi-page one (1024).
+    report = tmp_path / "doc.json"
+    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--pages", "36",
+                    "--doc-pages", "8,12,16", "--ocr-mode", "document", "--group-pages", "8", "--preset",
+                    "deepseek-ocr", "--max-num-seqs", "4", "--chunk", "2", "--render-workers", "1",
+                    "--modes", "a,c", "--json", str(report)], check=True, capture_output=True, text=True, timeout=300)
+    r = json.loads(report.read_text())
+    assert (r["pages"], r["documents"], r["requests"]) == (36, 3, 5)  # 8 | 8+4 | 8+8
+    assert r["sampling_args"]["extra_args"]["window_size"] == 1024
+    assert r["llm_args"]["limit_mm_per_prompt"]["image"] == 8
+    for mode in ("a_vllm_alone", "c_batch_at_a_time"):
+        work = r[mode]["work"]
+        assert work["requests"] == 5 and work["pages"] == 36 and work["client_tokens"] == r["output_tokens_total"]
+    assert r["equal_work"]["equal"] and set(r["equal_work"]["requests"].values()) == {5}
+    # the fake engine's prompt: 20 + 900 a page (720x1024 A4 in 28-px patches), every page of a group
+    assert r["kv"]["mean_prompt_tokens"] == (4 * (8 * 900 + 20) + (4 * 900 + 20)) / 5
+
+
+def test_groups_and_kv_accounting(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    from make_models import UNLIMITED_OCR_CONFIG
+    from throughput import doc_counts, kv_accounting, page_groups
+
+    assert doc_counts(30, [8, 12, 16]) == [8, 12, 10] and doc_counts(16, [8]) == [8, 8]
+    groups = page_groups(["a.pdf", "b.pdf"], [3, 5], 2)
+    assert groups == [["a.pdf/0", "a.pdf/1"], ["a.pdf/2"], ["b.pdf/0", "b.pdf/1"], ["b.pdf/2", "b.pdf/3"], ["b.pdf/4"]]
+    assert page_groups(["a.pdf"], [3], 0) == [["a.pdf/0", "a.pdf/1", "a.pdf/2"]]
+    model = tmp_path / "uocr"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(UNLIMITED_OCR_CONFIG))
+
+    class Cache:
+        num_gpu_blocks, block_size = 100_000, 16
+
+    llm = type("LLM", (), {"llm_engine": type("E", (), {"vllm_config": type("V", (), {"cache_config": Cache})})})
+    kv = kv_accounting(llm, str(model), [907, 907], [1000, 50], 512)
+    assert kv["kv_bytes_per_token"] == 61_440 and kv["kv_tokens"] == 1_600_000 and kv["rswa_window"] == 128
+    # R-SWA: the prefix's 57 blocks, the window's 8 (or 4 for 50 tokens), one being filled
+    assert kv["mean_tokens_held_per_request"] == ((57 + 8 + 1) + (57 + 4 + 1)) * 16 / 2
+    assert kv["max_num_seqs_by_kv"] == 1_600_000 // 1024

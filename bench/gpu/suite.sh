@@ -7,6 +7,12 @@
 #   3. 7B layout FP8 weights, 512 pages: b, then b with the FP8 KV cache too.
 # Named only (RUNS=...): route-7b, issue 14's routing figure (bench/route.py, route auto against
 # model, 7B layout, 1000 tokens a model page); tp-7b-fp8vs, b bf16 against b FP8 weights in one run.
+# Issue 20, Unlimited-OCR (make_models.py's unlimited-ocr folder, preset unlimited-ocr): uocr-check
+# (check_layout.py: vLLM's classes load the folder, image tokens as counted), uocr-page (page mode,
+# 1024 pages of 8-16-page documents, a and b at equal work, then b without the n-gram logits
+# processor), uocr-doc (document mode, groups of 8 pages, the same pages and lengths). R-SWA's
+# attention backend: UOCR_ATTN (default Triton; vLLM's own choice, FA4, needs cutlass-dsl and quack,
+# not in the kit: bench/gpu/README.md).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -18,6 +24,8 @@
 set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
+# word-split on purpose (no spaces inside the JSON): --engine-arg and its value
+[ -n "${UOCR_ATTN+set}" ] || UOCR_ATTN='--engine-arg attention_config={"backend":"TRITON_ATTN"}'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -47,6 +55,15 @@ run() {  # one named run of the suite
     # issue 14: 128 mixed documents (512 pages, half born-digital), auto and model twice, orders alternating
     route-7b) rt route-7b --engine vllm "--model=$MODELS/qwen2.5-vl-7b" --preset qwen2.5-vl --dummy 1000 \
                 --docs 128 --repeat 2 --modes auto,model ;;
+    uocr-check) echo "$(date +%T) start uocr-check" >>"$RES/suite.log"
+                python3 bench/gpu/check_layout.py "$MODELS/unlimited-ocr" --json "$RES/uocr-check.json" \
+                  >"$RES/uocr-check.log" 2>&1
+                echo "$(date +%T) end uocr-check rc=$?" >>"$RES/suite.log" ;;
+    uocr-page) tp uocr-page "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --doc-pages 8,12,16 \
+                 --modes a,b --max-num-seqs 512 $UOCR_ATTN --variant "nongram=--ngram off" ;;
+    uocr-doc) tp uocr-doc "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --doc-pages 8,12,16 \
+                --ocr-mode document --group-pages 8 --modes a,b --max-num-seqs 256 $UOCR_ATTN \
+                --variant "nongram=--ngram off" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
   esac
 }

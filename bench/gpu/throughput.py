@@ -19,6 +19,18 @@ Output lengths are fixed per page (random weights make text meaningless):
 A = --tokens for every page, B = lognormal(sigma 1) clipped to [50, 4000], mean ~1000,
 drawn from a hash of (file name, page) so all three modes generate the same lengths.
 
+Document mode (--ocr-mode document, Unlimited-OCR: a document's pages in one request): the
+corpus is multi-page documents (--doc-pages, cycled), cut into groups of --group-pages
+consecutive pages; a request is `<image>` x n + the preset's multi-page prompt with its n page
+images (vLLM's processor turns crops off), its length the sum of its pages' lengths. vLLM alone
+(a, c) sends the same groups; b runs batchocr's document mode with the fallback to page mode off
+(random weights never write `<page>`). Equal work then also compares the requests.
+
+KV: the engine's KV capacity (blocks x block size, the figure of vLLM's "GPU KV cache size"
+line), the KV a request holds in steady state (its prefix, image and prompt tokens, plus the
+generated tokens it keeps: all of them, or R-SWA's window), the max_num_seqs that fills it,
+and per mode the KV use vLLM reports every step.
+
 Measured per mode: wall time, pages/s and output tokens/s end to end; the engine
 core's own timeline (every step: running and waiting requests, KV use, tokens,
 pages finished; from vLLM's scheduler stats, timestamped in the core process) and
@@ -32,6 +44,9 @@ ceiling (pages/s at the GPU's peak dense FLOP/s) is computed from the model's co
     python bench/gpu/throughput.py --model /tmp/models/qwen2.5-vl-7b --pages 512 --lengths B \
         --modes a,c,b,a0 --variant 'seqs512=--max-num-seqs 512' --json $OUT/tp.json
         [--quantization fp8] [--engine-arg kv_cache_dtype=fp8] [--b-variants 'prepare_threads=8']
+    python bench/gpu/throughput.py --model /tmp/models/unlimited-ocr --preset unlimited-ocr --pages 1024 \
+        --doc-pages 8,12,16 --ocr-mode document --group-pages 8 --modes a,b \
+        --engine-arg 'attention_config={"backend": "TRITON_ATTN"}' --json $OUT/uocr-doc.json
     python bench/gpu/throughput.py --fake --pages 64   # dry run on the CPU: checks the script only
 """
 
@@ -39,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import hashlib
 import json
 import math
@@ -252,6 +268,56 @@ def compute_ceiling(model: str, prompt_tokens: float, output_tokens: float, patc
             "peak_tflops": peak_tflops, "ceiling_pages_per_s": round(peak_tflops * 1e12 / total, 1)}
 
 
+def doc_counts(pages: int, sizes: list[int]) -> list[int]:
+    """Pages of each document: sizes cycled, the last one cut so that they add up to pages."""
+    counts: list[int] = []
+    while sum(counts) < pages:
+        counts.append(min(sizes[len(counts) % len(sizes)], pages - sum(counts)))
+    return counts
+
+
+def page_groups(names: list[str], counts: list[int], group_pages: int) -> list[list[str]]:
+    """The requests of document mode: each document's pages, consecutive, group_pages at a time
+    (page mode: one page a request). Keys are 'file name/page index'."""
+    groups = []
+    for name, count in zip(names, counts):
+        keys = [f"{name}/{i}" for i in range(count)]
+        step = group_pages or count
+        groups += [keys[i:i + step] for i in range(0, count, step)]
+    return groups
+
+
+def kv_accounting(llm, model: str, prompt_tokens: list[int], output_tokens: list[int], max_num_seqs: int) -> dict:
+    """The engine's KV capacity and what a request holds of it in steady state.
+
+    R-SWA (a config with rswa_window): a request keeps its prefix (prompt: image and text
+    tokens) and the last rswa_window generated tokens, in whole blocks plus the block being
+    filled; otherwise it keeps every token. max_num_seqs_by_kv: the requests of mean size that
+    fill the cache."""
+    cfg = json.load(open(Path(model) / "config.json")) if model and (Path(model) / "config.json").exists() else {}
+    t = cfg.get("language_config") or cfg.get("text_config") or cfg
+    cache = llm.llm_engine.vllm_config.cache_config if hasattr(llm, "llm_engine") and hasattr(
+        llm.llm_engine, "vllm_config") else None
+    blocks, block = (cache.num_gpu_blocks, cache.block_size) if cache is not None else (None, 16)
+    window = cfg.get("rswa_window")
+    heads, layers = t.get("num_key_value_heads"), t.get("num_hidden_layers")
+    head = t.get("head_dim") or (t["hidden_size"] // t["num_attention_heads"] if "hidden_size" in t else None)
+    per_token = layers * heads * head * 2 * 2 if heads and layers and head else None  # K and V, bf16
+
+    def held(prompt: int, out: int) -> int:
+        kept = min(out, window) if window else out
+        return math.ceil(prompt / block) * block + math.ceil(kept / block) * block + block
+
+    mean = sum(held(p, o) for p, o in zip(prompt_tokens, output_tokens)) / max(1, len(prompt_tokens))
+    capacity = blocks * block if blocks else None
+    return {"num_gpu_blocks": blocks, "block_size": block, "kv_tokens": capacity, "kv_bytes_per_token": per_token,
+            "kv_gb": round(capacity * per_token / 1e9, 2) if capacity and per_token else None,
+            "rswa_window": window, "mean_prompt_tokens": round(sum(prompt_tokens) / max(1, len(prompt_tokens)), 1),
+            "mean_tokens_held_per_request": round(mean, 1),
+            "mean_mb_held_per_request": round(mean * per_token / 1e6, 2) if per_token else None,
+            "max_num_seqs_by_kv": int(capacity // mean) if capacity else None, "max_num_seqs": max_num_seqs}
+
+
 def _render_doc(args):
     doc, max_side, multiple = args
     from batchocr.render import RenderTask, render_document
@@ -283,11 +349,15 @@ def engine_args(args) -> dict:
     return out
 
 
-def work_of_outputs(outs) -> dict:
-    """What one finite generate call did: one attempt per page, by construction."""
-    reasons = collections.Counter(str(o.outputs[0].finish_reason) for o in outs)
+def work_of_outputs(outs, units) -> dict:
+    """What one finite generate call did: one attempt per request, by construction (a request is
+    a page, or in document mode a group of pages: its finish reason counts for each of them)."""
+    reasons = collections.Counter()
+    for o, unit in zip(outs, units):
+        reasons[str(o.outputs[0].finish_reason)] += len(unit)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"requests": len(outs), "pages": len(outs), "attempts": {"1": len(outs)}, "finish_reasons": dict(reasons),
+    pages = sum(len(u) for u in units)
+    return {"requests": len(outs), "pages": pages, "attempts": {"1": pages}, "finish_reasons": dict(reasons),
             "prompt_tokens_rows": sum(len(o.prompt_token_ids or []) for o in outs),
             "output_tokens_rows": tokens, "client_tokens": tokens}
 
@@ -329,7 +399,9 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--prepare-threads", str(args.prepare_threads), "--queue-pages", str(args.queue_pages),
             "--render-workers", str(args.render_workers), "--guard", args.guard,
-            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--preset", args.preset,
+            "--max-model-len", str(args.max_model_len), "--ocr-mode", args.ocr_mode, "--doc-pages", args.doc_pages,
+            "--group-pages", str(args.group_pages), "--ngram", args.ngram, "--json", str(json_path)]
     if args.quantization:
         argv += ["--quantization", args.quantization]
     for item in args.engine_arg:
@@ -374,6 +446,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--modes", default="a,c,b", help="a, a0 (a': vLLM's defaults, chunks of --chunk), c, b")
+    ap.add_argument("--preset", default="qwen2.5-vl", help="batchocr's vLLM preset (prompt, page size, sampling)")
+    ap.add_argument("--max-model-len", type=int, default=0, help="0: the preset's")
+    ap.add_argument("--ocr-mode", choices=["page", "document"], default="page",
+                    help="document: a group of a document's pages in one request (Unlimited-OCR)")
+    ap.add_argument("--doc-pages", default="8", help="pages of each document, cycled: '8,12,16'")
+    ap.add_argument("--group-pages", type=int, default=8, help="document mode: pages a request (0: a whole document)")
+    ap.add_argument("--ngram", choices=["on", "off"], default="on",
+                    help="the preset's no-repeat n-gram logits processor (its extra_args); off: its cost measured")
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
@@ -401,7 +481,7 @@ def main() -> None:
         import fake_vllm
 
         fake_vllm.install_modules()
-    from e2e import a4_corpus
+    from e2e import a4_documents
     from PIL import Image
 
     from batchocr.engines.presets import get_preset
@@ -412,8 +492,8 @@ def main() -> None:
     from batchocr.storage import Store
 
     work = Path(tempfile.mkdtemp(prefix="tp-"))
-    per_doc = 8
-    a4_corpus(work / "src", math.ceil(args.pages / per_doc), per_doc)
+    counts = doc_counts(args.pages, [int(x) for x in args.doc_pages.split(",")])
+    a4_documents(work / "src", counts)
     if args.part:  # one of several engines: every N-th document
         i, n = map(int, args.part.split("/"))
         for k, f in enumerate(sorted((work / "src").iterdir())):
@@ -421,21 +501,44 @@ def main() -> None:
                 f.unlink()
     docs = list(list_documents(Store(str(work / "src"))))
     names = {d.doc_id: d.name for d in docs}  # lengths are keyed by file name: the same in every run
+    counts = [counts[int(d.name[3:7])] for d in docs]  # docNNNN.pdf: its pages
+    document = args.ocr_mode == "document"
     guard = {} if args.guard == "on" else {"repetition_span": 10**6}  # never reached: max_tokens <= 4000
-    options = VLLMOptions(model=args.model or "fake", preset="qwen2.5-vl", load_format="dummy", ignore_eos=True,
-                          detokenize=False, max_model_len=8192, quantization=args.quantization,
+    # Document mode: batchocr groups pages as the benchmark does, and never falls back to page
+    # mode (random weights write no `<page>`, so every group would be redone page by page).
+    mode = {"mode": "document", "document_fallback": False, "group_pages": args.group_pages} if document else {}
+    known = {f.name for f in dataclasses.fields(VLLMOptions)}
+    if not set(mode) <= known:  # a batchocr without document mode: vLLM alone can still run it
+        if "b" in args.modes.split(",") or args.variant:
+            raise SystemExit(f"--ocr-mode document: this batchocr's VLLMOptions has no {sorted(set(mode) - known)}")
+        mode = {}
+    options = VLLMOptions(model=args.model or "fake", preset=args.preset, load_format="dummy", ignore_eos=True,
+                          detokenize=False, max_model_len=args.max_model_len or None, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           prepare_threads=args.prepare_threads, queue_pages=args.queue_pages,
-                          engine_args={"disable_log_stats": False, **engine_args(args)}, **guard)
+                          engine_args={"disable_log_stats": False, **engine_args(args)}, **guard, **mode)
     preset = get_preset(options.preset)
     llm_args = vllm_defaults(args) if args.llm == "defaults" else options.llm_args(preset)
     report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
-    keys = [f"{d.name}/{i}" for d in docs for i in range(per_doc)][: args.pages]
+    groups = page_groups([d.name for d in docs], counts, args.group_pages if document else 1)
+    keys = [k for g in groups for k in g]
     lengths = {key: length_of(key, args.lengths, args.tokens) for key in keys}
     report["pages"] = len(keys)
+    report["ocr_mode"], report["documents"], report["requests"] = args.ocr_mode, len(docs), len(groups)
     report["output_tokens_total"] = sum(lengths.values())
+    # the sampling batchocr's preset asks for (the n-gram logits processor: vLLM alone runs it too);
+    # document mode: the multi-page window (../shared/notes/unlimited-ocr.md: 1024)
+    sampling_args = dict(preset.sampling_args)
+    extra = dict(sampling_args.get("extra_args") or {})
+    if document and "window_size" in extra:
+        extra["window_size"] = 1024
+    if args.ngram == "off":
+        extra = {k: v for k, v in extra.items() if k not in ("ngram_size", "window_size", "whitelist_token_ids")}
+    if "extra_args" in sampling_args:
+        sampling_args["extra_args"] = extra or None
+    report["sampling_args"] = sampling_args
     sampler = Sampler()
     sampler.start()
     stacks = StackSampler()
@@ -516,6 +619,8 @@ def main() -> None:
             while not (args.barrier / f"build-{i}").exists():
                 time.sleep(0.2)
         t0 = time.monotonic()
+        if document:  # n images a prompt; batchocr's engine asks the same of vLLM
+            llm_args["limit_mm_per_prompt"] = {"image": max(len(g) for g in groups), "video": 0}
         with ProcessPoolExecutor(8 if need_images else 1) as ex:
             futures = ex.map(_render_doc, [(d, preset.max_side, preset.size_multiple) for d in docs]
                              if need_images else [])
@@ -533,14 +638,24 @@ def main() -> None:
         report["page_size"] = [w, h]
     patches = (report.get("page_size", [896, 1288])[0] // 14) * (report.get("page_size", [896, 1288])[1] // 14)
     prompt = preset.prompt()
+    by_key = {p[0]: p for p in pages}
+    # what a request of vLLM alone is: a page (page mode) or a group of a document's pages
+    units = [[by_key[k] for k in g] for g in groups] if pages else []
+    multi = getattr(preset, "document_prompt", None) or "Multi page parsing."
+
+    def image(page):
+        _, w, h, img = page
+        return Image.frombuffer("RGB", (w, h), img, "raw", "RGB", 0, 1)
 
     def requests(chunk):
-        return [{"prompt": prompt, "multi_modal_data": {"image": Image.frombuffer("RGB", (w, h), img, "raw", "RGB", 0, 1)}}
-                for _, w, h, img in chunk]
+        if document:
+            return [{"prompt": "<image>" * len(unit) + multi, "multi_modal_data": {"image": [image(p) for p in unit]}}
+                    for unit in chunk]
+        return [{"prompt": prompt, "multi_modal_data": {"image": image(unit[0])}} for unit in chunk]
 
     def params(chunk):
-        return [SamplingParams(max_tokens=lengths[key], ignore_eos=True, detokenize=False, temperature=0.0)
-                for key, *_ in chunk]
+        return [SamplingParams(max_tokens=sum(lengths[p[0]] for p in unit), ignore_eos=True, detokenize=False,
+                               temperature=0.0, **sampling_args) for unit in chunk]
 
     def record(name, start, end, finishes=None, extra=None):
         wall = end - start
@@ -553,6 +668,9 @@ def main() -> None:
                             "main_thread": stacks.take()} | (extra or {})
         if "work" in r:  # every token the engine core generated in this mode, aborted requests' too
             r["work"]["engine_tokens"] = sum(s[4] for s in timeline.between(start, end)) if timeline.steps else None
+        kv = [s[3] for s in timeline.between(start, end) if s[3] >= 0]
+        r["kv_usage_max"] = max(kv) if kv else None  # vLLM's kv_cache_usage, 0..1, every step
+        r["kv_usage_mean"] = round(sum(kv) / len(kv), 3) if kv else None
         steady = timeline.steady(start, end, llm_args.get("max_num_seqs") or 1024)
         if steady:
             st, (w0, w1) = steady
@@ -594,6 +712,8 @@ def main() -> None:
         def sampling(self, page):
             sp = super().sampling(page)
             sp.max_tokens = lengths[f"{names[page.doc_id]}/{page.page_index}"]
+            if "extra_args" in sampling_args:  # --ngram off: as vLLM alone
+                sp.extra_args = sampling_args["extra_args"]
             return sp
 
         def _row(self, page, finish_reason):
@@ -605,10 +725,10 @@ def main() -> None:
 
     def chunks():
         start, finishes, outs = time.monotonic(), [], []
-        for i in range(0, len(pages), args.chunk):
-            chunk = pages[i:i + args.chunk]
+        for i in range(0, len(units), args.chunk):
+            chunk = units[i:i + args.chunk]
             outs += llm.generate(requests(chunk), params(chunk), use_tqdm=False)
-            finishes += [time.monotonic()] * len(chunk)
+            finishes += [time.monotonic()] * sum(len(u) for u in chunk)
         return start, finishes, outs
 
     prompt_tokens = None
@@ -616,15 +736,18 @@ def main() -> None:
         stacks.running = True
         if mode == "a":  # vLLM alone, one call
             start = time.monotonic()
-            outs = llm.generate(requests(pages), params(pages), use_tqdm=False)
-            record("a_vllm_alone", start, time.monotonic(), extra={"work": work_of_outputs(outs)})
+            outs = llm.generate(requests(units), params(units), use_tqdm=False)
+            record("a_vllm_alone", start, time.monotonic(), extra={"work": work_of_outputs(outs, units)})
             prompt_tokens = len(outs[0].prompt_token_ids)
+            report["kv"] = kv_accounting(llm, args.model, [len(o.prompt_token_ids) for o in outs],
+                                         [len(o.outputs[0].token_ids) for o in outs], args.max_num_seqs)
+            print("kv", json.dumps(report["kv"]), flush=True)
         elif mode == "a0":  # vLLM's own defaults, a chunk at a time (needs --llm defaults: its own engine)
             start, finishes, outs = chunks()
-            record("a0_vllm_defaults", start, time.monotonic(), finishes, {"work": work_of_outputs(outs)})
+            record("a0_vllm_defaults", start, time.monotonic(), finishes, {"work": work_of_outputs(outs, units)})
         elif mode == "c":  # batch at a time, batchocr's engine arguments
             start, finishes, outs = chunks()
-            record("c_batch_at_a_time", start, time.monotonic(), finishes, {"work": work_of_outputs(outs)})
+            record("c_batch_at_a_time", start, time.monotonic(), finishes, {"work": work_of_outputs(outs, units)})
         elif mode == "b":  # batchocr, the whole pipeline, the same lengths
             variants = [("b_batchocr", {})] + [
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
@@ -690,12 +813,14 @@ def main() -> None:
     report["equal_work"] = {"expected_tokens": report["output_tokens_total"],
                             "tokens": {k: w.get("engine_tokens") or w["client_tokens"] for k, w in done.items()},
                             "pages": {k: w["pages"] for k, w in done.items()},
-                            "prompt_tokens": {k: w.get("prompt_tokens_rows") for k, w in done.items()}}
+                            "prompt_tokens": {k: w.get("prompt_tokens_rows") for k, w in done.items()},
+                            "requests": {k: w.get("requests") for k, w in done.items()}}
     report["equal_work"]["equal"] = (len(set(report["equal_work"]["tokens"].values())) <= 1
                                      and len(set(report["equal_work"]["pages"].values())) <= 1
-                                     and len(set(report["equal_work"]["prompt_tokens"].values())) <= 1)
+                                     and len(set(report["equal_work"]["prompt_tokens"].values())) <= 1
+                                     and len(set(report["equal_work"]["requests"].values())) <= 1)
     mean_out = report["output_tokens_total"] / max(1, len(keys))
-    if args.model and not args.fake:
+    if args.model and not args.fake and "text_config" in json.load(open(Path(args.model) / "config.json")):
         peak = PEAK_TFLOPS["fp8" if args.quantization == "fp8" else "bf16"]
         report["compute_ceiling"] = compute_ceiling(args.model, prompt_tokens or (patches / 4 + 84), mean_out,
                                                     patches, peak)
