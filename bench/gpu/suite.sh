@@ -10,7 +10,8 @@
 # Issue 20, Unlimited-OCR (make_models.py's unlimited-ocr folder, preset unlimited-ocr): uocr-check
 # (check_layout.py: vLLM's classes load the folder, image tokens as counted), uocr-page (page mode,
 # 1024 pages of 8-16-page documents, a and b at equal work, then b without the n-gram logits
-# processor), uocr-doc (document mode, groups of 8 pages, the same pages and lengths). R-SWA's
+# processor), uocr-doc (document mode, groups of 8 pages, the same pages and lengths), uocr-ngram
+# (ngram_cost.py: the n-gram logits processor's host time a request a step, CPU only). R-SWA's
 # attention backend: UOCR_ATTN (default Triton; vLLM's own choice, FA4, needs cutlass-dsl and quack,
 # not in the kit: bench/gpu/README.md).
 # Each run is one throughput.py process: its modes and variants share the pages and the
@@ -59,6 +60,9 @@ run() {  # one named run of the suite
                 python3 bench/gpu/check_layout.py "$MODELS/unlimited-ocr" --json "$RES/uocr-check.json" \
                   >"$RES/uocr-check.log" 2>&1
                 echo "$(date +%T) end uocr-check rc=$?" >>"$RES/suite.log" ;;
+    uocr-ngram) echo "$(date +%T) start uocr-ngram" >>"$RES/suite.log"
+                python3 bench/gpu/ngram_cost.py --json "$RES/uocr-ngram.json" >"$RES/uocr-ngram.log" 2>&1
+                echo "$(date +%T) end uocr-ngram rc=$?" >>"$RES/suite.log" ;;
     uocr-page) tp uocr-page "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --doc-pages 8,12,16 \
                  --modes a,b --max-num-seqs 512 $UOCR_ATTN --variant "nongram=--ngram off" ;;
     uocr-doc) tp uocr-doc "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --doc-pages 8,12,16 \
