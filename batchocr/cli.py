@@ -64,7 +64,10 @@ def storage_option(what: str):
 @click.argument("out", required=False)
 @click.option("--engine", type=click.Choice(ENGINES), help="OCR engine [default: rapidocr, or the job spec's]")
 @click.option("--model", help="vllm engine: the model folder (or hub name)")
-@click.option("--preset", help="vllm engine: model preset (prompt, image size, sampling), e.g. olmocr-2, qwen2.5-vl")
+@click.option("--preset", help="vllm engine: model preset (prompt, image size, sampling), e.g. unlimited-ocr, olmocr-2")
+@click.option("--mode", type=click.Choice(["page", "document"]),
+              help="vllm engine: page reads a page a request; document reads a document's pages in one request "
+                   "and splits the output back a row a page (unlimited-ocr) [default: page]")
 @click.option("--job", "job", type=click.Path(dir_okay=False), help="job spec YAML (see jobs/example.yaml); flags override it")
 @click.option("--route", type=click.Choice(ROUTES),
               help="per page: auto takes a good text layer and sends the rest to the engine; model: every page "
@@ -78,7 +81,7 @@ def storage_option(what: str):
                    "pages with these (without it, such a run stops with exit 2); compact keeps the new rows")
 @storage_option("SOURCE and OUT")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def run(source, out, engine, model, preset, job, route, dpi, max_side, workers, shard, reprocess, storage, quiet):
+def run(source, out, engine, model, preset, mode, job, route, dpi, max_side, workers, shard, reprocess, storage, quiet):
     """OCR every document under SOURCE into a page table under OUT.
 
     SOURCE and OUT are folders or fsspec URLs. Every page gets exactly one row in
@@ -93,12 +96,14 @@ def run(source, out, engine, model, preset, job, route, dpi, max_side, workers, 
         batchocr run samples/ out/all-ocr --route model
         batchocr run --job jobs/example.yaml --shard 3/16
         batchocr run samples/ out/demo --engine textlayer --reprocess
+        batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr
+        batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr --mode document
         batchocr run az://scans/ az://results/ --engine vllm --model /models/olmOCR-2-7B-1025 --preset olmocr-2
     """
     from batchocr.signals import graceful_stop
 
     with graceful_stop() as stop:  # first: an eviction notice during start-up is honoured too
-        _run(source, out, engine, {"model": model, "preset": preset}, job, dpi, max_side, workers, shard,
+        _run(source, out, engine, {"model": model, "preset": preset, "mode": mode}, job, dpi, max_side, workers, shard,
              storage, quiet, stop, route, reprocess)
 
 

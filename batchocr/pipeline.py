@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from batchocr import __version__, cost, engines, layout, producer, router, schema
+from batchocr.grouping import Grouper
 from batchocr.errors import BatchocrError, BoundaryError, ConfigError, Interrupted, StorageError
 from batchocr.plan import planned_documents, read_plan
 from batchocr.progress import Progress
@@ -143,6 +144,8 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
                 out.remove(done_marker(shard.index))  # there is work again: not done
             summary.documents += 1
             skipped_pages[doc.doc_id] = len(resume.skip)
+            if grouper is not None:
+                grouper.expect(doc.doc_id, resume.skip)
             bar.started()
             yield RenderTask(doc, resume.skip, resume.retry)
 
@@ -161,12 +164,15 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
         timings["write_s"] += time.monotonic() - t
 
     def feed(pool: RenderPool, stop) -> Iterator[pa.RecordBatch]:
-        """Render errors go straight to the table; good pages go to the engine."""
+        """Render errors go straight to the table; good pages go to the engine (in document
+        mode, a group of a document's pages a batch)."""
         pages = pool.run(tasks(), stop=stop.is_set)
         while True:
             t = time.monotonic()
             batch = next(pages, None)
             timings["render_wait_s"] += time.monotonic() - t
+            if batch is None and grouper is not None and not stop.is_set():
+                yield from grouper.rest()
             if batch is None or stop.is_set():
                 return
             for doc, count in zip(batch.column("doc_id").to_pylist(), batch.column("page_count").to_pylist()):
@@ -192,9 +198,13 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
                 if key in inflight:
                     raise BoundaryError(f"render: page {key} sent twice")
                 inflight[key] = row
-            if good.num_rows:
+            if grouper is not None:
+                yield from grouper.add(batch, good)
+            elif good.num_rows:
                 yield good
 
+    group_pages = getattr(engine, "group_pages", 1)  # document mode: the engine reads pages in groups
+    grouper = Grouper(group_pages) if group_pages > 1 else None
     needs = router.needs(engine.needs, spec.route)
     layer = engines.create("textlayer", spec.engines.get("textlayer", {})) if needs.route else None
     with RenderPool(render, needs, spec.storage_options) as pool:
@@ -228,7 +238,9 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             summary.timings["render_workers_replaced"] = pool.replaced
             status = "failed" if failing else ("interrupted" if summary.interrupted else "done")
             try:
-                out.write_json(layout.run_record(run_id), record | _finish(summary, status, writer) | {
+                # engine_params again: what it counted (document mode's groups) is known now
+                out.write_json(layout.run_record(run_id), record | {"engine_params": engine.describe()}
+                               | _finish(summary, status, writer) | {
                     "accelerator": held | {"seconds": round(summary.seconds * held["count"], 3)}})
             except BatchocrError:
                 if failing is None:

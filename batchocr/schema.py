@@ -7,6 +7,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+# A page's layout blocks (batchocr.grounding), in reading order: the block's kind as the
+# model named it, its box [x1, y1, x2, y2] in the page image's pixels and as fractions
+# 0-1 of the page, and its Markdown.
+BLOCK = pa.struct([("type", pa.string()), ("box", pa.list_(pa.int32())), ("box_norm", pa.list_(pa.float32())),
+                   ("text", pa.string())])
+BLOCKS = pa.list_(BLOCK)
+
 # The page table (OUT/pages/**.parquet): one row per page. README documents the
 # same columns; a test keeps the two in step.
 PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
@@ -23,6 +30,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("engine", pa.string(), "engine that produced the row: `rapidocr`, `textlayer` or `vllm`"),
     ("model", pa.string(), "model (or library version) the engine used"),
     ("text", pa.large_string(), "the page text, lines separated by `\\n`; null on error rows"),
+    ("blocks", BLOCKS, "the page's layout blocks in reading order, for models that locate them (the `deepseek-ocr` preset with a grounding prompt, `unlimited-ocr`): each its `type` as the model named it (`title`, `text`, `table`, `image`, ...), `box` [x1, y1, x2, y2] in the rendered page's pixels, `box_norm` the same as fractions 0-1 of the page, and its Markdown `text` (see Layout blocks); null for engines and prompts without layout"),
     ("finish_reason", pa.string(), "`stop` (read), `error` (see `error_type`), `skipped` (nothing to read, e.g. no text layer); VLM engines add `length` (hit max tokens) and `repetition` (looping output cut off)"),
     ("prompt_tokens", pa.int32(), "tokens in the prompt, image included (VLM engines; null otherwise)"),
     ("output_tokens", pa.int32(), "tokens generated (VLM engines; null otherwise)"),
@@ -31,6 +39,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("warning", pa.string(), "what MuPDF reported while repairing a damaged (truncated, corrupt) file: the page was read but may be incomplete or blank; null for sound files"),
     ("attempts", pa.int32(), "engine attempts at this page: VLM retries of a looping output count (null for CPU engines); on a `timeout` or `renderer_crashed` row, render attempts (a rerun retries a page once: 2 is final)"),
     ("latency_ms", pa.float32(), "engine time for this page in milliseconds (render time not included)"),
+    ("mode", pa.string(), "how the `vllm` engine read the page: `page` (alone), `document` (in one request with its neighbouring pages, the output split back on `<page>`), `fallback` (its document group's output did not split a part a page, hit the token limit, looped or was refused, so it was read again alone); null for other engines"),
     ("route", pa.string(), "where the page's text came from (see Routing): `textlayer` (the PDF's own text layer passed) or `model` (the run's engine); null for the textlayer engine and for error rows of unrendered pages"),
     ("route_score", pa.float32(), "quality of the page's text layer, 0 (none, or not to be trusted) to 1; `route: auto` takes the layer from 0.5"),
     ("run_id", pa.string(), "the run that wrote the row (`OUT/_runs/<run_id>.json` describes it)"),
@@ -48,6 +57,8 @@ def _pandas_metadata(columns: list[tuple[str, pa.DataType, str]]) -> bytes:
         if pa.types.is_integer(t) or pa.types.is_floating(t):
             name = t.to_pandas_dtype().__name__  # int32, float32, ...
             return name, name.capitalize() if pa.types.is_integer(t) else name, None  # Int32: nullable
+        if pa.types.is_list(t):
+            return "list[object]", "object", None  # what pyarrow itself writes for it
         return "unicode", "object", None
     return json.dumps({
         "index_columns": [], "column_indexes": [], "creator": {"library": "batchocr"}, "pandas_version": "2.2.0",
@@ -71,6 +82,7 @@ def conform(table: pa.Table) -> pa.Table:
 ERROR_TYPES = {
     "empty_file", "unreadable", "open_failed", "encrypted", "no_pages", "render_failed", "too_large",
     "timeout", "renderer_crashed", "engine_error", "no_text_layer", "rejected", "repetition",
+    "document_split",
 }
 
 # What a render worker sends: page metadata, the page image and the PDF's text layer.
@@ -104,6 +116,7 @@ RESULTS = pa.schema(
         ("doc_id", pa.string()),
         ("page_index", pa.int32()),
         ("text", pa.large_string()),
+        ("blocks", BLOCKS),  # engines that read the page's layout (batchocr.grounding); null otherwise
         ("finish_reason", pa.string()),
         ("prompt_tokens", pa.int32()),
         ("output_tokens", pa.int32()),
@@ -111,6 +124,7 @@ RESULTS = pa.schema(
         ("error_message", pa.string()),
         ("attempts", pa.int32()),
         ("latency_ms", pa.float32()),
+        ("mode", pa.string()),  # the vllm engine: page | document | fallback
         ("skew_angle", pa.float32()),  # engines that estimate it (rapidocr); null otherwise
     ]
 )

@@ -7,7 +7,9 @@ It behaves like an engine with continuous batching: up to max_num_seqs requests
 decode one token a step; a page's answer length depends on its index (without
 ignore_eos: with it, every request runs to max_tokens, as in vLLM); pages whose
 image is dark loop ("7 8 9 7 8 9 ...") at low temperature; prompts longer than
-max_model_len are rejected at add_request, as vLLM does.
+max_model_len are rejected at add_request, as vLLM does. With `FakeEngine.answer`
+set, every request answers that text instead, a few characters a token (a model
+whose answer is parsed: grounding tags), cut where max_tokens cuts it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class _Request:
     prompt_len: int
     loops: bool
     length: int
+    pieces: list[str] = field(default_factory=list)  # the answer's text, token by token
     emitted: list[int] = field(default_factory=list)
 
 
@@ -64,18 +67,63 @@ class _Renderer:
     def render_cmpl(self, prompts):
         (p,) = prompts
         images = p["multi_modal_data"]["image"]
-        images = images if isinstance(images, list) else [images]  # several: one request, n pages
-        w, h = images[0].size
-        dark = any(im.getpixel((im.width // 2, im.height // 2))[0] < 60 for im in images)
-        return [{"type": "multimodal", "prompt": p["prompt"], "size": (w, h), "dark": dark, "images": len(images)}]
+        many = isinstance(images, list)
+        pages = []
+        for image in images if many else [images]:
+            w, h = image.size
+            r, g, _ = image.getpixel((w // 2, h // 2))[:3]
+            pages.append({"size": (w, h), "dark": r < 60, "red": r > 200 and g < 80})
+        # a page alone: a Qwen-like patch grid; several: Unlimited-OCR's base view, 273 tokens a page
+        prompt_len = (273 * len(pages) if many else sum((w // 28) * (h // 28) for w, h in (q["size"] for q in pages))) + 20
+        return [{"type": "multimodal", "prompt": p["prompt"], "size": pages[0]["size"], "dark": pages[0]["dark"],
+                 "pages": pages if many else None, "prompt_token_ids": list(range(prompt_len))}]
+
+
+class _Resources:
+    engine_dead = False
 
 
 class _Core:
+    """vLLM's sync engine-core client, as far as its death goes: with
+    BATCHOCR_FAKE_CORE_PROCESS set, the engine core is a real child process (a sleep),
+    watched as vLLM's MPClientEngineMonitor watches its engine cores. When it dies, the
+    monitor sets resources.engine_dead and shuts the output thread down without a word,
+    as vLLM 0.26 does (v1/engine/core_client.py: monitor_engine_cores, BackgroundResources),
+    so that a step() then waits on outputs_queue for good, as vLLM's get_output() does."""
+
     def __init__(self):
+        import os
+        import queue
+        import subprocess
+        import threading
+
         self.shut = False
+        self.resources = _Resources()
+        self.outputs_queue = queue.Queue()
+        self.process = None
+        if os.environ.get("BATCHOCR_FAKE_CORE_PROCESS"):
+            self.process = subprocess.Popen(["sleep", "3600"])
+            with open(os.environ["BATCHOCR_FAKE_CORE_PROCESS"], "w") as f:
+                f.write(str(self.process.pid))
+
+            def monitor():
+                self.process.wait()
+                self.resources.engine_dead = True
+
+            threading.Thread(target=monitor, daemon=True).start()
+
+    def get_output(self):
+        """What vLLM's step() waits on once its engine core is gone."""
+        out = self.outputs_queue.get()
+        if isinstance(out, Exception):
+            raise out
+        return out
 
     def shutdown(self):
         self.shut = True
+        self.resources.engine_dead = True
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
 
 
 class FakeEngine:
@@ -88,12 +136,15 @@ class FakeEngine:
         self.order: list[str] = []
         self.aborted: list[str] = []
         self.added = 0
+        self.documents = 0  # requests of several images
         self.peak_waiting = 0
 
     # What the model was loaded for (a pooling model: ("embed",)), and an error that
     # add_request raises for every request (an engine that refuses them all).
     tasks: tuple[str, ...] = ("generate",)
     refuse: Exception | None = None
+    answer: str | None = None
+    ANSWER_CHARS = 7  # characters of `answer` a token
 
     def get_supported_tasks(self):
         return self.tasks
@@ -101,15 +152,28 @@ class FakeEngine:
     def add_request(self, request_id, engine_input, params):
         if self.refuse is not None:
             raise self.refuse
-        w, h = engine_input["size"]
-        prompt_len = engine_input.get("images", 1) * (w // 28) * (h // 28) + 20
+        prompt_len = len(engine_input["prompt_token_ids"])
         if prompt_len > self.max_model_len:
             raise ValueError(f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
                              f"length of {self.max_model_len}")
-        length = 3 + (w * 7 + h) % 11
-        self.requests[request_id] = _Request(params, prompt_len, engine_input["dark"], length)
+        pages = engine_input["pages"]
+        if pages is None:  # one page: the fixed answer, or words
+            w, h = engine_input["size"]
+            pieces = ([self.answer[i:i + self.ANSWER_CHARS] for i in range(0, len(self.answer), self.ANSWER_CHARS)]
+                      if self.answer is not None else [])
+            length, loops = len(pieces) or 3 + (w * 7 + h) % 11, engine_input["dark"]
+        else:  # a document: each page's words, `<page>` between pages (none before a red page)
+            pieces = []
+            for i, q in enumerate(pages):
+                if i and not q["red"]:
+                    pieces.append("<page>")
+                w, h = q["size"]
+                pieces += [f"w{100 + len(pieces)} " for _ in range(3 + (w * 7 + h) % 11)]
+            length, loops = len(pieces), any(q["dark"] for q in pages)
+        self.requests[request_id] = _Request(params, prompt_len, loops, length, pieces)
         self.order.append(request_id)
         self.added += 1
+        self.documents += pages is not None
         self.peak_waiting = max(self.peak_waiting, len(self.order) - self.max_num_seqs)
 
     def abort_request(self, ids):
@@ -120,6 +184,8 @@ class FakeEngine:
                 self.order.remove(rid)
 
     def step(self):
+        if self.engine_core.resources.engine_dead:
+            self.engine_core.get_output()  # blocks, as vLLM's does, unless something wakes it
         outs = []
         for rid in list(self.order[: self.max_num_seqs]):
             req = self.requests[rid]
@@ -132,7 +198,9 @@ class FakeEngine:
             reason = "stop" if done else None
             if not done and n + 1 >= req.params.max_tokens:
                 done, reason = True, "length"
-            outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], f"w{token} ", reason)], done))
+            text = req.pieces[n] if n < len(req.pieces) and not (req.loops and req.params.temperature < 0.15) \
+                else f"w{token} "
+            outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], text, reason)], done))
             if done:
                 self.order.remove(rid)
                 del self.requests[rid]

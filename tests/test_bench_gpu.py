@@ -75,35 +75,43 @@ def test_compute_ceiling_of_the_issue_layouts(tmp_path):
 
 
 def test_throughput_document_mode_dry_run(tmp_path):
-    # Document mode's vLLM alone (a, c): one request a group of a document's consecutive pages,
-    # n images and "<image>" x n, its length the sum of its pages'; the preset's n-gram window
-    # becomes the multi-page one (1024).
-    report = tmp_path / "doc.json"
-    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--pages", "36",
-                    "--doc-pages", "8,12,16", "--ocr-mode", "document", "--group-pages", "8", "--preset",
-                    "deepseek-ocr", "--max-num-seqs", "4", "--chunk", "2", "--render-workers", "1",
-                    "--modes", "a,c", "--json", str(report)], check=True, capture_output=True, text=True, timeout=300)
-    r = json.loads(report.read_text())
-    assert (r["pages"], r["documents"], r["requests"]) == (36, 3, 5)  # 8 | 8+4 | 8+8
-    assert r["sampling_args"]["extra_args"]["window_size"] == 1024
-    assert r["llm_args"]["limit_mm_per_prompt"]["image"] == 8
-    for mode in ("a_vllm_alone", "c_batch_at_a_time"):
-        work = r[mode]["work"]
-        assert work["requests"] == 5 and work["pages"] == 36 and work["client_tokens"] == r["output_tokens_total"]
-    assert r["equal_work"]["equal"] and set(r["equal_work"]["requests"].values()) == {5}
-    # the fake engine's prompt: 20 + 900 a page (720x1024 A4 in 28-px patches), every page of a group
-    assert r["kv"]["mean_prompt_tokens"] == (4 * (8 * 900 + 20) + (4 * 900 + 20)) / 5
-
-
-def test_groups_and_kv_accounting(tmp_path):
+    # Document mode at equal work: documents of 8, 12 and 16 pages, a and c send batchocr's groups
+    # (8 | 12 | 8+8), a request a group with its pages' images and lengths; b groups them itself.
+    # --ngram off (a variant, its own engine) gives b's requests no n-gram arguments. KV: the
+    # layout's config gives R-SWA's window and the bytes a token.
     sys.path.insert(0, str(ROOT / "bench/gpu"))
     from make_models import UNLIMITED_OCR_CONFIG
-    from throughput import doc_counts, kv_accounting, page_groups
+
+    model = tmp_path / "uocr"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(UNLIMITED_OCR_CONFIG))
+    report = tmp_path / "doc.json"
+    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--model", str(model),
+                    "--pages", "36", "--per-doc", "8,12,16", "--mode", "document", "--preset", "unlimited-ocr",
+                    "--max-num-seqs", "4", "--chunk", "2", "--render-workers", "1", "--modes", "a,c,b",
+                    "--variant", "nongram=--ngram off", "--json", str(report)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    r = json.loads(report.read_text())
+    assert r["pages"] == 36 and r["requests"] == 4
+    for mode in ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_nongram"):
+        work = r[mode]["work"]
+        assert work["requests"] == 4 and work["pages"] == 36 and work["client_tokens"] == r["output_tokens_total"]
+        assert sum(work["finish_reasons"].values()) == 36, mode  # a row's reason a page, a's too
+    assert r["equal_work"]["equal"] and set(r["equal_work"]["requests"].values()) == {4}
+    assert r["b_batchocr"]["extra_args"]["ngram_size"] == 35 and r["b_batchocr"]["extra_args"]["window_size"] == 1024
+    assert not (r["b_nongram"]["extra_args"] or {}).get("ngram_size")
+    # the stand-in's prompt: 20 + 273 a page of a group; KV held: the prefix's blocks, R-SWA's 128, one more
+    kv = r["kv"]
+    assert kv["mean_prompt_tokens"] == (4 * 20 + 36 * 273) / 4 and kv["kv_bytes_per_token"] == 61_440
+    assert kv["rswa_window"] == 128 and kv["mean_tokens_held_per_request"] > kv["mean_prompt_tokens"] + 128
+
+
+def test_doc_counts_and_kv_accounting(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    from make_models import UNLIMITED_OCR_CONFIG
+    from throughput import doc_counts, kv_accounting
 
     assert doc_counts(30, [8, 12, 16]) == [8, 12, 10] and doc_counts(16, [8]) == [8, 8]
-    groups = page_groups(["a.pdf", "b.pdf"], [3, 5], 2)
-    assert groups == [["a.pdf/0", "a.pdf/1"], ["a.pdf/2"], ["b.pdf/0", "b.pdf/1"], ["b.pdf/2", "b.pdf/3"], ["b.pdf/4"]]
-    assert page_groups(["a.pdf"], [3], 0) == [["a.pdf/0", "a.pdf/1", "a.pdf/2"]]
     model = tmp_path / "uocr"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(UNLIMITED_OCR_CONFIG))

@@ -13,7 +13,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_readme_documents_every_page_table_column_with_its_type():
-    rows = re.findall(r"^\| `(\w+)` \| ([\w\[\], =]+) \| (.+) \|$", README, re.M)
+    rows = re.findall(r"^\| `(\w+)` \| ([\w\[\], =<>:]+) \| (.+) \|$", README, re.M)
     documented: dict[str, tuple[str, str]] = {}
     for name, typ, meaning in rows:  # the first table naming a column is the column table
         if name in schema.PAGE_TABLE.names:

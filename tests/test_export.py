@@ -165,3 +165,19 @@ def test_markdown_markers_survive_any_error_message():
     got = parse_markdown(to_markdown("file:///x/y.pdf", pages))
     assert [(i, body) for i, _, body in got][1] == (1, "<b>text</b>\n\n")
     assert [i for i, _, _ in got] == [0, 1] and "\n" not in got[0][1]
+
+
+def test_markdown_export_of_pages_with_layout_blocks_is_their_clean_text(tmp_path):
+    """A grounding model's page (a real DeepSeek-OCR answer, tests/data/grounding): the
+    export writes the Markdown of `text`, never the answer's tags."""
+    from batchocr.grounding import parse
+    from synthetic import row, write_part
+
+    answer = (Path(__file__).parent / "data" / "grounding" / "deepseek-ocr" / "vastera-page015.raw.txt").read_text()
+    text, blocks = parse(answer, 1170, 1654)
+    write_part(tmp_path / "out", "x", [row("file:///s/manual.pdf", 0, 0, text=text, blocks=blocks)])
+    _export(tmp_path / "out", tmp_path / "docs", "markdown")
+    (md,) = (tmp_path / "docs").glob("*.md")
+    ((index, note, body),) = parse_markdown(md.read_text())
+    assert (index, note, body) == (0, "", text)
+    assert "<|" not in body and body.count("![](page_") == 7 and "## Preparation for Your New Vinterkold" in body

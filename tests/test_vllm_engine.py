@@ -20,7 +20,8 @@ from batchocr.spec import load_job
 from conftest import SAMPLES, count_pages, read_table, sample_documents
 
 PLACEHOLDERS = {"qwen2.5-vl": "<|image_pad|>", "qwen3-vl": "<|image_pad|>", "olmocr-2": "<|image_pad|>",
-                "paddleocr-vl": "<|IMAGE_PLACEHOLDER|>", "deepseek-ocr": "<image>", "dots-ocr": "<|imgpad|>"}
+                "paddleocr-vl": "<|IMAGE_PLACEHOLDER|>", "deepseek-ocr": "<image>", "dots-ocr": "<|imgpad|>",
+                "unlimited-ocr": "<image>"}
 
 
 def test_without_vllm_installed_the_error_says_what_to_install():
@@ -286,3 +287,90 @@ def test_settings_known_before_the_load_that_differ_from_the_engines_stop_the_ru
                                   "than the built engine's (prompt 'stale'; this run: prompt"), proc.stderr
     assert "disagrees with the engine" in proc.stderr and "Traceback" not in proc.stderr
     assert not (out / "_producer.json").exists() and not list(out.glob("_runs/*"))
+
+
+def test_the_engine_core_killed_mid_run_stops_it_in_seconds_and_the_rerun_completes_once(monkeypatch, tmp_path):
+    """SIGKILL of the engine-core process (a real child process in the stand-in, watched as
+    vLLM watches its own): vLLM's sync client would leave step() waiting for good; the run
+    stops within seconds with one line, exit 1, the run record `failed`, the committed pages
+    kept, and the rerun completes the shard exactly once."""
+    import json
+    import os
+    import signal
+    import time
+    from collections import Counter
+
+    from conftest import run_cli
+
+    fake_vllm.install(monkeypatch)
+    pid_file = tmp_path / "core.pid"
+    monkeypatch.setenv("BATCHOCR_FAKE_CORE_PROCESS", str(pid_file))
+    step = fake_vllm.FakeEngine.step
+
+    def slow(self):  # a real engine's pace, so that the kill lands mid-run
+        time.sleep(0.05)
+        return step(self)
+
+    monkeypatch.setattr(fake_vllm.FakeEngine, "step", slow)
+    out = tmp_path / "out"
+    job = tmp_path / "job.yaml"
+    job.write_text("commit:\n  every_pages: 1\n")
+    killed = {}
+
+    def kill_once_a_page_is_committed():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if pid_file.exists() and list(out.glob("pages/**/*.parquet")):
+                killed["at"] = time.monotonic()
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_once_a_page_is_committed)
+    killer.start()
+    proc = run_cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+                   "--job", str(job), "-q")
+    ended = time.monotonic()
+    killer.join()
+    assert "at" in killed, "the run ended before a page was committed"
+    assert proc.returncode == 1, proc.stderr
+    assert ended - killed["at"] < 5, f"the run took {ended - killed['at']:.1f} s to stop after the kill"
+    assert proc.stderr.startswith("Error: the vLLM engine failed: EngineCoreDied"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    assert record["status"] == "failed"
+    kept = read_table(out).to_pylist()
+    total = sum(count_pages(p) for p in sample_documents())
+    assert 1 <= len(kept) < total and not [r for r in kept if r["finish_reason"] == "error"]
+
+    monkeypatch.delenv("BATCHOCR_FAKE_CORE_PROCESS")
+    run_cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+            "--job", str(job), "-q", check=True)
+    rows = read_table(out).to_pylist()
+    assert Counter(Counter((r["doc_id"], r["page_index"]) for r in rows).values()) == {1: total}
+
+
+def test_admission_in_groups_adds_pages_once_enough_sequences_are_free(monkeypatch):
+    """admit_pages N: vLLM never holds a queue of its own; requests are added N or more at
+    a time (except at the start of the tail), once N sequences are free, and every page
+    still comes back once."""
+    fake_vllm.install(monkeypatch)
+    llm = fake_vllm.LLM(max_num_seqs=8)
+    engine = VLLMEngine(VLLMOptions(model="/m", max_num_seqs=8, admit_pages=4, queue_pages=40, max_tokens=50), llm=llm)
+    fake, sizes = llm.llm_engine, []
+    step = fake.step
+
+    def counting_step():
+        sizes.append(fake.added)
+        return step()
+
+    fake.step = counting_step
+    rows = _run(engine, _pages(60))
+    assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(60))
+    assert fake.peak_waiting == 0  # nothing ever waited inside vLLM
+    added = [b - a for a, b in zip([0] + sizes, sizes) if b != a]
+    assert added[0] == 8 and all(n >= 4 for n in added[:-1]) and sum(added) == 60, added  # the last: what is left
+    # off (0): everything goes in at once, and waits inside vLLM
+    engine, fake = _engine(monkeypatch, max_num_seqs=8, queue_pages=40, max_tokens=50)
+    _run(engine, _pages(60))
+    assert fake.peak_waiting > 0

@@ -21,11 +21,16 @@ class Engine(Protocol):
     name: str
     model: str  # what goes in the table's `model` column
     needs: Needs  # what the render stage must produce for it
+    # Pages the engine reads as one request (optional; 1 if absent). Above 1 (the vllm engine's
+    # document mode), the pipeline hands it page groups: each batch is consecutive pages of one
+    # document, at most group_pages of them (batchocr/grouping.py).
+    group_pages: int
 
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event) -> Iterator[pa.RecordBatch]:
         """Consume page batches (schema.PAGES, no error rows) lazily; yield
-        schema.RESULTS batches holding exactly one row per page received. Once
-        `stop` is set, return soon: pages not yet output are redone by the next run."""
+        schema.RESULTS batches holding exactly one row per page received, a group's rows
+        in one batch (so that the pipeline commits a group whole). Once `stop` is set,
+        return soon: pages not yet output are redone by the next run."""
         ...
 
     def describe(self) -> dict[str, Any]:

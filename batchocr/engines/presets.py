@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from batchocr import grounding
 from batchocr.errors import ConfigError
 
 # The Qwen-VL family's chat format with one image before the instruction.
@@ -63,9 +64,35 @@ class Preset:
     engine_args: dict[str, Any] = field(default_factory=dict)
     sampling_args: dict[str, Any] = field(default_factory=dict)
     postprocess: Callable[[str], str] = _identity
+    # Document mode (engines.vllm.mode: document): a document's pages in one request, the
+    # model writing `document_separator` between pages. None: the model reads one page a request.
+    document_template: str | None = None  # {images}: one image placeholder per page
+    document_instruction: str | None = None
+    document_separator: str = "<page>"  # matched in any case: the reference code splits on <PAGE>
+    image_placeholder: str = ""  # what {images} repeats, once a page
+    # Prompt tokens a page costs in document mode (its image, base view), for grouping.
+    document_page_tokens: int = 0
+    document_sampling_args: dict[str, Any] = field(default_factory=dict)  # over sampling_args
+    # For models that write their layout: (raw answer, page width, page height in
+    # pixels) -> (Markdown text, blocks) (batchocr.grounding.parse); None: postprocess,
+    # and no blocks.
+    parse: Callable[[str, int, int], tuple[str, list[dict] | None]] | None = None
 
     def prompt(self, instruction: str | None = None) -> str:
         return self.template.format(instruction=instruction or self.instruction)
+
+    def document_prompt(self, pages: int, instruction: str | None = None) -> str:
+        if self.document_template is None:
+            raise ConfigError(f"preset {self.name} reads one page a request: document mode needs a preset "
+                              f"that reads whole documents ({', '.join(document_presets())})")
+        return self.document_template.format(images=self.image_placeholder * pages,
+                                             instruction=instruction or self.document_instruction)
+    def read(self, raw: str, width: int, height: int) -> tuple[str, list[dict] | None]:
+        """The page's text and layout blocks from the model's answer for a page image
+        of width x height pixels."""
+        if self.parse is not None:
+            return self.parse(raw, width, height)
+        return self.postprocess(raw), None
 
 
 def _qwen(name: str, instruction: str, max_side: int, multiple: int, **kw: Any) -> Preset:
@@ -103,13 +130,16 @@ def paddleocr_vl() -> Preset:
 
 def deepseek_ocr() -> Preset:
     # deepseek-ai/DeepSeek-OCR: vLLM's recipe bans repeated 30-grams in a 90-token
-    # window with its own logits processor (table tags whitelisted).
+    # window with its own logits processor (table tags whitelisted). Its answer is
+    # parsed for layout blocks, which a grounding prompt asks for
+    # ("<|grounding|>Convert the document to markdown."); "Free OCR." gives none.
     return Preset("deepseek-ocr", "<image>\n{instruction}", "Free OCR.", max_side=1024, size_multiple=16,
                   max_tokens=8192, temperature=0.0, max_model_len=8192,
                   engine_args={"logits_processors": [
                       "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]},
                   sampling_args={"skip_special_tokens": False, "extra_args": {
-                      "ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}})
+                      "ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}},
+                  parse=grounding.parse)
 
 
 def dots_ocr() -> Preset:
@@ -120,6 +150,25 @@ def dots_ocr() -> Preset:
                   engine_args={"trust_remote_code": True})
 
 
+def unlimited_ocr() -> Preset:
+    # baidu/Unlimited-OCR (the course's model; ../shared/notes/unlimited-ocr.md), vLLM's recipe:
+    # no chat template, the prompt starts with a literal <image>; greedy; its own no-repeat
+    # n-gram processor (35-grams in a 128-token window, 1024 for whole documents), registered as
+    # an engine argument; special tokens kept, since the grounding tags are the layout.
+    # Page mode is "gundam" (the 1024 global view + up to 32 crops of 640, tiled from the page's
+    # size); document mode is base mode only (vLLM's processor turns crops off for several images):
+    # a page is then 16 x 17 + 1 = 273 image tokens.
+    return Preset("unlimited-ocr", "<image>{instruction}", "document parsing.", max_side=1920, size_multiple=16,
+                  max_tokens=8192, temperature=0.0, max_model_len=32768,
+                  engine_args={"logits_processors": [
+                      "vllm.model_executor.models.unlimited_ocr:NGramPerReqLogitsProcessor"]},
+                  sampling_args={"skip_special_tokens": False, "extra_args": {"ngram_size": 35, "window_size": 128}},
+                  document_template="{images}{instruction}", document_instruction="Multi page parsing.",
+                  image_placeholder="<image>", document_page_tokens=273,
+                  document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},
+                  parse=grounding.parse)
+
+
 PRESETS: dict[str, Callable[[], Preset]] = {
     "qwen2.5-vl": qwen2_5_vl,
     "qwen3-vl": qwen3_vl,
@@ -127,7 +176,12 @@ PRESETS: dict[str, Callable[[], Preset]] = {
     "paddleocr-vl": paddleocr_vl,
     "deepseek-ocr": deepseek_ocr,
     "dots-ocr": dots_ocr,
+    "unlimited-ocr": unlimited_ocr,
 }
+
+
+def document_presets() -> list[str]:
+    return [name for name, make in PRESETS.items() if make().document_template is not None]
 
 
 def get_preset(name: str) -> Preset:

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterator, Mapping
+from typing import Annotated, Any, Iterator, Literal, Mapping
 
 import pyarrow as pa
 from annotated_types import Ge, Gt, Le
@@ -30,16 +30,22 @@ from annotated_types import Ge, Gt, Le
 from batchocr import schema
 from batchocr.config import FORBID
 from batchocr.engines import parse_options, result
-from batchocr.engines.presets import Preset, get_preset
+from batchocr.engines.presets import Preset, document_presets, get_preset
 from batchocr.engines.repetition import RepetitionCheck
 from batchocr.errors import BatchocrError, ConfigError
 from batchocr.schema import Needs
 
 INSTALL_HINT = "pip install 'batchocr[vllm]' (on a machine with an NVIDIA GPU)"
 CHECK_EVERY = 32  # tokens between two looks for runaway repetition
+WATCH_S = 0.5  # how often the engine core's death is looked for
 # Refusals alike before vLLM took any request that make the refusal the engine's (a
 # model that cannot take this input, a vLLM without the API batchocr calls), not the pages'.
 SYSTEMIC_REFUSALS = 8
+# Why a document group's pages were read again one by one (OUT/_runs: engine_params.groups).
+FALLBACK_REASONS = ("split", "length", "repetition", "rejected", "engine_error")
+# Document mode: pages a group may hold at most (Unlimited-OCR was trained on 2-50 page documents).
+MAX_GROUP_PAGES = 50
+DOCUMENT_PROMPT_TOKENS = 16  # a group's prompt beyond its images (BOS, the instruction)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,9 @@ class VLLMOptions:
     enforce_eager: bool = False
     # Pages kept inside vLLM at once; 0 = max_num_seqs + max_num_seqs // 4 + 32.
     queue_pages: int = 0
+    # Requests go to vLLM once this many sequences are free, together (their prefills share a
+    # step); 0: at once, queued inside vLLM, which admits them as sequences free.
+    admit_pages: Annotated[int, Ge(0)] = 0
     # Threads preparing requests (image processor, tokens) off the engine loop.
     prepare_threads: int = 4
     # Runaway repetition: attempts per page (1 = no retry) and the loop detector.
@@ -78,13 +87,39 @@ class VLLMOptions:
     # For benchmarks with random weights: generate exactly max_tokens, skip detokenizing.
     ignore_eos: bool = False
     detokenize: bool = True
+    # page: a request a page. document: consecutive pages of a document in one request, the
+    # output split back a part a page (presets that read documents: unlimited-ocr).
+    mode: Literal["page", "document"] = "page"
+    # Document mode: pages a group holds at most; 0 = as many as the context allows, each page
+    # its image's tokens plus group_page_tokens of output (and at most MAX_GROUP_PAGES).
+    group_pages: Annotated[int, Ge(0)] = 0
+    group_page_tokens: Annotated[int, Gt(0)] = 2048
+    # A group whose output does not split a part a page (or hit the token limit) is read again
+    # page by page. Off only for benchmarks on random weights, which never write the separator.
+    document_fallback: bool = True
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.model:
             raise ConfigError("engine vllm needs a model: --model PATH (or engines.vllm.model in the job spec)")
-        get_preset(self.preset)
+        preset = get_preset(self.preset)
+        if self.mode == "document" and preset.document_template is None:
+            raise ConfigError(f"engines.vllm.mode: document needs a preset that reads whole documents "
+                              f"({', '.join(document_presets())}); {preset.name} reads one page a request")
+        if self.mode == "document" and self.group_size(preset) < 2:
+            raise ConfigError(f"engines.vllm.group_pages: a group of {self.group_size(preset)} page does not fit "
+                              f"max_model_len {self.max_model_len or preset.max_model_len} with group_page_tokens "
+                              f"{self.group_page_tokens} a page: lower group_page_tokens or use mode: page")
+
+    def group_size(self, preset: Preset) -> int:
+        """Pages a request holds: 1 in page mode; in document mode as many as fit the context,
+        each page costing its image's prompt tokens plus group_page_tokens of output."""
+        if self.mode == "page":
+            return 1
+        context = (self.max_model_len or preset.max_model_len) - DOCUMENT_PROMPT_TOKENS
+        fit = context // (preset.document_page_tokens + self.group_page_tokens)
+        return min(self.group_pages or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
 
     def llm_args(self, preset: Preset) -> dict[str, Any]:
         args = {
@@ -104,6 +139,9 @@ class VLLMOptions:
             "enforce_eager": self.enforce_eager,
             "mm_processor_kwargs": dict(preset.mm_processor_kwargs) or None,
         }
+        if self.mode == "document":  # a group's images in one prompt
+            limit = args["limit_mm_per_prompt"]
+            args["limit_mm_per_prompt"] = limit | {"image": max(limit.get("image", 1), self.group_size(preset))}
         return args | dict(preset.engine_args) | dict(self.engine_args)
 
 
@@ -114,11 +152,44 @@ class _Page:
     width: int
     height: int
     image: bytes
+
+
+@dataclass
+class _Group:
+    """The pages of a document request whose output could not be given back a part a
+    page: each is read again alone (mode `fallback`), and the group's rows leave
+    together once the last is done, so that a group is committed whole."""
+
+    pages: int
+    reason: str
+    rows: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _Request:
+    """One request to vLLM: one page (page mode, or a page read again after its group
+    failed), or several consecutive pages of one document (document mode)."""
+
+    pages: list[_Page]
+    document: bool = False
     attempt: int = 1
+    group: _Group | None = None  # the failed group this page is read again for
     started: float = 0.0
     prompt_tokens: int | None = None
     tokens: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
+
+    @property
+    def doc_id(self) -> str:
+        return self.pages[0].doc_id
+
+    @property
+    def page_index(self) -> int:
+        return self.pages[0].page_index
+
+    @property
+    def mode(self) -> str:
+        return "document" if self.document else ("fallback" if self.group is not None else "page")
 
 
 class VLLMEngine:
@@ -130,6 +201,7 @@ class VLLMEngine:
         self.preset = get_preset(options.preset)
         self.needs = Needs(image=True)
         self.model = options.model
+        self.group_pages = options.group_size(self.preset)
         try:
             from vllm import SamplingParams
             from vllm.sampling_params import RequestOutputKind
@@ -147,12 +219,16 @@ class VLLMEngine:
         self.llm = llm
         self.engine = llm.llm_engine
         _check_can_generate(self.engine, options.model)
+        self._watching = threading.Event()
+        _watch_engine_core(self.engine, self._watching)
         self.prompt = self.preset.prompt(options.prompt)
         self.check = RepetitionCheck(options.repetition_span, options.repetition_max_period)
         self._ids = itertools.count()
         self._pool = ThreadPoolExecutor(options.prepare_threads, thread_name_prefix="batchocr-prepare")
         self._accepted = 0  # requests vLLM took
         self._held: list[tuple[str, dict]] = []  # refusals before any was taken: (signature, row)
+        # Document mode: groups sent, given back a part a page, read again page by page (and why).
+        self.groups = {"sent": 0, "split": 0, "fallback": 0} | {f"fallback_{r}": 0 for r in FALLBACK_REASONS}
 
     @property
     def accelerator(self) -> dict:
@@ -169,57 +245,80 @@ class VLLMEngine:
     @property
     def queue_pages(self) -> int:
         n = self.options.max_num_seqs
-        return self.options.queue_pages or n + n // 4 + 32
+        return self.options.queue_pages or max(n + n // 4 + 32, 2 * self.group_pages)
 
-    def sampling(self, page: _Page) -> Any:
-        """Sampling parameters of one attempt at a page (benchmarks override this)."""
+    def sampling(self, request: _Request) -> Any:
+        """Sampling parameters of one attempt at a request (benchmarks override this)."""
         o, p = self.options, self.preset
         temperature = o.temperature if o.temperature is not None else p.temperature
-        if page.attempt > 1:
+        if request.attempt > 1:
             ladder = p.retry_temperatures
-            temperature = max(temperature, ladder[min(page.attempt - 2, len(ladder) - 1)])
+            temperature = max(temperature, ladder[min(request.attempt - 2, len(ladder) - 1)])
+        extra = dict(p.sampling_args)
+        max_tokens = o.max_tokens or p.max_tokens
+        if request.document:
+            extra |= p.document_sampling_args
+            # The group was sized so that its prompt plus its pages' budget fits the context:
+            # it may use all of the context that its prompt leaves, or max_tokens a page if set.
+            left = self._context - (request.prompt_tokens or len(request.pages) * p.document_page_tokens)
+            max_tokens = min(left, len(request.pages) * o.max_tokens) if o.max_tokens else left
         return self._SamplingParams(
             temperature=temperature,
-            max_tokens=o.max_tokens or p.max_tokens,
+            max_tokens=max_tokens,
             ignore_eos=o.ignore_eos,
             detokenize=o.detokenize,
             output_kind=self._delta,
-            **p.sampling_args,
+            **extra,
         )
 
-    def _prepare(self, page: _Page) -> Any:
+    @property
+    def _context(self) -> int:
+        return self.options.max_model_len or self.preset.max_model_len
+
+    def _prepare(self, request: _Request) -> Any:
         """Off the engine loop: the model's image processor and tokenizer, via vLLM's
         renderer (thread-safe with the processor cache off, as in vLLM's server)."""
         from PIL import Image
 
-        image = Image.frombuffer("RGB", (page.width, page.height), page.image, "raw", "RGB", 0, 1)
-        (engine_input,) = self.engine.renderer.render_cmpl(
-            [{"prompt": self.prompt, "multi_modal_data": {"image": image}}]
-        )
+        images = [Image.frombuffer("RGB", (p.width, p.height), p.image, "raw", "RGB", 0, 1) for p in request.pages]
+        if request.document:
+            prompt = {"prompt": self.preset.document_prompt(len(images)), "multi_modal_data": {"image": images}}
+        else:
+            prompt = {"prompt": self.prompt, "multi_modal_data": {"image": images[0]}}
+        (engine_input,) = self.engine.renderer.render_cmpl([prompt])
         return engine_input
 
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
+        """Page mode: each page of each batch is a request. Document mode (group_pages > 1):
+        each batch is one group, consecutive pages of one document (the pipeline groups
+        them), sent as one request when it holds more than one page."""
         stop = stop or threading.Event()
-        preparing: deque[tuple[_Page, Future]] = deque()
-        running: dict[str, _Page] = {}
+        preparing: deque[tuple[_Request, Future]] = deque()
+        running: dict[str, _Request] = {}
         exhausted = False
+        held = lambda: sum(len(r.pages) for r, _ in preparing) + sum(len(r.pages) for r in running.values())  # noqa: E731
         try:
             while True:
                 if stop.is_set():
                     return
                 # 1. Keep the queue full: pull rendered pages, start preparing them.
-                while not exhausted and len(preparing) + len(running) < self.queue_pages:
+                while not exhausted and held() < self.queue_pages:
                     batch = next(pages, None)
                     if batch is None:
                         exhausted = True
                         break
-                    for row in batch.select(["doc_id", "page_index", "width", "height", "image"]).to_pylist():
-                        self._start(_Page(**row), preparing)
-                # 2. Hand prepared pages to vLLM, oldest first.
+                    group = [_Page(**row) for row in
+                             batch.select(["doc_id", "page_index", "width", "height", "image"]).to_pylist()]
+                    if self.group_pages > 1 and len(group) > 1:
+                        self._start(_Request(group, document=True), preparing)
+                    else:
+                        for page in group:
+                            self._start(_Request([page]), preparing)
+                # 2. Hand prepared requests to vLLM, oldest first, as many as admit() says.
                 rows = []
-                while preparing and preparing[0][1].done():
-                    page, future = preparing.popleft()
-                    rows.extend(self._submit(page, future, running))
+                for _ in range(self._admit(preparing, running, exhausted)):
+                    request, future = preparing.popleft()
+                    rows.extend(self._submit(request, future, running, preparing))
                 # 3. Collect what vLLM finished.
                 if running:
                     rows.extend(self._collect(running, preparing))
@@ -240,35 +339,65 @@ class VLLMEngine:
             if running:
                 self.engine.abort_request(list(running))
 
-    def _start(self, page: _Page, preparing: deque) -> None:
-        preparing.append((page, self._pool.submit(self._prepare, page)))
+    def _admit(self, preparing: deque, running: dict, exhausted: bool) -> int:
+        """How many prepared requests go to vLLM now. admit_pages 0: all of them, and vLLM
+        admits them from its own queue as sequences free, one a step in the steady state,
+        paying a prefill step's fixed cost once a page. admit_pages N: none until N
+        sequences are free (nothing runs; or, at the input's end, as many as are left), then
+        as many as are free, so that their prefills share steps."""
+        ready = 0
+        for _, future in preparing:
+            if not future.done():
+                break
+            ready += 1
+        admit = self.options.admit_pages
+        if not ready or not admit:
+            return ready
+        free = self.options.max_num_seqs - len(running)
+        tail = exhausted and ready == len(preparing)  # no more to come: the last ones need fewer
+        if running and free < (min(admit, ready) if tail else admit):
+            return 0
+        return min(ready, max(free, 0 if running else 1))
 
-    def _submit(self, page: _Page, future: Future, running: dict[str, _Page]) -> list[dict]:
+    def _start(self, request: _Request, preparing: deque) -> None:
+        preparing.append((request, self._pool.submit(self._prepare, request)))
+
+    def _submit(self, request: _Request, future: Future, running: dict[str, _Request], preparing: deque) -> list[dict]:
         request_id = f"p{next(self._ids)}"
         try:
             engine_input = future.result()
-            page.started = time.perf_counter()
-            self.engine.add_request(request_id, engine_input, self.sampling(page))
+            if request.document:
+                ids = engine_input.get("prompt_token_ids") if isinstance(engine_input, Mapping) else None
+                request.prompt_tokens = len(ids) if ids is not None else None
+            request.started = time.perf_counter()
+            self.engine.add_request(request_id, engine_input, self.sampling(request))
         except Exception as exc:  # noqa: BLE001 - a rejected request is that page's error row ...
-            row = result(page.doc_id, page.page_index, finish_reason="error", error_type="rejected",
-                         error_message=f"page {page.page_index}: vLLM rejected the request: {type(exc).__name__}: {exc}",
-                         attempts=page.attempt)
-            return self._refused(row, exc)
-        running[request_id] = page
+            if _engine_dead(self.engine):  # ... but not a dead engine's refusal: that is the run's
+                raise BatchocrError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
+            if request.document:  # a group refused (too long, say): its pages are read alone
+                self.groups["sent"] += 1
+                return self._fall_back(request, "rejected", preparing)
+            page = request.pages[0]
+            row = self._error(request, page, "rejected",
+                              f"page {page.page_index}: vLLM rejected the request: {type(exc).__name__}: {exc}")
+            return self._refused(self._grouped(request, row), exc)  # a fallback's rows leave with its group's
+        if request.document:
+            self.groups["sent"] += 1
+        running[request_id] = request
         self._accepted += 1
         held, self._held = self._held, []
         return [r for _, r in held]  # refused before one was taken: per-page after all
 
-    def _refused(self, row: dict, exc: Exception) -> list[dict]:
+    def _refused(self, rows: list[dict], exc: Exception) -> list[dict]:
         """... unless it is a property of the engine: until vLLM has taken a request,
         refusals are held back; SYSTEMIC_REFUSALS alike in a row stop the run with one
         line, and no row claims a per-page error."""
-        if self._accepted:
-            return [row]
+        if self._accepted or not rows:
+            return rows
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         signature = re.sub(r"\d+", "N", reason)
         released = [r for sig, r in self._held if sig != signature]
-        self._held = [(sig, r) for sig, r in self._held if sig == signature] + [(signature, row)]
+        self._held = [(sig, r) for sig, r in self._held if sig == signature] + [(signature, r) for r in rows]
         self._reason = reason
         if len(self._held) >= SYSTEMIC_REFUSALS:
             raise self._systemic()
@@ -286,58 +415,124 @@ class VLLMEngine:
                              f"{self._reason} (a property of the engine or model, not of the pages: no page "
                              "was recorded; fix it and rerun)")
 
-    def _collect(self, running: dict[str, _Page], preparing: deque) -> list[dict]:
+    def _collect(self, running: dict[str, _Request], preparing: deque) -> list[dict]:
         try:
             outputs = self.engine.step()
         except Exception as exc:  # the engine itself failed: systemic, stop the run
             raise BatchocrError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
         rows = []
         for out in outputs:
-            page = running.get(out.request_id)
-            if page is None:
+            request = running.get(out.request_id)
+            if request is None:
                 continue
             completion = out.outputs[0]
-            before = len(page.tokens)
-            page.tokens.extend(completion.token_ids)
+            before = len(request.tokens)
+            request.tokens.extend(completion.token_ids)
             if completion.text:
-                page.text.append(completion.text)
-            if page.prompt_tokens is None and out.prompt_token_ids is not None:
-                page.prompt_tokens = len(out.prompt_token_ids)
+                request.text.append(completion.text)
+            if request.prompt_tokens is None and out.prompt_token_ids is not None:
+                request.prompt_tokens = len(out.prompt_token_ids)
             # Checked every CHECK_EVERY tokens, not every step: on every step for
             # 256 running pages the check cost a third of the throughput (H200).
-            crossed = len(page.tokens) // CHECK_EVERY != before // CHECK_EVERY
-            if not out.finished and crossed and self.check.looping(page.tokens):
+            crossed = len(request.tokens) // CHECK_EVERY != before // CHECK_EVERY
+            if not out.finished and crossed and self.check.looping(request.tokens):
                 self.engine.abort_request([out.request_id])
                 del running[out.request_id]
-                if page.attempt < self.options.max_attempts:
-                    self._start(_retry(page), preparing)
+                if request.document:
+                    rows.extend(self._fall_back(request, "repetition", preparing))
+                elif request.attempt < self.options.max_attempts:
+                    self._start(_retry(request), preparing)
                 else:
-                    rows.append(self._row(page, "repetition"))
+                    rows.extend(self._finished(request, "repetition", preparing))
             elif out.finished:
                 del running[out.request_id]
-                rows.append(self._row(page, completion.finish_reason))
+                rows.extend(self._finished(request, completion.finish_reason, preparing))
         return rows
 
-    def _row(self, page: _Page, finish_reason: str | None) -> dict:
+    def _finished(self, request: _Request, finish_reason: str | None, preparing: deque) -> list[dict]:
+        if not request.document:
+            return self._grouped(request, self._row(request, request.pages[0], finish_reason))
+        raw = "".join(request.text) if self.options.detokenize else None
+        parts = split_pages(raw, self.preset.document_separator, len(request.pages)) if raw is not None else None
+        reason = "length" if finish_reason == "length" else ("split" if parts is None else None)
+        if finish_reason not in ("stop", "length"):
+            reason = "engine_error"
+        if reason is None:
+            self.groups["split"] += 1
+            return [self._row(request, page, "stop", part, share)
+                    for page, part, share in zip(request.pages, parts, _shares(len(request.tokens), parts))]
+        return self._fall_back(request, reason, preparing, finish_reason)
+
+    def _fall_back(self, request: _Request, reason: str, preparing: deque, finish_reason: str | None = None) -> list[dict]:
+        """A group whose output is not a part a page (or that hit the token limit, looped,
+        or was refused): never shift text onto the wrong page. Its pages are read again
+        alone; with document_fallback off (benchmarks on random weights), each gets an
+        error row instead, the group's tokens shared between them."""
+        self.groups["fallback"] += 1
+        self.groups[f"fallback_{reason}"] += 1
+        n = len(request.pages)
+        if self.options.document_fallback:
+            group = _Group(n, reason)
+            for page in request.pages:
+                self._start(_Request([page], group=group), preparing)
+            return []
+        why = {"split": f"its output did not split into {n} parts on {self.preset.document_separator!r}",
+               "length": "its output hit the token limit", "repetition": "its output kept repeating itself",
+               "rejected": "vLLM rejected the request",
+               "engine_error": f"vLLM finished the request with {finish_reason!r}"}[reason]
+        shares = _shares(len(request.tokens), [""] * n)
+        return [self._error(request, page, "document_split",
+                            f"page {page.page_index}: read in a group of {n} pages, and {why} "
+                            f"(document_fallback is off)", output_tokens=share)
+                for page, share in zip(request.pages, shares)]
+
+    def _grouped(self, request: _Request, row: dict) -> list[dict]:
+        """A page read again for a failed group: its row waits for the group's last."""
+        group = request.group
+        if group is None:
+            return [row]
+        group.rows.append(row)
+        return group.rows if len(group.rows) == group.pages else []
+
+    def _row(self, request: _Request, page: _Page, finish_reason: str | None, raw: str | None = None,
+             output_tokens: int | None = None) -> dict:
         reason = {"stop": "stop", "length": "length", "repetition": "repetition"}.get(finish_reason or "", "error")
-        text = self.preset.postprocess("".join(page.text)) if self.options.detokenize else None
-        row = result(page.doc_id, page.page_index, text=text, finish_reason=reason,
-                     prompt_tokens=page.prompt_tokens, output_tokens=len(page.tokens), attempts=page.attempt,
-                     latency_ms=(time.perf_counter() - page.started) * 1000)
+        if raw is None and self.options.detokenize:
+            raw = "".join(request.text)
+        text, blocks = self.preset.read(raw, page.width, page.height) if raw is not None else (None, None)
+        row = self._common(request, page, output_tokens) | {"text": text, "blocks": blocks, "finish_reason": reason}
         if reason == "repetition":
             row["error_type"] = "repetition"
             row["error_message"] = (f"page {page.page_index}: the output kept repeating itself; stopped after "
-                                    f"{len(page.tokens)} tokens, {page.attempt} attempts")
+                                    f"{len(request.tokens)} tokens, {request.attempt} attempts")
         elif reason == "error":
             row["error_type"] = "engine_error"
             row["error_message"] = f"page {page.page_index}: vLLM finished the request with {finish_reason!r}"
         return row
 
+    def _error(self, request: _Request, page: _Page, error_type: str, message: str,
+               output_tokens: int | None = None) -> dict:
+        return self._common(request, page, output_tokens) | {
+            "finish_reason": "error", "error_type": error_type, "error_message": message}
+
+    def _common(self, request: _Request, page: _Page, output_tokens: int | None) -> dict:
+        n = len(request.pages)
+        prompt = request.prompt_tokens
+        if prompt is not None and n > 1:  # a group's prompt, shared between its pages
+            prompt = prompt // n + (request.pages.index(page) < prompt % n)
+        return result(page.doc_id, page.page_index, prompt_tokens=prompt,
+                      output_tokens=len(request.tokens) if output_tokens is None else output_tokens,
+                      attempts=request.attempt, mode=request.mode,
+                      latency_ms=(time.perf_counter() - request.started) * 1000 if request.started else None)
+
     def describe(self) -> dict[str, Any]:
         import vllm
 
-        return {"vllm": vllm.__version__, "preset": self.preset.name, "prompt": self.prompt,
-                "queue_pages": self.queue_pages, "prepare_threads": self.options.prepare_threads,
+        return {"vllm": vllm.__version__, "preset": self.preset.name, "prompt": _prompt_setting(self.options, self.preset),
+                "mode": self.options.mode, "group_pages": self.group_pages, "groups": self.groups,
+                "document_fallback": self.options.document_fallback,
+                "queue_pages": self.queue_pages, "admit_pages": self.options.admit_pages,
+                "prepare_threads": self.options.prepare_threads,
                 "max_attempts": self.options.max_attempts,
                 "llm_args": self.options.llm_args(self.preset)}
 
@@ -345,11 +540,69 @@ class VLLMEngine:
         """Shut vLLM down explicitly: a process that finished its LLM work was seen
         to hang at exit until killed."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._watching.set()  # our own shutdown is no death
         core = getattr(self.engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         self.llm = self.engine = None
         gc.collect()
+
+
+def split_pages(raw: str, separator: str, pages: int) -> list[str] | None:
+    """A document request's output, a part a page, or None where it does not split into
+    exactly `pages` parts: then no part is given to any page (text is never shifted onto
+    the wrong row). A separator before the first page (Unlimited-OCR's reference code
+    expects one before every page: `outputs.split('<PAGE>')[1:]`) or after the last is no
+    page; the separator is matched in any case."""
+    parts = re.split(re.escape(separator), raw, flags=re.IGNORECASE)
+    if len(parts) > pages and not parts[0].strip():
+        parts = parts[1:]
+    if len(parts) > pages and not parts[-1].strip():
+        parts = parts[:-1]
+    return [p.strip("\n") for p in parts] if len(parts) == pages else None
+
+
+def _shares(total: int, parts: list[str]) -> list[int]:
+    """A group's output tokens shared between its pages by their text's length (evenly
+    where there is no text), summing to the group's: a page's `output_tokens` in document mode."""
+    weights = [len(p) for p in parts]
+    if not sum(weights):
+        weights = [1] * len(parts)
+    exact = [total * w / sum(weights) for w in weights]
+    shares = [int(x) for x in exact]
+    for i in sorted(range(len(parts)), key=lambda i: exact[i] - shares[i], reverse=True)[:total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+class EngineCoreDied(RuntimeError):
+    pass
+
+
+def _watch_engine_core(engine: Any, stopped: threading.Event) -> None:
+    """vLLM 0.26's sync client never wakes a step() waiting on its output queue when the
+    engine-core process dies (killed, out of memory): its monitor thread sets
+    `resources.engine_dead` and stops the output thread without a word
+    (v1/engine/core_client.py: monitor_engine_cores, BackgroundResources.__call__), so
+    step() would wait for good and the run hang. This thread watches the same flag and puts
+    an error into that queue: step() raises, and the run stops with one line, exit 1."""
+    core = getattr(engine, "engine_core", None)
+    resources, outputs = getattr(core, "resources", None), getattr(core, "outputs_queue", None)
+    if resources is None or outputs is None or not hasattr(resources, "engine_dead"):
+        return  # another client (in-process core): nothing to wake
+
+    def watch() -> None:
+        while not stopped.wait(WATCH_S):
+            if resources.engine_dead:
+                if not stopped.is_set():
+                    outputs.put_nowait(EngineCoreDied("vLLM's engine-core process died"))
+                return
+
+    threading.Thread(target=watch, name="batchocr-engine-watch", daemon=True).start()
+
+
+def _engine_dead(engine: Any) -> bool:
+    return bool(getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_dead", False))
 
 
 def _check_can_generate(engine: Any, model: str) -> None:
@@ -362,8 +615,8 @@ def _check_can_generate(engine: Any, model: str) -> None:
                           "vision-language model")
 
 
-def _retry(page: _Page) -> _Page:
-    return _Page(page.doc_id, page.page_index, page.width, page.height, page.image, attempt=page.attempt + 1)
+def _retry(request: _Request) -> _Request:
+    return _Request(request.pages, attempt=request.attempt + 1, group=request.group)
 
 
 def _render_hints(preset: Preset) -> dict[str, int]:
@@ -375,8 +628,16 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
     options alone: vLLM is not imported, no model loaded (engines.settings)."""
     o = parse_options(VLLMOptions, options, "vllm")
     preset = get_preset(o.preset)
-    return {"model": o.model, "preset": preset.name, "prompt": preset.prompt(o.prompt),
+    return {"model": o.model, "preset": preset.name, "prompt": _prompt_setting(o, preset),
             "render_hints": _render_hints(preset)}
+
+
+def _prompt_setting(o: VLLMOptions, preset: Preset) -> str:
+    """What OUT remembers as the prompt: in document mode, the group's (OUT made in one
+    mode refuses a rerun in the other without --reprocess: other prompts, other text)."""
+    if o.mode == "document":
+        return f"{preset.document_prompt(1)} (document mode: one {preset.image_placeholder} a page)"
+    return preset.prompt(o.prompt)
 
 
 def create(options: Mapping[str, Any]) -> VLLMEngine:

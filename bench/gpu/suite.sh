@@ -7,13 +7,8 @@
 #   3. 7B layout FP8 weights, 512 pages: b, then b with the FP8 KV cache too.
 # Named only (RUNS=...): route-7b, issue 14's routing figure (bench/route.py, route auto against
 # model, 7B layout, 1000 tokens a model page); tp-7b-fp8vs, b bf16 against b FP8 weights in one run.
-# Issue 20, Unlimited-OCR (make_models.py's unlimited-ocr folder, preset unlimited-ocr): uocr-check
-# (check_layout.py: vLLM's classes load the folder, image tokens as counted), uocr-page (page mode,
-# 1024 pages of 8-16-page documents, a and b at equal work, then b without the n-gram logits
-# processor), uocr-doc (document mode, groups of 8 pages, the same pages and lengths), uocr-ngram
-# (ngram_cost.py: the n-gram logits processor's host time a request a step, CPU only). R-SWA's
-# attention backend: UOCR_ATTN (default Triton; vLLM's own choice, FA4, needs cutlass-dsl and quack,
-# not in the kit: bench/gpu/README.md).
+# Issue 20 (Unlimited-OCR's layout, by name): uocr-check, uocr-page, uocr-doc, uocr-page-ngram,
+# uocr-doc-ngram (b with and without the n-gram logits processor), uocr-ngram (its host cost).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -25,8 +20,7 @@
 set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
-# word-split on purpose (no spaces inside the JSON): --engine-arg and its value
-[ -n "${UOCR_ATTN+set}" ] || UOCR_ATTN='--engine-arg attention_config={"backend":"TRITON_ATTN"}'
+UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -34,6 +28,13 @@ tp() {  # NAME ARGS...: one throughput.py run, bounded in time, logged
   local name=$1; shift
   echo "$(date +%T) start $name" >>"$RES/suite.log"
   timeout 1500 python3 bench/gpu/throughput.py "$@" ${TP_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
+  echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
+}
+
+py() {  # NAME SCRIPT ARGS...: a script's run, its JSON and log
+  local name=$1; shift
+  echo "$(date +%T) start $name" >>"$RES/suite.log"
+  timeout 600 python3 "$@" --json "$RES/$name.json" >"$RES/$name.log" 2>&1
   echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
 }
 
@@ -56,18 +57,21 @@ run() {  # one named run of the suite
     # issue 14: 128 mixed documents (512 pages, half born-digital), auto and model twice, orders alternating
     route-7b) rt route-7b --engine vllm "--model=$MODELS/qwen2.5-vl-7b" --preset qwen2.5-vl --dummy 1000 \
                 --docs 128 --repeat 2 --modes auto,model ;;
-    uocr-check) echo "$(date +%T) start uocr-check" >>"$RES/suite.log"
-                python3 bench/gpu/check_layout.py "$MODELS/unlimited-ocr" --json "$RES/uocr-check.json" \
-                  >"$RES/uocr-check.log" 2>&1
-                echo "$(date +%T) end uocr-check rc=$?" >>"$RES/suite.log" ;;
-    uocr-ngram) echo "$(date +%T) start uocr-ngram" >>"$RES/suite.log"
-                python3 bench/gpu/ngram_cost.py --json "$RES/uocr-ngram.json" >"$RES/uocr-ngram.log" 2>&1
-                echo "$(date +%T) end uocr-ngram rc=$?" >>"$RES/suite.log" ;;
-    uocr-page) tp uocr-page "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --doc-pages 8,12,16 \
-                 --modes a,b --max-num-seqs 512 $UOCR_ATTN --variant "nongram=--ngram off" ;;
-    uocr-doc) tp uocr-doc "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --doc-pages 8,12,16 \
-                --ocr-mode document --group-pages 8 --modes a,b --max-num-seqs 256 $UOCR_ATTN \
-                --variant "nongram=--ngram off" ;;
+    # issue 20: Unlimited-OCR (its dummy layout), 1,024 pages of 16-page documents, lognormal lengths;
+    # R-SWA needs an attention backend the kit carries (FA4, vLLM's choice, is not: bench/gpu/README.md)
+    uocr-page) tp uocr-page "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
+                 --modes a,b --engine-arg "$UOCR_ATTN" --b-variants "admit_pages=8;admit_pages=16" \
+                 --variant "seqs512=--max-num-seqs 512" ;;
+    uocr-doc) tp uocr-doc "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document --pages 1024 \
+                --per-doc 16 --modes a,b --engine-arg "$UOCR_ATTN" ;;
+    # the n-gram logits processor's cost: b with and without it in one run (host time a request a
+    # step: uocr-ngram, CPU only, seconds); uocr-check: vLLM's classes load the layout, tokens counted
+    uocr-page-ngram) tp uocr-page-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 \
+                       --per-doc 16 --modes b --max-num-seqs 512 --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" ;;
+    uocr-doc-ngram) tp uocr-doc-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document \
+                      --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" ;;
+    uocr-ngram) py uocr-ngram bench/gpu/ngram_cost.py ;;
+    uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
   esac
 }

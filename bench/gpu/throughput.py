@@ -19,17 +19,11 @@ Output lengths are fixed per page (random weights make text meaningless):
 A = --tokens for every page, B = lognormal(sigma 1) clipped to [50, 4000], mean ~1000,
 drawn from a hash of (file name, page) so all three modes generate the same lengths.
 
-Document mode (--ocr-mode document, Unlimited-OCR: a document's pages in one request): the
-corpus is multi-page documents (--doc-pages, cycled), cut into groups of --group-pages
-consecutive pages; a request is `<image>` x n + the preset's multi-page prompt with its n page
-images (vLLM's processor turns crops off), its length the sum of its pages' lengths. vLLM alone
-(a, c) sends the same groups; b runs batchocr's document mode with the fallback to page mode off
-(random weights never write `<page>`). Equal work then also compares the requests.
-
 KV: the engine's KV capacity (blocks x block size, the figure of vLLM's "GPU KV cache size"
 line), the KV a request holds in steady state (its prefix, image and prompt tokens, plus the
-generated tokens it keeps: all of them, or R-SWA's window), the max_num_seqs that fills it,
-and per mode the KV use vLLM reports every step.
+generated tokens it keeps: all of them, or R-SWA's window), the max_num_seqs that fills it, and
+per mode the KV use vLLM reports every step (kv_usage_max, kv_usage_mean). --ngram off runs
+every mode without the preset's no-repeat n-gram logits processor (its cost: bench/gpu/ngram_cost.py).
 
 Measured per mode: wall time, pages/s and output tokens/s end to end; the engine
 core's own timeline (every step: running and waiting requests, KV use, tokens,
@@ -44,9 +38,6 @@ ceiling (pages/s at the GPU's peak dense FLOP/s) is computed from the model's co
     python bench/gpu/throughput.py --model /tmp/models/qwen2.5-vl-7b --pages 512 --lengths B \
         --modes a,c,b,a0 --variant 'seqs512=--max-num-seqs 512' --json $OUT/tp.json
         [--quantization fp8] [--engine-arg kv_cache_dtype=fp8] [--b-variants 'prepare_threads=8']
-    python bench/gpu/throughput.py --model /tmp/models/unlimited-ocr --preset unlimited-ocr --pages 1024 \
-        --doc-pages 8,12,16 --ocr-mode document --group-pages 8 --modes a,b \
-        --engine-arg 'attention_config={"backend": "TRITON_ATTN"}' --json $OUT/uocr-doc.json
     python bench/gpu/throughput.py --fake --pages 64   # dry run on the CPU: checks the script only
 """
 
@@ -54,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import hashlib
 import json
 import math
@@ -276,17 +266,6 @@ def doc_counts(pages: int, sizes: list[int]) -> list[int]:
     return counts
 
 
-def page_groups(names: list[str], counts: list[int], group_pages: int) -> list[list[str]]:
-    """The requests of document mode: each document's pages, consecutive, group_pages at a time
-    (page mode: one page a request). Keys are 'file name/page index'."""
-    groups = []
-    for name, count in zip(names, counts):
-        keys = [f"{name}/{i}" for i in range(count)]
-        step = group_pages or count
-        groups += [keys[i:i + step] for i in range(0, count, step)]
-    return groups
-
-
 def kv_accounting(llm, model: str, prompt_tokens: list[int], output_tokens: list[int], max_num_seqs: int) -> dict:
     """The engine's KV capacity and what a request holds of it in steady state.
 
@@ -296,8 +275,7 @@ def kv_accounting(llm, model: str, prompt_tokens: list[int], output_tokens: list
     fill the cache."""
     cfg = json.load(open(Path(model) / "config.json")) if model and (Path(model) / "config.json").exists() else {}
     t = cfg.get("language_config") or cfg.get("text_config") or cfg
-    cache = llm.llm_engine.vllm_config.cache_config if hasattr(llm, "llm_engine") and hasattr(
-        llm.llm_engine, "vllm_config") else None
+    cache = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "cache_config", None)
     blocks, block = (cache.num_gpu_blocks, cache.block_size) if cache is not None else (None, 16)
     window = cfg.get("rswa_window")
     heads, layers = t.get("num_key_value_heads"), t.get("num_hidden_layers")
@@ -349,10 +327,10 @@ def engine_args(args) -> dict:
     return out
 
 
-def work_of_outputs(outs, units) -> dict:
-    """What one finite generate call did: one attempt per request, by construction (a request is
-    a page, or in document mode a group of pages: its finish reason counts for each of them)."""
-    reasons = collections.Counter()
+def work_of_outputs(outs, units: list) -> dict:
+    """What one finite generate call did: one attempt per page, by construction (a request a page, or
+    a group of pages in document mode: its finish reason counts for each of its pages, as b's rows)."""
+    reasons: collections.Counter = collections.Counter()
     for o, unit in zip(outs, units):
         reasons[str(o.outputs[0].finish_reason)] += len(unit)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -395,13 +373,13 @@ def wait_gpu_free(sampler, below_gb: float = 4.0, timeout: float = 120.0) -> flo
 def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
     """This script again, in its own process (its own engine), with the same work and `extra` on top."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--pages", str(args.pages),
+            "--preset", args.preset, "--mode", args.mode, "--per-doc", args.per_doc, "--ngram", args.ngram,
+            "--max-model-len", str(args.max_model_len),
             "--lengths", args.lengths, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--prepare-threads", str(args.prepare_threads), "--queue-pages", str(args.queue_pages),
             "--render-workers", str(args.render_workers), "--guard", args.guard,
-            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--preset", args.preset,
-            "--max-model-len", str(args.max_model_len), "--ocr-mode", args.ocr_mode, "--doc-pages", args.doc_pages,
-            "--group-pages", str(args.group_pages), "--ngram", args.ngram, "--json", str(json_path)]
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
     if args.quantization:
         argv += ["--quantization", args.quantization]
     for item in args.engine_arg:
@@ -441,19 +419,20 @@ def merge_steady(records: list[dict], steps: list[tuple]) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="")
+    ap.add_argument("--preset", default="qwen2.5-vl", help="the model's preset (unlimited-ocr: its dummy layout)")
+    ap.add_argument("--mode", choices=["page", "document"], default="page",
+                    help="document: each document's pages in groups (batchocr's grouping), a group a request, in "
+                         "a and c too (<image> a page, the preset's document prompt); the split's fallback off")
+    ap.add_argument("--per-doc", default="8", help="pages a document of the corpus; several cycle: 8,12,16")
+    ap.add_argument("--ngram", choices=["on", "off"], default="on",
+                    help="the preset's no-repeat n-gram logits processor (its extra_args); off: its cost measured")
+    ap.add_argument("--max-model-len", type=int, default=0,
+                    help="0: 8192 in page mode, the preset's in document mode (a group fills the context)")
     ap.add_argument("--pages", type=int, default=1024)
     ap.add_argument("--lengths", choices=["A", "B"], default="B")
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--modes", default="a,c,b", help="a, a0 (a': vLLM's defaults, chunks of --chunk), c, b")
-    ap.add_argument("--preset", default="qwen2.5-vl", help="batchocr's vLLM preset (prompt, page size, sampling)")
-    ap.add_argument("--max-model-len", type=int, default=0, help="0: the preset's")
-    ap.add_argument("--ocr-mode", choices=["page", "document"], default="page",
-                    help="document: a group of a document's pages in one request (Unlimited-OCR)")
-    ap.add_argument("--doc-pages", default="8", help="pages of each document, cycled: '8,12,16'")
-    ap.add_argument("--group-pages", type=int, default=8, help="document mode: pages a request (0: a whole document)")
-    ap.add_argument("--ngram", choices=["on", "off"], default="on",
-                    help="the preset's no-repeat n-gram logits processor (its extra_args); off: its cost measured")
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
@@ -492,7 +471,7 @@ def main() -> None:
     from batchocr.storage import Store
 
     work = Path(tempfile.mkdtemp(prefix="tp-"))
-    counts = doc_counts(args.pages, [int(x) for x in args.doc_pages.split(",")])
+    counts = doc_counts(args.pages, [int(x) for x in args.per_doc.split(",")])
     a4_documents(work / "src", counts)
     if args.part:  # one of several engines: every N-th document
         i, n = map(int, args.part.split("/"))
@@ -501,44 +480,26 @@ def main() -> None:
                 f.unlink()
     docs = list(list_documents(Store(str(work / "src"))))
     names = {d.doc_id: d.name for d in docs}  # lengths are keyed by file name: the same in every run
-    counts = [counts[int(d.name[3:7])] for d in docs]  # docNNNN.pdf: its pages
-    document = args.ocr_mode == "document"
+    counts = [counts[int(d.name[3:7])] for d in docs]  # docNNNN.pdf: its pages (--part keeps some)
     guard = {} if args.guard == "on" else {"repetition_span": 10**6}  # never reached: max_tokens <= 4000
-    # Document mode: batchocr groups pages as the benchmark does, and never falls back to page
-    # mode (random weights write no `<page>`, so every group would be redone page by page).
-    mode = {"mode": "document", "document_fallback": False, "group_pages": args.group_pages} if document else {}
-    known = {f.name for f in dataclasses.fields(VLLMOptions)}
-    if not set(mode) <= known:  # a batchocr without document mode: vLLM alone can still run it
-        if "b" in args.modes.split(",") or args.variant:
-            raise SystemExit(f"--ocr-mode document: this batchocr's VLLMOptions has no {sorted(set(mode) - known)}")
-        mode = {}
-    options = VLLMOptions(model=args.model or "fake", preset=args.preset, load_format="dummy", ignore_eos=True,
-                          detokenize=False, max_model_len=args.max_model_len or None, quantization=args.quantization,
+    context = args.max_model_len or (get_preset(args.preset).max_model_len if args.mode == "document" else 8192)
+    # document_fallback off: random weights never write <page> (and every group ends at its length):
+    # with it on, b would read every page again alone, other work than a's
+    options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
+                          load_format="dummy", ignore_eos=True,
+                          detokenize=False, max_model_len=context, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           prepare_threads=args.prepare_threads, queue_pages=args.queue_pages,
-                          engine_args={"disable_log_stats": False, **engine_args(args)}, **guard, **mode)
+                          engine_args={"disable_log_stats": False, **engine_args(args)}, **guard)
     preset = get_preset(options.preset)
     llm_args = vllm_defaults(args) if args.llm == "defaults" else options.llm_args(preset)
     report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
-    groups = page_groups([d.name for d in docs], counts, args.group_pages if document else 1)
-    keys = [k for g in groups for k in g]
+    keys = [f"{d.name}/{i}" for d, count in zip(docs, counts) for i in range(count)]
     lengths = {key: length_of(key, args.lengths, args.tokens) for key in keys}
     report["pages"] = len(keys)
-    report["ocr_mode"], report["documents"], report["requests"] = args.ocr_mode, len(docs), len(groups)
     report["output_tokens_total"] = sum(lengths.values())
-    # the sampling batchocr's preset asks for (the n-gram logits processor: vLLM alone runs it too);
-    # document mode: the multi-page window (../shared/notes/unlimited-ocr.md: 1024)
-    sampling_args = dict(preset.sampling_args)
-    extra = dict(sampling_args.get("extra_args") or {})
-    if document and "window_size" in extra:
-        extra["window_size"] = 1024
-    if args.ngram == "off":
-        extra = {k: v for k, v in extra.items() if k not in ("ngram_size", "window_size", "whitelist_token_ids")}
-    if "extra_args" in sampling_args:
-        sampling_args["extra_args"] = extra or None
-    report["sampling_args"] = sampling_args
     sampler = Sampler()
     sampler.start()
     stacks = StackSampler()
@@ -619,8 +580,6 @@ def main() -> None:
             while not (args.barrier / f"build-{i}").exists():
                 time.sleep(0.2)
         t0 = time.monotonic()
-        if document:  # n images a prompt; batchocr's engine asks the same of vLLM
-            llm_args["limit_mm_per_prompt"] = {"image": max(len(g) for g in groups), "video": 0}
         with ProcessPoolExecutor(8 if need_images else 1) as ex:
             futures = ex.map(_render_doc, [(d, preset.max_side, preset.size_multiple) for d in docs]
                              if need_images else [])
@@ -638,24 +597,40 @@ def main() -> None:
         report["page_size"] = [w, h]
     patches = (report.get("page_size", [896, 1288])[0] // 14) * (report.get("page_size", [896, 1288])[1] // 14)
     prompt = preset.prompt()
-    by_key = {p[0]: p for p in pages}
-    # what a request of vLLM alone is: a page (page mode) or a group of a document's pages
-    units = [[by_key[k] for k in g] for g in groups] if pages else []
-    multi = getattr(preset, "document_prompt", None) or "Multi page parsing."
+    # What a request of a and c holds: a page, or in document mode a group of a document's pages, cut
+    # as batchocr cuts them (grouping.py: balanced groups of at most group_pages consecutive pages).
+    units = [[p] for p in pages]
+    if args.mode == "document":
+        by_doc = collections.defaultdict(list)
+        for page in pages:
+            by_doc[page[0].rsplit("/", 1)[0]].append(page)
+        size, units = options.group_size(preset), []
+        for doc_pages in by_doc.values():
+            target = math.ceil(len(doc_pages) / math.ceil(len(doc_pages) / size))
+            units += [doc_pages[i:i + target] for i in range(0, len(doc_pages), target)]
+    report["requests"] = len(units)
 
-    def image(page):
-        _, w, h, img = page
+    def image(w, h, img):
         return Image.frombuffer("RGB", (w, h), img, "raw", "RGB", 0, 1)
 
     def requests(chunk):
-        if document:
-            return [{"prompt": "<image>" * len(unit) + multi, "multi_modal_data": {"image": [image(p) for p in unit]}}
-                    for unit in chunk]
-        return [{"prompt": prompt, "multi_modal_data": {"image": image(unit[0])}} for unit in chunk]
+        return [{"prompt": preset.document_prompt(len(unit)), "multi_modal_data": {"image": [image(*p[1:]) for p in unit]}}
+                if len(unit) > 1 else {"prompt": prompt, "multi_modal_data": {"image": image(*unit[0][1:])}}
+                for unit in chunk]
 
-    def params(chunk):
+    def without_ngram(sampling: dict) -> dict:  # --ngram off: the n-gram processor skips a request without them
+        if args.ngram == "on" or "extra_args" not in sampling:
+            return sampling
+        extra = {k: v for k, v in (sampling["extra_args"] or {}).items()
+                 if k not in ("ngram_size", "window_size", "whitelist_token_ids")}
+        return sampling | {"extra_args": extra or None}
+
+    def params(chunk):  # the preset's sampling (n-gram processor arguments too): the same work as b's
+        def extra(unit):
+            return without_ngram(dict(preset.sampling_args) | (dict(preset.document_sampling_args)
+                                                                if len(unit) > 1 else {}))
         return [SamplingParams(max_tokens=sum(lengths[p[0]] for p in unit), ignore_eos=True, detokenize=False,
-                               temperature=0.0, **sampling_args) for unit in chunk]
+                               temperature=0.0, **extra(unit)) for unit in chunk]
 
     def record(name, start, end, finishes=None, extra=None):
         wall = end - start
@@ -709,16 +684,17 @@ def main() -> None:
             self.engine = Counting(self.engine)
             self.finishes: list[float] = []
 
-        def sampling(self, page):
-            sp = super().sampling(page)
-            sp.max_tokens = lengths[f"{names[page.doc_id]}/{page.page_index}"]
-            if "extra_args" in sampling_args:  # --ngram off: as vLLM alone
-                sp.extra_args = sampling_args["extra_args"]
+        def sampling(self, request):
+            sp = super().sampling(request)
+            sp.max_tokens = sum(lengths[f"{names[p.doc_id]}/{p.page_index}"] for p in request.pages)
+            if args.ngram == "off":
+                sp.extra_args = without_ngram({"extra_args": sp.extra_args})["extra_args"]
+            self.extra_args = sp.extra_args  # recorded: what the n-gram processor was given
             return sp
 
-        def _row(self, page, finish_reason):
+        def _common(self, request, page, output_tokens):  # every row, text or error
             self.finishes.append(time.monotonic())
-            return super()._row(page, finish_reason)
+            return super()._common(request, page, output_tokens)
 
         def close(self):  # the LLM serves the next mode
             self._pool.shutdown(wait=False)
@@ -764,6 +740,7 @@ def main() -> None:
                 record(name, start, end, engine.finishes, {
                     "rows": summary.pages, "timings": summary.timings, "overrides": overrides,
                     "queue_pages": engine.queue_pages, "guard": args.guard,
+                    "extra_args": getattr(engine, "extra_args", None),
                     "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
         stacks.running = False
 
@@ -820,7 +797,7 @@ def main() -> None:
                                      and len(set(report["equal_work"]["prompt_tokens"].values())) <= 1
                                      and len(set(report["equal_work"]["requests"].values())) <= 1)
     mean_out = report["output_tokens_total"] / max(1, len(keys))
-    if args.model and not args.fake and "text_config" in json.load(open(Path(args.model) / "config.json")):
+    if args.model and not args.fake and args.preset != "unlimited-ocr":  # the ceiling knows Qwen2.5-VL's layout
         peak = PEAK_TFLOPS["fp8" if args.quantization == "fp8" else "bf16"]
         report["compute_ceiling"] = compute_ceiling(args.model, prompt_tokens or (patches / 4 + 84), mean_out,
                                                     patches, peak)
