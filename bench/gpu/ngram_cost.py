@@ -11,7 +11,12 @@ banned, the common case), per call, for page mode (window 128) and multi-page (1
 Against it, IncrementalNGram: the same bans (checked step by step here on random and on looping
 histories), kept up to date as tokens arrive instead of recomputed: a dict from each
 (n-1)-token prefix in the window to the tokens that followed it, one n-gram added and one
-dropped a step. A prototype for a processor batchocr could register in vLLM's place.
+dropped a step. IncrementalNGramLogitsProcessor wraps it as vLLM's processor does (same
+arguments and validation), so that a run can register it in vLLM's place and measure it:
+
+    --engine-arg 'logits_processors=["bench.gpu.ngram_cost:IncrementalNGramLogitsProcessor"]'
+
+(the engine core imports it by name: the repository's root on PYTHONPATH, as device.sh sets).
 
     python bench/gpu/ngram_cost.py [--json FILE]      # needs vLLM and torch (CPU is enough)
 """
@@ -69,6 +74,24 @@ class IncrementalNGram:
         if banned:
             logits[list(banned)] = -float("inf")
         return logits
+
+
+try:  # the engine core imports this module by name: vLLM is there
+    from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor as _VLLMNGram
+except ImportError:  # no vLLM: the class below is not usable, the rest of the module is
+    _VLLMNGram = object
+
+
+class IncrementalNGramLogitsProcessor(_VLLMNGram):
+    """vLLM's NGramPerReqLogitsProcessor (its extra_args: ngram_size, window_size,
+    whitelist_token_ids; its validation) with IncrementalNGram for each request."""
+
+    def new_req_logits_processor(self, params):
+        extra = params.extra_args or {}
+        if extra.get("ngram_size") is None:
+            return None
+        whitelist = extra.get("whitelist_token_ids")
+        return IncrementalNGram(extra["ngram_size"], extra.get("window_size", 100), set(whitelist) if whitelist else None)
 
 
 def same_bans(reference, fast, history: list[int]) -> bool:

@@ -8,7 +8,8 @@
 # Named only (RUNS=...): route-7b, issue 14's routing figure (bench/route.py, route auto against
 # model, 7B layout, 1000 tokens a model page); tp-7b-fp8vs, b bf16 against b FP8 weights in one run.
 # Issue 20 (Unlimited-OCR's layout, by name): uocr-check, uocr-page, uocr-doc, uocr-page-ngram,
-# uocr-doc-ngram (b with and without the n-gram logits processor), uocr-ngram (its host cost).
+# uocr-doc-ngram (b with vLLM's n-gram logits processor, without it, and with an incremental one
+# banning the same tokens), uocr-ngram (their host cost a call).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -21,6 +22,8 @@ set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
 UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
+# b with the same bans, kept incrementally (bench/gpu/ngram_cost.py) in vLLM's processor's place
+FAST_NGRAM='fastngram=--engine-arg logits_processors=["bench.gpu.ngram_cost:IncrementalNGramLogitsProcessor"]'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -67,9 +70,11 @@ run() {  # one named run of the suite
     # the n-gram logits processor's cost: b with and without it in one run (host time a request a
     # step: uocr-ngram, CPU only, seconds); uocr-check: vLLM's classes load the layout, tokens counted
     uocr-page-ngram) tp uocr-page-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 \
-                       --per-doc 16 --modes b --max-num-seqs 512 --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" ;;
+                       --per-doc 16 --modes b --max-num-seqs 512 --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" \
+                       --variant "$FAST_NGRAM" ;;
     uocr-doc-ngram) tp uocr-doc-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document \
-                      --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" ;;
+                      --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" \
+                      --variant "$FAST_NGRAM" ;;
     uocr-ngram) py uocr-ngram bench/gpu/ngram_cost.py ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
