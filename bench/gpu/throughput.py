@@ -663,13 +663,16 @@ def main() -> None:
 
         def __init__(self, engine):
             self._engine, self.tokens, self.requests = engine, 0, 0
+            self.sizes: list[tuple[int, int]] = []  # (prompt tokens, max_tokens) a request: its KV
 
         def __getattr__(self, name):
             return getattr(self._engine, name)
 
-        def add_request(self, *a, **kw):
+        def add_request(self, request_id, engine_input, params, *a, **kw):
             self.requests += 1
-            return self._engine.add_request(*a, **kw)
+            ids = engine_input.get("prompt_token_ids") if hasattr(engine_input, "get") else None
+            self.sizes.append((len(ids or ()), params.max_tokens))
+            return self._engine.add_request(request_id, engine_input, params, *a, **kw)
 
         def step(self):
             outs = self._engine.step()
@@ -742,6 +745,10 @@ def main() -> None:
                     "queue_pages": engine.queue_pages, "guard": args.guard,
                     "extra_args": getattr(engine, "extra_args", None),
                     "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
+                if "kv" not in report and engine.engine.sizes:  # no a in this run: b's requests
+                    report["kv"] = kv_accounting(llm, args.model, *map(list, zip(*engine.engine.sizes)),
+                                                 args.max_num_seqs)
+                    print("kv", json.dumps(report["kv"]), flush=True)
         stacks.running = False
 
     if children:  # each in its own process with its own engine, after this one's is gone
