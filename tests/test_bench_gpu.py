@@ -72,3 +72,56 @@ def test_compute_ceiling_of_the_issue_layouts(tmp_path):
     b = compute_ceiling(str(two), 1518 + 84, 1000, patches, 773)
     assert 16 <= a["ceiling_pages_per_s"] <= 19 and 34 <= b["ceiling_pages_per_s"] <= 40
     assert a["text_share"] > 0.75 and b["text_share"] < 0.5  # the 2B layout's vision tower dominates
+
+
+def test_throughput_document_mode_dry_run(tmp_path):
+    # Document mode at equal work: documents of 8, 12 and 16 pages, a and c send batchocr's groups
+    # (8 | 12 | 8+8), a request a group with its pages' images and lengths; b groups them itself.
+    # --ngram off (a variant, its own engine) gives b's requests no n-gram arguments. KV: the
+    # layout's config gives R-SWA's window and the bytes a token.
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    from make_models import UNLIMITED_OCR_CONFIG
+
+    model = tmp_path / "uocr"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(UNLIMITED_OCR_CONFIG))
+    report = tmp_path / "doc.json"
+    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--model", str(model),
+                    "--pages", "36", "--per-doc", "8,12,16", "--mode", "document", "--preset", "unlimited-ocr",
+                    "--max-num-seqs", "4", "--chunk", "2", "--render-workers", "1", "--modes", "a,c,b",
+                    "--variant", "nongram=--ngram off", "--json", str(report)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    r = json.loads(report.read_text())
+    assert r["pages"] == 36 and r["requests"] == 4
+    for mode in ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_nongram"):
+        work = r[mode]["work"]
+        assert work["requests"] == 4 and work["pages"] == 36 and work["client_tokens"] == r["output_tokens_total"]
+        assert sum(work["finish_reasons"].values()) == 36, mode  # a row's reason a page, a's too
+    assert r["equal_work"]["equal"] and set(r["equal_work"]["requests"].values()) == {4}
+    assert r["b_batchocr"]["extra_args"]["ngram_size"] == 35 and r["b_batchocr"]["extra_args"]["window_size"] == 1024
+    assert not (r["b_nongram"]["extra_args"] or {}).get("ngram_size")
+    # the stand-in's prompt: 20 + 273 a page of a group; KV held: the prefix's blocks, R-SWA's 128, one more
+    kv = r["kv"]
+    assert kv["mean_prompt_tokens"] == (4 * 20 + 36 * 273) / 4 and kv["kv_bytes_per_token"] == 61_440
+    assert kv["rswa_window"] == 128 and kv["mean_tokens_held_per_request"] > kv["mean_prompt_tokens"] + 128
+
+
+def test_doc_counts_and_kv_accounting(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    from make_models import UNLIMITED_OCR_CONFIG
+    from throughput import doc_counts, kv_accounting
+
+    assert doc_counts(30, [8, 12, 16]) == [8, 12, 10] and doc_counts(16, [8]) == [8, 8]
+    model = tmp_path / "uocr"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(UNLIMITED_OCR_CONFIG))
+
+    class Cache:
+        num_gpu_blocks, block_size = 100_000, 16
+
+    llm = type("LLM", (), {"llm_engine": type("E", (), {"vllm_config": type("V", (), {"cache_config": Cache})})})
+    kv = kv_accounting(llm, str(model), [907, 907], [1000, 50], 512)
+    assert kv["kv_bytes_per_token"] == 61_440 and kv["kv_tokens"] == 1_600_000 and kv["rswa_window"] == 128
+    # R-SWA: the prefix's 57 blocks, the window's 8 (or 4 for 50 tokens), one being filled
+    assert kv["mean_tokens_held_per_request"] == ((57 + 8 + 1) + (57 + 4 + 1)) * 16 / 2
+    assert kv["max_num_seqs_by_kv"] == 1_600_000 // 1024

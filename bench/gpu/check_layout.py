@@ -28,7 +28,8 @@ def render(width_pt: float, height_pt: float, max_side: int, text: str):
 
     doc = pymupdf.open()
     page = doc.new_page(width=width_pt, height=height_pt)
-    page.insert_textbox(pymupdf.Rect(50, 50, width_pt - 50, height_pt - 50), text, fontsize=9)
+    if page.insert_textbox(pymupdf.Rect(50, 50, width_pt - 50, height_pt - 50), text, fontsize=9) < 0:
+        raise ValueError("the text does not fit on the page (PyMuPDF would leave it blank)")
     zoom = max_side / max(width_pt, height_pt)
     pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False)
     return Image.frombytes("RGB", (pix.width, pix.height), pix.samples)
@@ -65,15 +66,16 @@ def main() -> int:
     image_id = tok.convert_tokens_to_ids("<image>")
     failures = []
 
-    def request(images, prompt):
+    def request(images, prompt, **kwargs):
         mm_items = processor.data_parser.parse_mm_data({"image": images})
-        out = processor(prompt, mm_items, hf_processor_mm_kwargs={})
+        out = processor(prompt, mm_items, hf_processor_mm_kwargs=kwargs)
         ids = out["prompt_token_ids"]
         counted = sum(i == image_id for i in ids)
         crops = [x["images_spatial_crop"].data.tolist() for x in out["mm_kwargs"]["image"]]
+        request.pixels = out["mm_kwargs"]["image"][0]["pixel_values"].data.clone()  # before the next call
         return ids, counted, crops
 
-    words = " ".join(f"word{i}" for i in range(900))
+    words = "\n".join(" ".join(f"word{i * 8 + j}" for j in range(8)) for i in range(50))
     pages = {"a4": (595.0, 842.0), "letter": (612.0, 792.0)}
     for name, (w, h) in pages.items():
         im = render(w, h, args.max_side, words)
@@ -93,6 +95,15 @@ def main() -> int:
                                   "expected_image_tokens": expect, "tiles": crops}
     if counted != expect:
         failures.append(f"3-page document: {counted} image tokens, expected {expect}")
+    # vLLM squeezes each page of a multi-image request to the processor's image_size (640 in its
+    # Unlimited-OCR config) before the 1024 view; a request's mm_processor_kwargs image_size 1024
+    # gives the paper's base mode, at the same tokens
+    default = request.pixels
+    ids2, counted2, _ = request(ims, "<image>" * 3 + "Multi page parsing.", image_size=1024)
+    report["document_3_pages"]["image_size_1024"] = {"image_tokens": counted2,
+                                                     "pixels_differ": bool((default != request.pixels).any())}
+    if counted2 != expect:
+        failures.append(f"3-page document, image_size 1024: {counted2} image tokens, expected {expect}")
     checks = {"architecture": mc.architectures == ["UnlimitedOCRForCausalLM"], "rswa_window": mc.rswa_window == 128,
               "head_size": head == 128, "kv_heads": kv_heads == 10, "no_mla": not report["config"]["mla"],
               "bos_eos_pad": (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 1, 2),

@@ -28,17 +28,22 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def a4_corpus(folder: Path, documents: int, pages: int) -> int:
+    return a4_documents(folder, [pages] * documents)
+
+
+def a4_documents(folder: Path, counts: list[int]) -> int:
+    """Born-digital A4 documents, doc0000.pdf on, of counts[d] pages each (40 lines of 10 pt)."""
     import pymupdf
     from corpus import page_text
 
     folder.mkdir(parents=True, exist_ok=True)
-    for d in range(documents):
+    for d, pages in enumerate(counts):
         doc = pymupdf.open()
         for p in range(pages):
             page = doc.new_page(width=595, height=842)
             page.insert_textbox(pymupdf.Rect(50, 50, 545, 800), page_text(d * 1000 + p, lines=40), fontsize=10)
         doc.save(folder / f"doc{d:04d}.pdf")
-    return documents * pages
+    return sum(counts)
 
 
 def job(path: Path, src: Path, out: Path, model: Path, max_tokens: int, every_pages: int) -> Path:

@@ -7,6 +7,9 @@
 #   3. 7B layout FP8 weights, 512 pages: b, then b with the FP8 KV cache too.
 # Named only (RUNS=...): route-7b, issue 14's routing figure (bench/route.py, route auto against
 # model, 7B layout, 1000 tokens a model page); tp-7b-fp8vs, b bf16 against b FP8 weights in one run.
+# Issue 20 (Unlimited-OCR's layout, by name): uocr-check, uocr-page, uocr-doc, uocr-page-ngram,
+# uocr-doc-ngram (b with vLLM's n-gram logits processor, without it, and with an incremental one
+# banning the same tokens), uocr-ngram (their host cost a call).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -19,6 +22,8 @@ set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
 UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
+# b with the same bans, kept incrementally (bench/gpu/ngram_cost.py) in vLLM's processor's place
+FAST_NGRAM='fastngram=--engine-arg logits_processors=["bench.gpu.ngram_cost:IncrementalNGramLogitsProcessor"]'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -26,6 +31,13 @@ tp() {  # NAME ARGS...: one throughput.py run, bounded in time, logged
   local name=$1; shift
   echo "$(date +%T) start $name" >>"$RES/suite.log"
   timeout 1500 python3 bench/gpu/throughput.py "$@" ${TP_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
+  echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
+}
+
+py() {  # NAME SCRIPT ARGS...: a script's run, its JSON and log
+  local name=$1; shift
+  echo "$(date +%T) start $name" >>"$RES/suite.log"
+  timeout 600 python3 "$@" --json "$RES/$name.json" >"$RES/$name.log" 2>&1
   echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
 }
 
@@ -55,6 +67,16 @@ run() {  # one named run of the suite
                  --variant "seqs512=--max-num-seqs 512" ;;
     uocr-doc) tp uocr-doc "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document --pages 1024 \
                 --per-doc 16 --modes a,b --engine-arg "$UOCR_ATTN" ;;
+    # the n-gram logits processor's cost: b with and without it in one run (host time a request a
+    # step: uocr-ngram, CPU only, seconds); uocr-check: vLLM's classes load the layout, tokens counted
+    uocr-page-ngram) tp uocr-page-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 \
+                       --per-doc 16 --modes b --max-num-seqs 512 --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" \
+                       --variant "$FAST_NGRAM" ;;
+    uocr-doc-ngram) tp uocr-doc-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document \
+                      --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" \
+                      --variant "$FAST_NGRAM" ;;
+    uocr-ngram) py uocr-ngram bench/gpu/ngram_cost.py ;;
+    uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
   esac
 }

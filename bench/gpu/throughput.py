@@ -19,6 +19,12 @@ Output lengths are fixed per page (random weights make text meaningless):
 A = --tokens for every page, B = lognormal(sigma 1) clipped to [50, 4000], mean ~1000,
 drawn from a hash of (file name, page) so all three modes generate the same lengths.
 
+KV: the engine's KV capacity (blocks x block size, the figure of vLLM's "GPU KV cache size"
+line), the KV a request holds in steady state (its prefix, image and prompt tokens, plus the
+generated tokens it keeps: all of them, or R-SWA's window), the max_num_seqs that fills it, and
+per mode the KV use vLLM reports every step (kv_usage_max, kv_usage_mean). --ngram off runs
+every mode without the preset's no-repeat n-gram logits processor (its cost: bench/gpu/ngram_cost.py).
+
 Measured per mode: wall time, pages/s and output tokens/s end to end; the engine
 core's own timeline (every step: running and waiting requests, KV use, tokens,
 pages finished; from vLLM's scheduler stats, timestamped in the core process) and
@@ -252,6 +258,44 @@ def compute_ceiling(model: str, prompt_tokens: float, output_tokens: float, patc
             "peak_tflops": peak_tflops, "ceiling_pages_per_s": round(peak_tflops * 1e12 / total, 1)}
 
 
+def doc_counts(pages: int, sizes: list[int]) -> list[int]:
+    """Pages of each document: sizes cycled, the last one cut so that they add up to pages."""
+    counts: list[int] = []
+    while sum(counts) < pages:
+        counts.append(min(sizes[len(counts) % len(sizes)], pages - sum(counts)))
+    return counts
+
+
+def kv_accounting(llm, model: str, prompt_tokens: list[int], output_tokens: list[int], max_num_seqs: int) -> dict:
+    """The engine's KV capacity and what a request holds of it in steady state.
+
+    R-SWA (a config with rswa_window): a request keeps its prefix (prompt: image and text
+    tokens) and the last rswa_window generated tokens, in whole blocks plus the block being
+    filled; otherwise it keeps every token. max_num_seqs_by_kv: the requests of mean size that
+    fill the cache."""
+    cfg = json.load(open(Path(model) / "config.json")) if model and (Path(model) / "config.json").exists() else {}
+    t = cfg.get("language_config") or cfg.get("text_config") or cfg
+    cache = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "cache_config", None)
+    blocks, block = (cache.num_gpu_blocks, cache.block_size) if cache is not None else (None, 16)
+    window = cfg.get("rswa_window")
+    heads, layers = t.get("num_key_value_heads"), t.get("num_hidden_layers")
+    head = t.get("head_dim") or (t["hidden_size"] // t["num_attention_heads"] if "hidden_size" in t else None)
+    per_token = layers * heads * head * 2 * 2 if heads and layers and head else None  # K and V, bf16
+
+    def held(prompt: int, out: int) -> int:
+        kept = min(out, window) if window else out
+        return math.ceil(prompt / block) * block + math.ceil(kept / block) * block + block
+
+    mean = sum(held(p, o) for p, o in zip(prompt_tokens, output_tokens)) / max(1, len(prompt_tokens))
+    capacity = blocks * block if blocks else None
+    return {"num_gpu_blocks": blocks, "block_size": block, "kv_tokens": capacity, "kv_bytes_per_token": per_token,
+            "kv_gb": round(capacity * per_token / 1e9, 2) if capacity and per_token else None,
+            "rswa_window": window, "mean_prompt_tokens": round(sum(prompt_tokens) / max(1, len(prompt_tokens)), 1),
+            "mean_tokens_held_per_request": round(mean, 1),
+            "mean_mb_held_per_request": round(mean * per_token / 1e6, 2) if per_token else None,
+            "max_num_seqs_by_kv": int(capacity // mean) if capacity else None, "max_num_seqs": max_num_seqs}
+
+
 def _render_doc(args):
     doc, max_side, multiple = args
     from batchocr.render import RenderTask, render_document
@@ -283,11 +327,14 @@ def engine_args(args) -> dict:
     return out
 
 
-def work_of_outputs(outs, pages: int) -> dict:
+def work_of_outputs(outs, units: list) -> dict:
     """What one finite generate call did: one attempt per page, by construction (a request a page, or
-    a group of pages in document mode)."""
-    reasons = collections.Counter(str(o.outputs[0].finish_reason) for o in outs)
+    a group of pages in document mode: its finish reason counts for each of its pages, as b's rows)."""
+    reasons: collections.Counter = collections.Counter()
+    for o, unit in zip(outs, units):
+        reasons[str(o.outputs[0].finish_reason)] += len(unit)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    pages = sum(len(u) for u in units)
     return {"requests": len(outs), "pages": pages, "attempts": {"1": pages}, "finish_reasons": dict(reasons),
             "prompt_tokens_rows": sum(len(o.prompt_token_ids or []) for o in outs),
             "output_tokens_rows": tokens, "client_tokens": tokens}
@@ -326,7 +373,7 @@ def wait_gpu_free(sampler, below_gb: float = 4.0, timeout: float = 120.0) -> flo
 def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
     """This script again, in its own process (its own engine), with the same work and `extra` on top."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--pages", str(args.pages),
-            "--preset", args.preset, "--mode", args.mode, "--per-doc", str(args.per_doc),
+            "--preset", args.preset, "--mode", args.mode, "--per-doc", args.per_doc, "--ngram", args.ngram,
             "--max-model-len", str(args.max_model_len),
             "--lengths", args.lengths, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
@@ -376,7 +423,9 @@ def main() -> None:
     ap.add_argument("--mode", choices=["page", "document"], default="page",
                     help="document: each document's pages in groups (batchocr's grouping), a group a request, in "
                          "a and c too (<image> a page, the preset's document prompt); the split's fallback off")
-    ap.add_argument("--per-doc", type=int, default=8, help="pages a document of the corpus")
+    ap.add_argument("--per-doc", default="8", help="pages a document of the corpus; several cycle: 8,12,16")
+    ap.add_argument("--ngram", choices=["on", "off"], default="on",
+                    help="the preset's no-repeat n-gram logits processor (its extra_args); off: its cost measured")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="0: 8192 in page mode, the preset's in document mode (a group fills the context)")
     ap.add_argument("--pages", type=int, default=1024)
@@ -411,7 +460,7 @@ def main() -> None:
         import fake_vllm
 
         fake_vllm.install_modules()
-    from e2e import a4_corpus
+    from e2e import a4_documents
     from PIL import Image
 
     from batchocr.engines.presets import get_preset
@@ -422,8 +471,8 @@ def main() -> None:
     from batchocr.storage import Store
 
     work = Path(tempfile.mkdtemp(prefix="tp-"))
-    per_doc = args.per_doc
-    a4_corpus(work / "src", math.ceil(args.pages / per_doc), per_doc)
+    counts = doc_counts(args.pages, [int(x) for x in args.per_doc.split(",")])
+    a4_documents(work / "src", counts)
     if args.part:  # one of several engines: every N-th document
         i, n = map(int, args.part.split("/"))
         for k, f in enumerate(sorted((work / "src").iterdir())):
@@ -431,6 +480,7 @@ def main() -> None:
                 f.unlink()
     docs = list(list_documents(Store(str(work / "src"))))
     names = {d.doc_id: d.name for d in docs}  # lengths are keyed by file name: the same in every run
+    counts = [counts[int(d.name[3:7])] for d in docs]  # docNNNN.pdf: its pages (--part keeps some)
     guard = {} if args.guard == "on" else {"repetition_span": 10**6}  # never reached: max_tokens <= 4000
     context = args.max_model_len or (get_preset(args.preset).max_model_len if args.mode == "document" else 8192)
     # document_fallback off: random weights never write <page> (and every group ends at its length):
@@ -446,7 +496,7 @@ def main() -> None:
     llm_args = vllm_defaults(args) if args.llm == "defaults" else options.llm_args(preset)
     report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
-    keys = [f"{d.name}/{i}" for d in docs for i in range(per_doc)][: args.pages]
+    keys = [f"{d.name}/{i}" for d, count in zip(docs, counts) for i in range(count)]
     lengths = {key: length_of(key, args.lengths, args.tokens) for key in keys}
     report["pages"] = len(keys)
     report["output_tokens_total"] = sum(lengths.values())
@@ -568,9 +618,17 @@ def main() -> None:
                 if len(unit) > 1 else {"prompt": prompt, "multi_modal_data": {"image": image(*unit[0][1:])}}
                 for unit in chunk]
 
+    def without_ngram(sampling: dict) -> dict:  # --ngram off: the n-gram processor skips a request without them
+        if args.ngram == "on" or "extra_args" not in sampling:
+            return sampling
+        extra = {k: v for k, v in (sampling["extra_args"] or {}).items()
+                 if k not in ("ngram_size", "window_size", "whitelist_token_ids")}
+        return sampling | {"extra_args": extra or None}
+
     def params(chunk):  # the preset's sampling (n-gram processor arguments too): the same work as b's
         def extra(unit):
-            return dict(preset.sampling_args) | (dict(preset.document_sampling_args) if len(unit) > 1 else {})
+            return without_ngram(dict(preset.sampling_args) | (dict(preset.document_sampling_args)
+                                                                if len(unit) > 1 else {}))
         return [SamplingParams(max_tokens=sum(lengths[p[0]] for p in unit), ignore_eos=True, detokenize=False,
                                temperature=0.0, **extra(unit)) for unit in chunk]
 
@@ -585,6 +643,9 @@ def main() -> None:
                             "main_thread": stacks.take()} | (extra or {})
         if "work" in r:  # every token the engine core generated in this mode, aborted requests' too
             r["work"]["engine_tokens"] = sum(s[4] for s in timeline.between(start, end)) if timeline.steps else None
+        kv = [s[3] for s in timeline.between(start, end) if s[3] >= 0]
+        r["kv_usage_max"] = max(kv) if kv else None  # vLLM's kv_cache_usage, 0..1, every step
+        r["kv_usage_mean"] = round(sum(kv) / len(kv), 3) if kv else None
         steady = timeline.steady(start, end, llm_args.get("max_num_seqs") or 1024)
         if steady:
             st, (w0, w1) = steady
@@ -602,13 +663,16 @@ def main() -> None:
 
         def __init__(self, engine):
             self._engine, self.tokens, self.requests = engine, 0, 0
+            self.sizes: list[tuple[int, int]] = []  # (prompt tokens, max_tokens) a request: its KV
 
         def __getattr__(self, name):
             return getattr(self._engine, name)
 
-        def add_request(self, *a, **kw):
+        def add_request(self, request_id, engine_input, params, *a, **kw):
             self.requests += 1
-            return self._engine.add_request(*a, **kw)
+            ids = engine_input.get("prompt_token_ids") if hasattr(engine_input, "get") else None
+            self.sizes.append((len(ids or ()), params.max_tokens))
+            return self._engine.add_request(request_id, engine_input, params, *a, **kw)
 
         def step(self):
             outs = self._engine.step()
@@ -626,6 +690,9 @@ def main() -> None:
         def sampling(self, request):
             sp = super().sampling(request)
             sp.max_tokens = sum(lengths[f"{names[p.doc_id]}/{p.page_index}"] for p in request.pages)
+            if args.ngram == "off":
+                sp.extra_args = without_ngram({"extra_args": sp.extra_args})["extra_args"]
+            self.extra_args = sp.extra_args  # recorded: what the n-gram processor was given
             return sp
 
         def _common(self, request, page, output_tokens):  # every row, text or error
@@ -649,14 +716,17 @@ def main() -> None:
         if mode == "a":  # vLLM alone, one call
             start = time.monotonic()
             outs = llm.generate(requests(units), params(units), use_tqdm=False)
-            record("a_vllm_alone", start, time.monotonic(), extra={"work": work_of_outputs(outs, len(pages))})
+            record("a_vllm_alone", start, time.monotonic(), extra={"work": work_of_outputs(outs, units)})
             prompt_tokens = len(outs[0].prompt_token_ids)
+            report["kv"] = kv_accounting(llm, args.model, [len(o.prompt_token_ids) for o in outs],
+                                         [len(o.outputs[0].token_ids) for o in outs], args.max_num_seqs)
+            print("kv", json.dumps(report["kv"]), flush=True)
         elif mode == "a0":  # vLLM's own defaults, a chunk at a time (needs --llm defaults: its own engine)
             start, finishes, outs = chunks()
-            record("a0_vllm_defaults", start, time.monotonic(), finishes, {"work": work_of_outputs(outs, len(pages))})
+            record("a0_vllm_defaults", start, time.monotonic(), finishes, {"work": work_of_outputs(outs, units)})
         elif mode == "c":  # batch at a time, batchocr's engine arguments
             start, finishes, outs = chunks()
-            record("c_batch_at_a_time", start, time.monotonic(), finishes, {"work": work_of_outputs(outs, len(pages))})
+            record("c_batch_at_a_time", start, time.monotonic(), finishes, {"work": work_of_outputs(outs, units)})
         elif mode == "b":  # batchocr, the whole pipeline, the same lengths
             variants = [("b_batchocr", {})] + [
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
@@ -673,7 +743,12 @@ def main() -> None:
                 record(name, start, end, engine.finishes, {
                     "rows": summary.pages, "timings": summary.timings, "overrides": overrides,
                     "queue_pages": engine.queue_pages, "guard": args.guard,
+                    "extra_args": getattr(engine, "extra_args", None),
                     "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
+                if "kv" not in report and engine.engine.sizes:  # no a in this run: b's requests
+                    report["kv"] = kv_accounting(llm, args.model, *map(list, zip(*engine.engine.sizes)),
+                                                 args.max_num_seqs)
+                    print("kv", json.dumps(report["kv"]), flush=True)
         stacks.running = False
 
     if children:  # each in its own process with its own engine, after this one's is gone
@@ -722,10 +797,12 @@ def main() -> None:
     report["equal_work"] = {"expected_tokens": report["output_tokens_total"],
                             "tokens": {k: w.get("engine_tokens") or w["client_tokens"] for k, w in done.items()},
                             "pages": {k: w["pages"] for k, w in done.items()},
-                            "prompt_tokens": {k: w.get("prompt_tokens_rows") for k, w in done.items()}}
+                            "prompt_tokens": {k: w.get("prompt_tokens_rows") for k, w in done.items()},
+                            "requests": {k: w.get("requests") for k, w in done.items()}}
     report["equal_work"]["equal"] = (len(set(report["equal_work"]["tokens"].values())) <= 1
                                      and len(set(report["equal_work"]["pages"].values())) <= 1
-                                     and len(set(report["equal_work"]["prompt_tokens"].values())) <= 1)
+                                     and len(set(report["equal_work"]["prompt_tokens"].values())) <= 1
+                                     and len(set(report["equal_work"]["requests"].values())) <= 1)
     mean_out = report["output_tokens_total"] / max(1, len(keys))
     if args.model and not args.fake and args.preset != "unlimited-ocr":  # the ceiling knows Qwen2.5-VL's layout
         peak = PEAK_TFLOPS["fp8" if args.quantization == "fp8" else "bf16"]
