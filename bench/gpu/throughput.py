@@ -613,8 +613,10 @@ def main() -> None:
     def image(w, h, img):
         return Image.frombuffer("RGB", (w, h), img, "raw", "RGB", 0, 1)
 
-    def requests(chunk):
+    def requests(chunk):  # a group as batchocr sends it: its images, the preset's document prompt and view size
         return [{"prompt": preset.document_prompt(len(unit)), "multi_modal_data": {"image": [image(*p[1:]) for p in unit]}}
+                | ({"mm_processor_kwargs": dict(preset.document_mm_processor_kwargs)}
+                   if preset.document_mm_processor_kwargs else {})
                 if len(unit) > 1 else {"prompt": prompt, "multi_modal_data": {"image": image(*unit[0][1:])}}
                 for unit in chunk]
 
