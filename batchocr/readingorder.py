@@ -77,11 +77,18 @@ def read(boxes: Sequence[Box]) -> str:
 
 def blocks(boxes: Sequence[Box]) -> list[list[str]]:
     """The page as blocks of lines, in reading order."""
+    return [[_line(row) for row in block] for block in layout(boxes)[0]]
+
+
+def layout(boxes: Sequence[Box]) -> tuple[list[list[list[Box]]], int]:
+    """The page as blocks of rows of boxes, in reading order, and how many times it
+    was cut into columns (0: read row by row down the page)."""
     boxes = [b for b in boxes if b.x1 > b.x0 and b.y1 > b.y0]
     if not boxes:
-        return []
+        return [], 0
     unit = float(np.median([b.height for b in boxes]))
-    return _Reader(unit).split(boxes)
+    reader = _Reader(unit)
+    return reader.split(boxes), reader.cuts
 
 
 def rows(boxes: Sequence[Box]) -> list[list[Box]]:
@@ -113,9 +120,10 @@ class _Reader:
         self.gutter = MIN_GUTTER * self.unit
         self.column = MIN_COLUMN * self.unit
         self.cell = CELL * self.unit
+        self.cuts = 0
 
-    def split(self, boxes: list[Box]) -> list[list[str]]:
-        out: list[list[str]] = []
+    def split(self, boxes: list[Box]) -> list[list[list[Box]]]:
+        out: list[list[list[Box]]] = []
         flow: list[list[Box]] = []
         grouped = rows(boxes)
         x0 = min(b.x0 for b in boxes)
@@ -130,6 +138,7 @@ class _Reader:
                 continue
             out += self._flow(flow)
             flow = []
+            self.cuts += 1
             for piece in pieces:
                 out += self.split(piece)
             i = j
@@ -225,15 +234,15 @@ class _Reader:
             return False
         return float(np.median([sum(len(b.text) for b in row) for row in grouped])) >= MIN_CHARS
 
-    def _flow(self, grouped: list[list[Box]]) -> list[list[str]]:
+    def _flow(self, grouped: list[list[Box]]) -> list[list[list[Box]]]:
         """Rows read as they are; a vertical gap wider than BLOCK_GAP starts a new block."""
-        out: list[list[str]] = []
+        out: list[list[list[Box]]] = []
         bottom = None
         for row in grouped:
             top = min(b.y0 for b in row)
             if bottom is None or top - bottom > BLOCK_GAP * self.unit:
                 out.append([])
-            out[-1].append(_line(row))
+            out[-1].append(row)
             bottom = max(b.y1 for b in row)
         return out
 
