@@ -41,6 +41,7 @@ LIGATURES = str.maketrans({"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb
 HEADING = 1.15
 HEADING_BIG = 1.3
 HEADING_CHARS = 120
+RUN_IN_CHARS = 60
 MAX_LEVEL = 4
 # The layer's order is kept unless it switches between the page's columns, from a
 # line of prose to another, at least this many times and for this share of its lines
@@ -70,7 +71,7 @@ def page_markdown(page: pymupdf.Page) -> str:
     lines = layer_lines(textpage)
     if not lines:
         return ""
-    tables = _tables(page, textpage)
+    tables = _tables(page, lines)
     if tables:
         lines = [ln for ln in lines if not any(_inside(ln, box) for box, _ in tables)]
     ordered = reading_order(lines)
@@ -130,7 +131,7 @@ def _inside(line: Line, box: pymupdf.Rect) -> bool:
     return box.x0 <= cx <= box.x1 and box.y0 <= cy <= box.y1
 
 
-def _tables(page: pymupdf.Page, textpage: pymupdf.TextPage) -> list[tuple[pymupdf.Rect, str]]:
+def _tables(page: pymupdf.Page, lines: list[Line]) -> list[tuple[pymupdf.Rect, str]]:
     """Ruled tables as (box, Markdown); find_tables only where rules could make one."""
     rows: set[int] = set()  # distinct heights of horizontal rules, distinct x of vertical ones
     cols: set[int] = set()
@@ -154,16 +155,22 @@ def _tables(page: pymupdf.Page, textpage: pymupdf.TextPage) -> list[tuple[pymupd
     out = []
     for table in page.find_tables(strategy="lines").tables:
         if table.row_count >= 2 and table.col_count >= 2:
-            markdown = _clean_table(table.to_markdown(clean=False))
-            if markdown:
-                out.append((pymupdf.Rect(table.bbox), markdown))
+            out.append((pymupdf.Rect(table.bbox), _table_markdown(table, lines)))
     return out
 
 
-def _clean_table(markdown: str) -> str:
+def _table_markdown(table, lines: list[Line]) -> str:
+    """The table's cells filled with the layer's own lines (find_tables' cell text
+    reorders characters of a cell now and then: "Part no." came out "Partno .")."""
     rows = []
-    for row in markdown.strip().splitlines():
-        rows.append(" ".join(row.translate(LIGATURES).replace("<br>", " ").split()))
+    for row in table.rows:
+        cells = []
+        for cell in row.cells:
+            box = pymupdf.Rect(cell) if cell else None
+            text = " ".join(ln.text for ln in lines if box is not None and _inside(ln, box))
+            cells.append(text.replace("|", "\\|"))
+        rows.append("| " + " | ".join(cells) + " |")
+    rows.insert(1, "|" + "---|" * len(table.rows[0].cells))
     return "\n".join(rows)
 
 
@@ -185,12 +192,15 @@ def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]]) -> str:
             blocks.append("\n".join(current))
             current = []
 
-    for ln in lines:
+    lowest = min(max(levels.values(), default=0) + 1, MAX_LEVEL)
+    for i, ln in enumerate(lines):
         while pending and pending[0][0].y1 <= ln.y0 and (previous is None or pending[0][0].y0 >= previous.y0):
             flush()
             blocks.append(pending.pop(0)[1])
-        level = levels.get((ln.size, ln.bold)) if _heading_like(ln) else None
         new_block = previous is None or ln.block != previous.block
+        level = levels.get((ln.size, ln.bold)) if _heading_like(ln) else None
+        if level is None and ln.bold and new_block and _run_in(ln) and _alone(lines, i):
+            level = lowest  # a bold line of body size opening its block: a minor heading
         if level:
             if heading and heading[0] == level and heading[2] == ln.block:
                 heading[1].append(ln.text)
@@ -198,10 +208,12 @@ def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]]) -> str:
                 flush()
                 heading = (level, [ln.text], ln.block)
         else:
-            if heading or new_block:
+            item = BULLET.match(ln.text)
+            # list items stay one list, whatever blocks the layer put them in
+            if heading or (new_block and not (item and current and current[0].startswith("- "))):
                 flush()
             text = ln.text
-            if BULLET.match(text):
+            if item:
                 text = BULLET.sub("- ", text)
             elif text.startswith("#"):
                 text = "\\" + text  # not a heading of ours
@@ -221,6 +233,16 @@ def _body_size(lines: list[Line]) -> float:
 
 def _heading_like(ln: Line) -> bool:
     return len(ln.text) <= HEADING_CHARS and any(c.isalpha() for c in ln.text)
+
+
+def _run_in(ln: Line) -> bool:
+    return len(ln.text) <= RUN_IN_CHARS and any(c.isalpha() for c in ln.text) and ln.text[-1] not in ".,;"
+
+
+def _alone(lines: list[Line], i: int) -> bool:
+    """No line beside it on its row (a table's header cells are bold too)."""
+    ln = lines[i]
+    return not any(min(ln.y1, o.y1) - max(ln.y0, o.y0) > 0 for o in lines[max(0, i - 1): i + 2] if o is not ln)
 
 
 def _heading_levels(lines: list[Line], body: float) -> dict[tuple[float, bool], int]:
