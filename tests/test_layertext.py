@@ -81,7 +81,8 @@ def test_generated_single_column_prose_and_its_table_rows():
     assert "- Stainless steel body\n- Quiet fan cover" in markdown
 
 
-def test_a_ruled_table_becomes_a_markdown_table():
+def ruled_table_page() -> pymupdf.Page:
+    """A title, a sentence, a 3-row table drawn with a grid of rules, a sentence."""
     rows = [["Part no.", "Description", "Qty", "Price"], ["AB-1042", "Impeller, brass", "2", "18.40"],
             ["AB-2210", "Shaft seal kit", "1", "12.95"]]
     doc = pymupdf.open()
@@ -97,6 +98,11 @@ def test_a_ruled_table_becomes_a_markdown_table():
     for x in xs:
         page.draw_line((x, top), (x, top + len(rows) * step))
     page.insert_textbox(pymupdf.Rect(72, 240, 540, 300), "Prices exclude delivery.", fontsize=11)
+    return page
+
+
+def test_a_ruled_table_becomes_a_markdown_table():
+    page = ruled_table_page()
     assert page_markdown(page) == (
         "# Spare parts list\n\nThe parts below are kept in stock for ten years.\n\n"
         "| Part no. | Description | Qty | Price |\n|---|---|---|---|\n"
