@@ -155,7 +155,8 @@ class _Reader:
         occupied = np.zeros(int(width / self.cell) + 2, dtype=bool)
         end = i
         for j in range(i, len(grouped)):
-            if end > i and not self._aligned(grouped[j], self._gutters(occupied), x0):
+            if end > i and not self._aligned(grouped[j], self._gutters(occupied), x0) \
+                    and not self._realigned(grouped, i, j, self._gutters(occupied), x0):
                 break
             for b in grouped[j]:
                 occupied[int((b.x0 - x0) / self.cell): int(np.ceil((b.x1 - x0) / self.cell))] = True
@@ -175,6 +176,29 @@ class _Reader:
             if right and abs(min(right) - stop) > ALIGN * self.unit:
                 return False
         return True
+
+    def _realigned(self, grouped: list[list[Box]], i: int, j: int, gutters: list[tuple[float, float]],
+                   x0: float) -> bool:
+        """Row j is off its column's left edge but a row right after it starts there again:
+        a line within the column (a centred heading, an indented first line), not a
+        table's cells below the columns (whose rows all start elsewhere). Ending the run
+        there would cut the columns across at the row, as an XY-cut taking a white band
+        across both columns before the gutter: their paragraphs came out alternating."""
+        if not gutters:
+            return False
+        start, stop = gutters[0]
+        moved = [b.x0 - x0 for b in grouped[j] if b.x0 - x0 > start]
+        # or the column's edge is further left than the run's first line there said (an
+        # indented first line), and the rows after start at the new edge too; not after
+        # more than that one line of text (a table's cells above two columns start at their edge)
+        seen = [b for row in grouped[i:j] for b in row if b.x0 - x0 > start]
+        edge = min(moved) if (moved and len(seen) == 1 and len(seen[0].text) >= MIN_CHARS
+                              and start + self.gutter <= min(moved) < stop - ALIGN * self.unit) else None
+        for row in grouped[j + 1: j + LOOKAHEAD]:
+            right = [b.x0 - x0 for b in row if b.x0 - x0 > start]
+            if right and (self._aligned(row, gutters, x0) or (edge is not None and abs(min(right) - edge) <= ALIGN * self.unit)):
+                return True
+        return False
 
     def _starts_column(self, row: list[Box], gutters, x0: float, occupied: np.ndarray) -> bool:
         edges = [np.flatnonzero(occupied)[0] * self.cell] + [stop for _, stop in gutters]
