@@ -4,19 +4,22 @@ text, and the router's for the pages it routes to the layer).
 Order. A PDF's content stream holds its text in the order the producer wrote it:
 for TeX, word processors and most tools that is the reading order, column after
 column, and the only order that reads a title page or a centred block right.
-Some producers write a page row by row across its columns; geometry alone gets
-other pages wrong (a title left and a subtitle right are two "columns"). So:
-the layer's own order is kept unless it interleaves the columns that PyMuPDF's
-column detection (pymupdf4llm's `column_boxes`, shipped inside PyMuPDF 2) finds,
-i.e. it keeps switching between them; then the page is read column by column,
-each column's lines in the layer's order. Measured on pdfTeX manuals and
-reference cards against pymupdf4llm's own Markdown (both its modes) and
-readingorder.py over the layer's lines: docs/BENCHMARKS.md.
+Some producers write a page row by row, or paragraph by paragraph, across its
+columns; geometry alone gets other pages wrong (a title left and a subtitle right
+are two "columns"; a key-value list's keys and values too). So the layer's own
+order is kept unless it keeps going back across a gutter: readingorder.py (the
+CPU engine's column finder) lays the layer's lines out in text columns, and when
+the layer returns from a column to a line of prose in an earlier one, on another
+row, more than a few times, the page is read in that geometric order. Measured
+on pdfTeX manuals and reference cards and generated pages against pymupdf4llm's
+own Markdown (its layout and legacy modes, shipped inside PyMuPDF 2): bench/textlayer.py,
+docs/BENCHMARKS.md.
 
 Markdown. Headings from font size (larger than the page's body text, bold or
-much larger), levels by size; bullets as list items; ruled tables (PyMuPDF's
-find_tables, only on pages drawn with enough rules to make one: it costs
-0.2-1 s a page) as Markdown tables; a blank line between the layer's blocks.
+much larger; a bold line opening a block at body size is the lowest level),
+levels by size; bullets as list items; ruled tables (PyMuPDF's find_tables, only
+on pages drawn with a grid of rules: it costs 0.2-1 s a page) as Markdown tables
+whose cells hold the layer's lines; a blank line between the layer's blocks.
 Ligatures are expanded and every run of spaces is one space.
 """
 
@@ -43,11 +46,11 @@ HEADING_BIG = 1.3
 HEADING_CHARS = 120
 RUN_IN_CHARS = 60
 MAX_LEVEL = 4
-# The layer's order is kept unless it switches between the page's columns, from a
-# line of prose to another, at least this many times and for this share of its lines
-# (a column break, a full-width heading between column runs switch once or twice).
-SWITCHES = 4
-SWITCH_SHARE = 0.125
+# The layer's order is kept unless it goes back across a gutter to an earlier block
+# of the columns' order at least this many times, and for this share of the blocks
+# (row by row across two columns: once a row; paragraph by paragraph: once a pair).
+RETURNS = 2
+RETURN_SHARE = 0.25
 # A line this long is prose (a key-value list's keys are shorter).
 PROSE = 25
 BULLET = re.compile(r"^[•◦▪▫●○■□‣∙·–—*-]\s+")
@@ -106,11 +109,12 @@ def reading_order(lines: list[Line]) -> list[Line]:
         return lines
     where = {id(b): k for k, block in enumerate(geometric) for row in block for b in row}
     block_of = [where[id(b)] for b in boxes]
-    # jumps from a line of prose to another in a column beside it (a key and its value
-    # on one row, a block below the last, are read as written)
-    switches = sum(a != b and len(la.text) >= PROSE and len(lb.text) >= PROSE and (lb.x0 > la.x1 or la.x0 > lb.x1)
-                   for a, b, la, lb in zip(block_of, block_of[1:], lines, lines[1:]))
-    if switches < max(SWITCHES, len(lines) * SWITCH_SHARE):
+    # returns: the layer goes back to an earlier block of the geometric order, to a line
+    # of prose in a column beside the line it left, on another row (a key after its
+    # value, a label right of a line: short lines, or the same row)
+    returns = sum(b < a and len(lb.text) >= PROSE and _beside(la, lb) and not _level(la, lb)
+                  for a, b, la, lb in zip(block_of, block_of[1:], lines, lines[1:]))
+    if returns < max(RETURNS, len(geometric) * RETURN_SHARE):
         return lines
     line_of = {id(b): ln for b, ln in zip(boxes, lines)}
     return [dataclasses.replace(line_of[id(b)], block=k)
@@ -118,12 +122,19 @@ def reading_order(lines: list[Line]) -> list[Line]:
 
 
 def _side_by_side(lines: list[Line]) -> bool:
-    """Two lines in a row of the layer's order on one height, apart: the sign of a
-    page read across columns (or of a table, a key and its value)."""
-    for a, b in zip(lines, lines[1:]):
-        if min(a.y1, b.y1) - max(a.y0, b.y0) > 0.5 * min(a.y1 - a.y0, b.y1 - b.y0) and (b.x0 > a.x1 or a.x0 > b.x1):
-            return True
-    return False
+    """The layer's order jumps sideways between lines (not one line below another) more
+    than once: it may read across columns (or a table, a key and its value)."""
+    return sum(_beside(a, b) for a, b in zip(lines, lines[1:])) >= 2
+
+
+def _beside(a: Line, b: Line) -> bool:
+    return b.x0 > a.x1 or a.x0 > b.x1
+
+
+def _level(a: Line, b: Line) -> bool:
+    """On one row: more than half the lower line's height in common (the boxes of
+    lines one below the other overlap a little, ascenders over descenders)."""
+    return min(a.y1, b.y1) - max(a.y0, b.y0) > 0.5 * min(a.y1 - a.y0, b.y1 - b.y0)
 
 
 def _inside(line: Line, box: pymupdf.Rect) -> bool:

@@ -288,6 +288,11 @@ TEST_SET = [
 
 # The larger set bench/accuracy.py scores.
 BENCH_SET = TEST_SET + [
+    # columns whose paragraph breaks line up (issue 22's product sheet)
+    Variant("aligned-clean", "aligned-breaks"),
+    Variant("aligned-noise", "aligned-breaks", degrade="noise", form="png", seed=3),
+    Variant("aligned-jpeg", "aligned-breaks", degrade="jpeg"),
+    Variant("aligned-skew-2-fax", "aligned-breaks", skew=-2.0, degrade="fax", form="png"),
     Variant("two-col-noise", "two-column", degrade="noise", form="png", seed=5),
     Variant("two-col-blur", "two-column", degrade="blur"),
     Variant("two-col-fax", "two-column", degrade="fax", form="png"),
