@@ -66,7 +66,9 @@ def create(options: Mapping[str, Any]) -> TextLayerEngine:
 
 
 def _model() -> str:
-    return f"pymupdf-{pymupdf.__version__}"
+    # "+markdown": the text's form (batchocr.layertext), so that OUT made with the plain
+    # text of earlier versions is not resumed with the Markdown of this one (producer.py)
+    return f"pymupdf-{pymupdf.__version__}+markdown"
 
 
 def settings(options: Mapping[str, Any]) -> dict[str, Any]:
