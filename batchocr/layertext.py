@@ -70,6 +70,7 @@ class Line:
 
 
 def page_markdown(page: pymupdf.Page) -> str:
+    """The page's text layer as Markdown in reading order ('' for a page without one)."""
     textpage = page.get_textpage(flags=FLAGS)
     lines = layer_lines(textpage)
     if not lines:
@@ -82,7 +83,8 @@ def page_markdown(page: pymupdf.Page) -> str:
 
 
 def layer_lines(textpage: pymupdf.TextPage) -> list[Line]:
-    """The layer's horizontal lines with text, in its own (content) order."""
+    """The layer's lines with text, in its own (content) order; a line's size and
+    weight are those of most of its characters."""
     out = []
     for bno, block in enumerate(textpage.extractDICT()["blocks"]):
         for line in block.get("lines", ()):

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     from cpu import machine_info
 
     if args.src:  # the baseline's run, in its own process
-        results = {m: run_mode(args.src, args.src.parent / m, MODES[m], args.threads) for m in args.modes.split(",")}
+        results = {m: run_mode(args.src, args.src.parent / f"baseline-{m}", MODES[m], args.threads)
+                   for m in args.modes.split(",")}
         args.json.write_text(json.dumps(results))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="batchocr-accuracy-"))

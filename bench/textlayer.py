@@ -2,6 +2,7 @@
 it costs, in one process run.
 
     python bench/textlayer.py [--docs D] [--baseline DIR] [--json FILE]
+    python bench/textlayer.py --warnings FOLDER [--baseline DIR]   # pages with a `warning`
 
 1. Reading order and Markdown, per page set: real pdfTeX files from Debian's
    documentation packages (Octave's three-column reference card, its 1158-page
@@ -18,8 +19,11 @@ it costs, in one process run.
    the text as before and now, a model page's render at 200 dpi (rapidocr's pages)
    instead, and rapidocr on a few of the same pages; on the routing benchmark's
    mixed corpus (bench/route.py: D documents of 4 pages, half born-digital).
-3. `--engine textlayer` over that corpus with run_job: pages/s now and, with
-   --baseline DIR (a checkout of another commit), that version's, in a subprocess.
+3. `--engine textlayer` over that corpus and the Debian files with run_job:
+   pages/s now and, with --baseline DIR (another version's `batchocr` package,
+   e.g. `git archive main batchocr | tar -x -C DIR`), that version's, in a subprocess.
+4. --warnings FOLDER: its pages with a `warning` through the render workers' code
+   with `route: auto` (the router's scoring included), now and the baseline's.
 """
 
 from __future__ import annotations
@@ -138,7 +142,8 @@ def cost(corpus: Path, ocr_pages: int) -> dict:
     from batchocr.layertext import page_markdown
     from batchocr.router import MIN_SCORE, score_page
 
-    timings = {"score": [], "text before": [], "text now": [], "render 200 dpi": []}
+    timings = {"score": [], "text before": [], "text now": [], "render 200 dpi": [], "model page 200 dpi": [],
+               "model page 1288 px": []}
     routed = []
     for path in sorted(corpus.glob("*.pdf")):
         doc = pymupdf.open(path)
@@ -146,7 +151,13 @@ def cost(corpus: Path, ocr_pages: int) -> dict:
             start = time.process_time()
             s = score_page(page, page.get_text())
             timings["score"].append(time.process_time() - start)
-            if s.score < MIN_SCORE:
+            if s.score < MIN_SCORE:  # a model page: rendered instead (rapidocr's dpi; olmOCR's 1288 px)
+                zoom = 1288 / max(page.rect.width, page.rect.height)
+                for name, matrix in (("model page 200 dpi", pymupdf.Matrix(200 / 72, 200 / 72)),
+                                     ("model page 1288 px", pymupdf.Matrix(zoom, zoom))):
+                    start = time.process_time()
+                    page.get_pixmap(matrix=matrix, colorspace=pymupdf.csRGB, alpha=False)
+                    timings[name].append(time.process_time() - start)
                 continue
             routed.append((path, page.number))
             for name, read in (("text before", lambda p: p.get_text(sort=True)), ("text now", page_markdown)):
@@ -184,18 +195,47 @@ def run_textlayer(corpus: Path, out: Path) -> dict:
     return {"pages": summary.pages, "seconds": round(seconds, 2), "pages_per_s": round(summary.pages / seconds, 2)}
 
 
+def warnings(folder: Path) -> dict:
+    """Every page of the folder through the render workers' code with `route: auto`
+    (images at 50 dpi, nothing OCRed): pages, routed, with a `warning`."""
+    from batchocr.render import RenderTask, render_document
+    from batchocr.schema import Needs
+    from batchocr.sources import list_documents
+    from batchocr.spec import RenderSpec
+    from batchocr.storage import Store
+
+    total = routed = warned = 0
+    for doc in list_documents(Store(str(folder), {})):
+        for batch in render_document(RenderTask(doc), RenderSpec(dpi=50), Needs(image=True, route="auto"), {}):
+            cols = batch.select(["warning", "route"]).to_pydict()
+            total += len(cols["route"])
+            routed += sum(r == "textlayer" for r in cols["route"])
+            warned += sum(w is not None for w in cols["warning"])
+    return {"pages": total, "routed": routed, "warned": warned}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=32, help="documents of the mixed corpus (4 pages each)")
     ap.add_argument("--ocr-pages", type=int, default=4, help="born-digital pages rapidocr reads for the ratio")
     ap.add_argument("--baseline", type=Path, help="a checkout of another version: its textlayer engine's pages/s")
     ap.add_argument("--no-debian", action="store_true", help="generated pages only (no apt-get download)")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds of the --engine textlayer runs")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--warnings", type=Path, help="only count the pages of this folder with a `warning`")
     ap.add_argument("--run", type=Path, help=argparse.SUPPRESS)  # the baseline's subprocess: corpus folder
     args = ap.parse_args(argv)
     os.environ["ORT_DISABLE_TELEMETRY"] = "1"
     if args.run:
         print(json.dumps(run_textlayer(args.run, Path(tempfile.mkdtemp(prefix="batchocr-tl-")) / "out")))
+        return 0
+    if args.warnings:
+        if args.baseline:
+            env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
+            proc = subprocess.run([sys.executable, __file__, "--warnings", str(args.warnings)], env=env, check=True,
+                                  capture_output=True, text=True)
+            print("baseline:", proc.stdout.strip().splitlines()[-1])
+        print(("now: " if args.baseline else "") + json.dumps(warnings(args.warnings)))
         return 0
     from route import build_corpus
 
@@ -211,16 +251,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"text-layer path (score + text): before {before:.2f} ms, now {now:.2f} ms a page "
               f"({1000 / before:.0f} -> {1000 / now:.0f} pages/s a CPU; 16 CPUs: {16000 / now:.0f} pages/s); "
               f"rapidocr on the same pages {c['rapidocr'] / now:.0f}x as much CPU")
-        runs = {}
-        if args.baseline:
-            env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
-            proc = subprocess.run([sys.executable, __file__, "--run", str(tmp / "corpus")], env=env, check=True,
-                                  capture_output=True, text=True)
-            runs["baseline"] = json.loads(proc.stdout.strip().splitlines()[-1])
-        runs["now"] = run_textlayer(tmp / "corpus", tmp / "out")
-        results["textlayer_runs"] = runs
-        for name, r in runs.items():
-            print(f"--engine textlayer, {name}: {r['pages']} pages in {r['seconds']} s, {r['pages_per_s']} pages/s")
+        model = c["score"] + c["model page 1288 px"]
+        mixed = (now + model) / 2
+        c["pod16_pages_per_s"] = round(16000 / mixed)
+        print(f"render workers, half the pages born-digital: {mixed:.2f} ms a page (score, then text or a 1288-px "
+              f"render): a 16-CPU pod's workers feed {16000 / mixed:.0f} pages/s, {8000 / mixed:.0f} of them model pages")
+        corpora = {"mixed corpus": tmp / "corpus"}
+        if not args.no_debian:  # the real files whole: Octave's manual is 1158 pages
+            (tmp / "debian").mkdir()
+            for name, (package, path, _) in REAL.items():
+                found = ROOT / ".tools" / "debian" / package / path
+                if found.is_file():
+                    shutil.copyfile(found, tmp / "debian" / name)
+            corpora["debian files"] = tmp / "debian"
+        runs = results["textlayer_runs"] = {}
+        for corpus_name, folder in corpora.items():
+            for r in range(args.repeat):
+                if args.baseline:
+                    env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
+                    proc = subprocess.run([sys.executable, __file__, "--run", str(folder)], env=env, check=True,
+                                          capture_output=True, text=True)
+                    runs.setdefault(corpus_name, {}).setdefault("baseline", []).append(
+                        json.loads(proc.stdout.strip().splitlines()[-1]))
+                runs.setdefault(corpus_name, {}).setdefault("now", []).append(
+                    run_textlayer(folder, tmp / f"out-{len(corpora)}-{r}-{corpus_name[:5]}"))
+            for name, rounds in runs[corpus_name].items():
+                print(f"--engine textlayer on the {corpus_name}, {name}: " + ", ".join(
+                    f"{x['pages']} pages in {x['seconds']} s ({x['pages_per_s']} pages/s)" for x in rounds))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
