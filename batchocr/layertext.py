@@ -145,7 +145,12 @@ def _inside(line: Line, box: pymupdf.Rect) -> bool:
 
 
 def _tables(page: pymupdf.Page, lines: list[Line]) -> list[tuple[pymupdf.Rect, str]]:
-    """Ruled tables as (box, Markdown); find_tables only where rules could make one."""
+    """Ruled tables as (box, Markdown); find_tables only where rules could make one.
+    The rules are looked for only on a page with lines side by side on a few rows:
+    walking a page's drawings costs time on pages drawn with many (a chart, a map)."""
+    grouped = readingorder.rows([readingorder.Box(ln.x0, ln.y0, ln.x1, ln.y1, ln.text) for ln in lines])
+    if sum(len(row) >= 2 for row in grouped) < 3:
+        return []
     rows: set[int] = set()  # distinct heights of horizontal rules, distinct x of vertical ones
     cols: set[int] = set()
     for path in page.get_drawings():
