@@ -6,7 +6,10 @@ machine's Debian packages:
 - checkov 3.3.30 into a venv of its own, `.tools/checkov/` (it pins packaging<24
   against pytest's packaging>=24, so it cannot share the test venv);
 - strace (the no-network test traces a whole run) with apt-get when it is missing
-  and the tests run as root.
+  and the tests run as root;
+- real born-digital PDFs from Debian's documentation packages (`libtasn1-doc`,
+  328 KB; `octave-doc`, 8 MB), `apt-get download`ed (no root needed) and unpacked
+  into `.tools/debian/` (tests/test_layertext.py, tests/test_readingorder.py).
 
 `.tools/` is git-ignored and project-local; nothing is installed on PATH. An install
 runs once, under a file lock (two pytest sessions in one clone wait for each other),
