@@ -77,11 +77,18 @@ def read(boxes: Sequence[Box]) -> str:
 
 def blocks(boxes: Sequence[Box]) -> list[list[str]]:
     """The page as blocks of lines, in reading order."""
+    return [[_line(row) for row in block] for block in layout(boxes)[0]]
+
+
+def layout(boxes: Sequence[Box]) -> tuple[list[list[list[Box]]], int]:
+    """The page as blocks of rows of boxes, in reading order, and how many times it
+    was cut into columns (0: read row by row down the page)."""
     boxes = [b for b in boxes if b.x1 > b.x0 and b.y1 > b.y0]
     if not boxes:
-        return []
+        return [], 0
     unit = float(np.median([b.height for b in boxes]))
-    return _Reader(unit).split(boxes)
+    reader = _Reader(unit)
+    return reader.split(boxes), reader.cuts
 
 
 def rows(boxes: Sequence[Box]) -> list[list[Box]]:
@@ -113,9 +120,10 @@ class _Reader:
         self.gutter = MIN_GUTTER * self.unit
         self.column = MIN_COLUMN * self.unit
         self.cell = CELL * self.unit
+        self.cuts = 0
 
-    def split(self, boxes: list[Box]) -> list[list[str]]:
-        out: list[list[str]] = []
+    def split(self, boxes: list[Box]) -> list[list[list[Box]]]:
+        out: list[list[list[Box]]] = []
         flow: list[list[Box]] = []
         grouped = rows(boxes)
         x0 = min(b.x0 for b in boxes)
@@ -130,6 +138,7 @@ class _Reader:
                 continue
             out += self._flow(flow)
             flow = []
+            self.cuts += 1
             for piece in pieces:
                 out += self.split(piece)
             i = j
@@ -146,7 +155,8 @@ class _Reader:
         occupied = np.zeros(int(width / self.cell) + 2, dtype=bool)
         end = i
         for j in range(i, len(grouped)):
-            if end > i and not self._aligned(grouped[j], self._gutters(occupied), x0):
+            if end > i and not self._aligned(grouped[j], self._gutters(occupied), x0) \
+                    and not self._realigned(grouped, i, j, self._gutters(occupied), x0):
                 break
             for b in grouped[j]:
                 occupied[int((b.x0 - x0) / self.cell): int(np.ceil((b.x1 - x0) / self.cell))] = True
@@ -166,6 +176,29 @@ class _Reader:
             if right and abs(min(right) - stop) > ALIGN * self.unit:
                 return False
         return True
+
+    def _realigned(self, grouped: list[list[Box]], i: int, j: int, gutters: list[tuple[float, float]],
+                   x0: float) -> bool:
+        """Row j is off its column's left edge but a row right after it starts there again:
+        a line within the column (a centred heading, an indented first line), not a
+        table's cells below the columns (whose rows all start elsewhere). Ending the run
+        there would cut the columns across at the row, as an XY-cut taking a white band
+        across both columns before the gutter: their paragraphs came out alternating."""
+        if not gutters:
+            return False
+        start, stop = gutters[0]
+        moved = [b.x0 - x0 for b in grouped[j] if b.x0 - x0 > start]
+        # or the column's edge is further left than the run's first line there said (an
+        # indented first line), and the rows after start at the new edge too; not after
+        # more than that one line of text (a table's cells above two columns start at their edge)
+        seen = [b for row in grouped[i:j] for b in row if b.x0 - x0 > start]
+        edge = min(moved) if (moved and len(seen) == 1 and len(seen[0].text) >= MIN_CHARS
+                              and start + self.gutter <= min(moved) < stop - ALIGN * self.unit) else None
+        for row in grouped[j + 1: j + LOOKAHEAD]:
+            right = [b.x0 - x0 for b in row if b.x0 - x0 > start]
+            if right and (self._aligned(row, gutters, x0) or (edge is not None and abs(min(right) - edge) <= ALIGN * self.unit)):
+                return True
+        return False
 
     def _starts_column(self, row: list[Box], gutters, x0: float, occupied: np.ndarray) -> bool:
         edges = [np.flatnonzero(occupied)[0] * self.cell] + [stop for _, stop in gutters]
@@ -225,15 +258,15 @@ class _Reader:
             return False
         return float(np.median([sum(len(b.text) for b in row) for row in grouped])) >= MIN_CHARS
 
-    def _flow(self, grouped: list[list[Box]]) -> list[list[str]]:
+    def _flow(self, grouped: list[list[Box]]) -> list[list[list[Box]]]:
         """Rows read as they are; a vertical gap wider than BLOCK_GAP starts a new block."""
-        out: list[list[str]] = []
+        out: list[list[list[Box]]] = []
         bottom = None
         for row in grouped:
             top = min(b.y0 for b in row)
             if bottom is None or top - bottom > BLOCK_GAP * self.unit:
                 out.append([])
-            out[-1].append(_line(row))
+            out[-1].append(row)
             bottom = max(b.y1 for b in row)
         return out
 

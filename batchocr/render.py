@@ -151,8 +151,10 @@ def render_document(
             if index in task.skip:
                 continue
             progress(index, count)
-            row = _render_page(pdoc, doc, index, count, spec, needs)
-            warning = "; ".join(w for w in (repaired, _warnings()) if w)
+            notes = [repaired]
+            row = _render_page(pdoc, doc, index, count, spec, needs, notes)
+            notes.append(_warnings())
+            warning = "; ".join(dict.fromkeys(w for w in notes if w))
             if warning:
                 row["warning"] = f"MuPDF: {warning}"[:1000]
             rows.append(row)
@@ -164,7 +166,10 @@ def render_document(
             yield schema.batch(schema.PAGES, rows)
 
 
-def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, spec: RenderSpec, needs: Needs) -> dict:
+def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, spec: RenderSpec, needs: Needs,
+                 notes: list[str]) -> dict:
+    """The page's row; what MuPDF reported about the file so far is appended to notes
+    (the router's scoring drains its own messages: they are not the file's)."""
     try:
         page = pdoc[index]
         _check_images(page, spec)
@@ -181,6 +186,7 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
         if needs.text_layer:
             row["text_layer"] = page_text(page) if pdoc.is_pdf else ""
         if needs.route:  # a page routed to its text layer is not rendered
+            notes.append(_warnings())
             row |= route_page(page, pdoc.is_pdf, needs.route)
         if needs.image and row.get("route") != "textlayer":
             # clip to the exact target size: MuPDF may round a pixel up

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pymupdf
 
 from batchocr.engines.textlayer import page_text
 from batchocr.schema import Needs
@@ -94,6 +95,12 @@ def score_page(page, text: str) -> LayerScore:
             unmapped += sum(c[0] == 0xFFFD for c in span["chars"])
         if span["type"] == 3 or span.get("opacity", 1) == 0 or _under_image(span, images):
             hidden += n
+    # The trace measures every glyph's advance, which MuPDF reports for glyphs a
+    # subset font lacks ("FT_Get_Advance(...): invalid glyph index": 89 of 655 pages
+    # of sound pdfTeX manuals) though the page reads and renders right. Those messages
+    # are the scoring's, not the file's: dropped, so that `warning` stays null
+    # (render.py keeps what MuPDF said before the scoring).
+    pymupdf.TOOLS.mupdf_warnings(reset=True)
     drawn = max(drawn, 1)
     return LayerScore(
         chars=len(visible),

@@ -5,6 +5,11 @@ rapidocr engine as it was (reading order, deskew and rescale off: "before") and
 as it is ("after"), in one process run.
 
     python bench/accuracy.py [--json FILE] [--keep]
+    python bench/accuracy.py --baseline DIR --modes after    # another version against this one
+
+--baseline DIR: a checkout of another commit (`git worktree add DIR main`); its
+`batchocr` package runs the same pages with its defaults, in a subprocess, as the
+mode "baseline" (this file's layouts: the same pages, new cases included).
 
 CER is batchocr eval's: edit distance over truth length after whitespace runs
 become one space; a category's CER is its errors over its characters. Pages/s is
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,42 +64,62 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="onnxruntime threads [0: one per usable CPU]")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (pages, truth, OUTs)")
+    ap.add_argument("--modes", default="before,after", help="of before (geometry off), after (as it is)")
+    ap.add_argument("--baseline", type=Path, help="a checkout of another version: its batchocr, defaults")
+    ap.add_argument("--src", type=Path, help=argparse.SUPPRESS)  # the baseline's subprocess: pages made
     args = ap.parse_args(argv)
     os.environ["ORT_DISABLE_TELEMETRY"] = "1"
     import layouts
     from cpu import machine_info
 
+    if args.src:  # the baseline's run, in its own process
+        results = {m: run_mode(args.src, args.src.parent / f"baseline-{m}", MODES[m], args.threads)
+                   for m in args.modes.split(",")}
+        args.json.write_text(json.dumps(results))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="batchocr-accuracy-"))
     try:
         variants = layouts.build(tmp / "src", layouts.BENCH_SET)
-        results = {mode: run_mode(tmp / "src", tmp / mode, options, args.threads) for mode, options in MODES.items()}
+        results = {}
+        if args.baseline:
+            env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
+            subprocess.run([sys.executable, __file__, "--src", str(tmp / "src"), "--modes", "after", "--json",
+                            str(tmp / "baseline.json"), "--threads", str(args.threads)], env=env, check=True)
+            results["baseline"] = json.loads((tmp / "baseline.json").read_text())["after"]
+        for mode in args.modes.split(","):
+            results[mode] = run_mode(tmp / "src", tmp / mode, MODES[mode], args.threads)
     finally:
         if args.keep:
             print(f"kept {tmp}", file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    b, a = results["before"]["per_page"], results["after"]["per_page"]
-    print(f"{'page':30s} {'category':14s} {'truth chars':>11s} {'before':>7s} {'after':>7s} {'skew (set)':>10s} {'skew (est.)':>11s}")
+    modes = list(results)
+    per = {m: results[m]["per_page"] for m in modes}
+    first, last = modes[0], modes[-1]
+    print(f"{'page':30s} {'category':14s} {'truth chars':>11s} " + " ".join(f"{m:>8s}" for m in modes)
+          + f" {'skew (set)':>10s} {'skew (est.)':>11s}")
     for name, v in sorted(variants.items(), key=lambda kv: (kv[1].category, kv[0])):
-        print(f"{name:30s} {v.category:14s} {a[name]['chars']:>11d} {b[name]['cer']:>7.3f} {a[name]['cer']:>7.3f} "
-              f"{v.skew:>10.1f} {a[name]['skew_angle'] or 0.0:>11.2f}")
+        print(f"{name:30s} {v.category:14s} {per[last][name]['chars']:>11d} "
+              + " ".join(f"{per[m][name]['cer']:>8.3f}" for m in modes)
+              + f" {v.skew:>10.1f} {per[last][name]['skew_angle'] or 0.0:>11.2f}")
     categories = sorted({v.category for v in variants.values()}) + ["overall"]
     table = {}
     print()
-    print(f"{'category':14s} {'pages':>5s} {'CER before':>10s} {'CER after':>9s}")
+    print(f"{'category':14s} {'pages':>5s} " + " ".join(f"{'CER ' + m:>12s}" for m in modes))
     for cat in categories:
         names = [n for n, v in variants.items() if cat == "overall" or v.category == cat]
-        row = {mode: sum(r[n]["errors"] for n in names) / sum(r[n]["chars"] for n in names)
-               for mode, r in (("before", b), ("after", a))}
+        row = {m: sum(per[m][n]["errors"] for n in names) / sum(per[m][n]["chars"] for n in names) for m in modes}
         table[cat] = {"pages": len(names), **{k: round(v, 4) for k, v in row.items()}}
-        print(f"{cat:14s} {len(names):>5d} {row['before']:>10.3f} {row['after']:>9.3f}")
+        print(f"{cat:14s} {len(names):>5d} " + " ".join(f"{row[m]:>12.3f}" for m in modes))
+    worse = [n for n in variants if per[last][n]["errors"] > per[first][n]["errors"]]
+    print(f"\npages worse in {last} than in {first}: {', '.join(sorted(worse)) or 'none'}")
     print()
     for mode, r in results.items():
-        print(f"{mode:7s} {r['pages']} pages in {r['seconds']:.1f} s: {r['pages_per_s']:.3f} pages/s "
+        print(f"{mode:8s} {r['pages']} pages in {r['seconds']:.1f} s: {r['pages_per_s']:.3f} pages/s "
               f"(OCR {r['ocr_latency_sum_s']:.1f} s; other processes' CPU {r['cpu']['other_cpu_s']:.1f} s)")
-    ratio = results["after"]["pages_per_s"] / results["before"]["pages_per_s"]
-    print(f"pages/s after / before: {ratio:.3f}x")
+    ratio = results[last]["pages_per_s"] / results[first]["pages_per_s"]
+    print(f"pages/s {last} / {first}: {ratio:.3f}x")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({

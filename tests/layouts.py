@@ -194,6 +194,41 @@ def single_column(seed: int = 3) -> Page:
     return Page(doc, truth)
 
 
+def aligned_breaks(seed: int = 4) -> Page:
+    """A product sheet in two columns whose paragraph breaks line up: each pair of
+    paragraphs side by side is set to the same height, so white bands cross both
+    columns at the same heights; paragraphs open with an indented line, and a centred
+    heading opens two of the right column's paragraphs (the rapidocr engine read such
+    a sheet paragraph by paragraph, alternating, the heading inside the left column)."""
+    rng = random.Random(seed)
+    doc = pymupdf.open()
+    page = doc.new_page(width=W, height=H)
+    y = _title(page, MARGIN, "Series 60 Booster Sets")
+    gutter, size, indent = 24, 10, "      "
+    width = (W - 2 * MARGIN - gutter) / 2
+    left, right = [], []
+    headings = {1: "Technical data", 3: "Ordering"}
+    for k in range(4):
+        pair = [" ".join(rng.sample(SENTENCES, 2)) for _ in range(2)]
+        head = headings.get(k)
+        height = max(_fit_height(indent + t, width, size) for t in pair) + (size * 1.8 if head else 0)
+        for c, text in enumerate(pair):
+            x = MARGIN + c * (width + gutter)
+            top = y
+            if head and c == 1:
+                _textbox(page, pymupdf.Rect(x, y, x + width, y + size * 2), head, size + 1, "hebo",
+                         pymupdf.TEXT_ALIGN_CENTER)
+                right.append(head)
+                top = y + size * 1.8
+            elif head:
+                top = y + size * 1.8  # the left paragraph level with the right one: the bands line up
+            _textbox(page, pymupdf.Rect(x, top, x + width, y + height + size), indent + text, size,
+                     align=pymupdf.TEXT_ALIGN_LEFT)
+            (left if c == 0 else right).append(text)
+        y += height + size * 1.6
+    return Page(doc, ["Series 60 Booster Sets"] + left + right)
+
+
 def poster(tiles: int = 3) -> Page:
     """tiles x tiles single-column pages on one sheet: small text on a large page (a
     spread, a poster), which the rapidocr engine rescales up to read."""
@@ -214,7 +249,8 @@ def pixels(page: Page, megapixels: float) -> np.ndarray:
     return np.frombuffer(pix.samples, np.uint8).reshape(pix.height, pix.width, 3)
 
 
-LAYOUTS = {"two-column": two_column, "three-column": three_column, "single-column": single_column}
+LAYOUTS = {"two-column": two_column, "three-column": three_column, "single-column": single_column,
+           "aligned-breaks": aligned_breaks}
 
 
 @dataclass(frozen=True)
@@ -252,6 +288,11 @@ TEST_SET = [
 
 # The larger set bench/accuracy.py scores.
 BENCH_SET = TEST_SET + [
+    # columns whose paragraph breaks line up (issue 22's product sheet)
+    Variant("aligned-clean", "aligned-breaks"),
+    Variant("aligned-noise", "aligned-breaks", degrade="noise", form="png", seed=3),
+    Variant("aligned-jpeg", "aligned-breaks", degrade="jpeg"),
+    Variant("aligned-skew-2-fax", "aligned-breaks", skew=-2.0, degrade="fax", form="png"),
     Variant("two-col-noise", "two-column", degrade="noise", form="png", seed=5),
     Variant("two-col-blur", "two-column", degrade="blur"),
     Variant("two-col-fax", "two-column", degrade="fax", form="png"),

@@ -181,3 +181,29 @@ def test_markdown_export_of_pages_with_layout_blocks_is_their_clean_text(tmp_pat
     ((index, note, body),) = parse_markdown(md.read_text())
     assert (index, note, body) == (0, "", text)
     assert "<|" not in body and body.count("![](page_") == 7 and "## Preparation for Your New Vinterkold" in body
+
+
+def test_exported_markdown_parses_with_the_pages_headings_lists_and_tables(tmp_path):
+    """A born-digital two-column page and a ruled table, through the textlayer engine:
+    the exported file is Markdown a CommonMark parser reads as such."""
+    from markdown_it import MarkdownIt
+
+    import layouts
+    from test_layertext import ruled_table_page
+
+    src = tmp_path / "src"
+    src.mkdir()
+    doc = layouts.two_column().doc
+    doc.insert_pdf(ruled_table_page().parent)
+    doc.save(src / "sheet.pdf")
+    run_cli("run", str(src), str(tmp_path / "out"), "--engine", "textlayer", "-q", check=True)
+    _export(tmp_path / "out", tmp_path / "md", "markdown")
+    (md,) = (tmp_path / "md").glob("sheet.pdf.*.md")
+    tokens = MarkdownIt("commonmark").enable("table").parse(md.read_text())
+    headings = [(t.tag, tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert headings == [("h1", "sheet.pdf"), ("h1", "Series 40 Circulation Pumps"), ("h3", "Overview"),
+                        ("h2", "Spare parts"), ("h1", "Spare parts list")]
+    items = [tokens[i + 2].content for i, t in enumerate(tokens) if t.type == "list_item_open"]
+    assert items == ["Stainless steel body", "Quiet fan cover", "Dry-run protection", "Ten-year spare parts"]
+    cells = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type in ("th_open", "td_open")]
+    assert cells[:4] == ["Part no.", "Description", "Qty", "Price"] and "Shaft seal kit" in cells

@@ -174,3 +174,83 @@ def test_skew_angle_column(layout_runs):
     assert all(a is None for a in before.values())  # deskew off: not estimated
     for name, v in variants.items():
         assert after[name] == pytest.approx(v.skew, abs=0.3), (name, after[name])
+
+
+def paragraph(x0: float, x1: float, y: float, tag: str, lines: int = 4, indent: float = 0) -> list[Box]:
+    """A paragraph's lines, the first indented by `indent` px, the last short."""
+    out = []
+    for k in range(lines):
+        right = x1 if k < lines - 1 else x0 + 0.6 * (x1 - x0)
+        out.append(line(x0 + (indent if k == 0 else 0), y + 40 * k, right, f"{tag}{k}".ljust(30, "~")))
+    return out
+
+
+@pytest.mark.parametrize("trigger", ["centred heading", "indented first lines"])
+def test_columns_whose_paragraph_breaks_line_up_are_read_column_by_column(trigger):
+    """White bands cross both columns at every paragraph break. A row there that does
+    not start at its column's edge (a heading centred in the right column, an indented
+    first line) used to end the columns' run: the page was cut across at it, and the
+    columns came out paragraph by paragraph, alternating, the heading inside the left one."""
+    left, right = [], []
+    for p in range(4):
+        y = 100 + p * 220
+        indent = 80 if trigger == "indented first lines" else 0
+        left += paragraph(100, 700, y, f"L{p}_", indent=indent)
+        if trigger == "centred heading" and p in (1, 3):
+            right += [line(900, y, 1200, f"Heading{p}".ljust(20, "~"))] + paragraph(760, 1400, y + 40, f"R{p}_", 3)
+        else:
+            right += paragraph(760, 1400, y, f"R{p}_", indent=indent)
+    title = line(500, 0, 1000, "Title", 50)
+    assert words(readingorder.read([title] + left + right)) == ["Title"] + [w for b in left + right for w in words(b.text)]
+
+
+@pytest.fixture(scope="module")
+def ocr():
+    from batchocr.engines import rapidocr
+
+    engine = rapidocr.create({})
+    yield engine
+    engine.close()
+
+
+def _pixels(page, clip=None) -> np.ndarray:
+    import pymupdf
+
+    pix = page.get_pixmap(dpi=200, colorspace=pymupdf.csRGB, alpha=False, clip=clip)
+    return np.frombuffer(pix.samples, np.uint8).reshape(pix.height, pix.width, 3)
+
+
+def _cer(text: str, truth: str) -> float:
+    from rapidfuzz.distance import Levenshtein
+
+    truth = " ".join(truth.split())
+    return Levenshtein.distance(" ".join(text.split()), truth) / len(truth)
+
+
+def test_the_cpu_engine_reads_a_sheet_whose_paragraph_breaks_line_up(ocr):
+    """tests/layouts.py's aligned-breaks page (the sheet above, set in type) through the
+    real engine: the old reading order scored 0.449 on its boxes (docs/BENCHMARKS.md)."""
+    import layouts
+
+    made = layouts.aligned_breaks()
+    text, _ = ocr.recognise(_pixels(made.doc[0]))
+    assert _cer(text, "\n\n".join(made.truth)) <= 0.03
+    # the heading after the whole left column, before the right column's paragraph it opens
+    k = made.truth.index("Technical data")
+    assert text.index(made.truth[k - 2][:30]) < text.index("Technical data") < text.index(made.truth[k + 1][:30])
+
+
+def test_the_cpu_engine_reads_a_real_reference_card_column_by_column(ocr):
+    """Octave's three-column reference card (a real pdfTeX file) as a 200-dpi image:
+    against the file's own content order (the card's reading order). The old reading
+    order read it across the columns: 0.265 on the same boxes (0.052 now; the rest is
+    the engine's misreadings of 7-point type)."""
+    import pymupdf
+    from test_layertext import REFCARD, debian
+
+    page = pymupdf.open(debian(REFCARD))[0]
+    clip = pymupdf.Rect(0, 0, page.rect.width, page.rect.height * 0.4)  # the top of its columns: half the OCR time
+    text, _ = ocr.recognise(_pixels(page, clip))
+    truth = page.get_text(clip=clip).replace("\ufb01", "fi").replace("\ufb02", "fl")
+    assert _cer(text, truth) <= 0.08
+    assert text.index("Starting Octave") < text.index("Getting Help") < text.index("Killing and Yanking")

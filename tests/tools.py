@@ -6,7 +6,10 @@ machine's Debian packages:
 - checkov 3.3.30 into a venv of its own, `.tools/checkov/` (it pins packaging<24
   against pytest's packaging>=24, so it cannot share the test venv);
 - strace (the no-network test traces a whole run) with apt-get when it is missing
-  and the tests run as root.
+  and the tests run as root;
+- real born-digital PDFs from Debian's documentation packages (`libtasn1-doc`,
+  328 KB; `octave-doc`, 8 MB), `apt-get download`ed (no root needed) and unpacked
+  into `.tools/debian/` (tests/test_layertext.py, tests/test_readingorder.py).
 
 `.tools/` is git-ignored and project-local; nothing is installed on PATH. An install
 runs once, under a file lock (two pytest sessions in one clone wait for each other),
@@ -126,3 +129,40 @@ def strace() -> str:
             return found
         tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-2:])
         raise Unavailable(f"strace could not be installed with apt-get: {tail}")
+
+
+# Real born-digital documents nobody here made: Debian's documentation packages
+# (pdfTeX manuals and reference cards), fetched with `apt-get download` (no root
+# needed) and unpacked into .tools/debian/ once. Versions of Debian 12.
+DEBIAN_DOCS = {"libtasn1-doc": "4.19.0-2+deb12u1", "octave-doc": "7.3.0-2"}
+
+
+def debian_doc(package: str, path: str) -> Path:
+    """The file `path` (e.g. usr/share/doc/octave/refcard-a4.pdf) of a Debian package,
+    downloaded and unpacked under .tools/debian/ on first use."""
+    target = TOOLS / "debian" / package / path
+    if target.is_file():
+        return target
+    apt, dpkg = shutil.which("apt-get"), shutil.which("dpkg-deb")
+    if apt is None or dpkg is None:
+        raise Unavailable(f"{package}: apt-get and dpkg-deb are needed to fetch it")
+    folder = TOOLS / "debian" / package
+    with _locked():
+        if target.is_file():
+            return target
+        folder.mkdir(parents=True, exist_ok=True)
+        proc = None
+        for spec in () if list(folder.glob(f"{package}_*.deb")) else (f"{package}={DEBIAN_DOCS[package]}", package):  # the tested version, else the current one
+            proc = subprocess.run([apt, "download", "-q", spec], cwd=folder, capture_output=True, text=True,
+                                  timeout=300)
+            if proc.returncode == 0:
+                break
+        debs = sorted(folder.glob(f"{package}_*.deb"))
+        if not debs:
+            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-2:]) if proc else ""
+            raise Unavailable(f"{package} could not be downloaded with apt-get: {tail}")
+        tar = subprocess.run(f"{dpkg} --fsys-tarfile {debs[-1]} | tar -x -C {folder} ./{path}", shell=True,
+                             capture_output=True, text=True, timeout=300)
+        if not target.is_file():
+            raise Unavailable(f"{package}: {path} is not in {debs[-1].name}: {tar.stderr.strip()[:200]}")
+        return target

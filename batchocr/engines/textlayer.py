@@ -12,13 +12,15 @@ import pymupdf
 
 from batchocr import schema
 from batchocr.config import FORBID
+from batchocr.layertext import page_markdown
 from batchocr.engines import parse_options, result
 from batchocr.schema import Needs
 
 
 def page_text(page: pymupdf.Page) -> str:
-    """A PDF page's text layer, as this engine reads it (the render workers call it)."""
-    return page.get_text(sort=True)
+    """A PDF page's text layer, as this engine reads it (the render workers call it):
+    Markdown in reading order (batchocr.layertext)."""
+    return page_markdown(page)
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ def create(options: Mapping[str, Any]) -> TextLayerEngine:
 
 
 def _model() -> str:
-    return f"pymupdf-{pymupdf.__version__}"
+    # "+markdown": the text's form (batchocr.layertext), so that OUT made with the plain
+    # text of earlier versions is not resumed with the Markdown of this one (producer.py)
+    return f"pymupdf-{pymupdf.__version__}+markdown"
 
 
 def settings(options: Mapping[str, Any]) -> dict[str, Any]:
