@@ -17,6 +17,12 @@ from typing import Iterable
 import pyarrow as pa
 
 
+def balanced_size(pages: int, most: int) -> int:
+    """Pages a group of a document of `pages` pages holds: as few groups of at most `most`
+    as will do, balanced (15 pages by 14: 8 + 7, not 14 + 1)."""
+    return max(1, math.ceil(pages / math.ceil(pages / most))) if pages else 1
+
+
 class Grouper:
     def __init__(self, size: int):
         self.size = size
@@ -38,8 +44,7 @@ class Grouper:
             if doc not in self._left:
                 expected = set(range(count)) - self._skip.get(doc, frozenset()) if count is not None else set()
                 self._left[doc] = expected
-                groups = math.ceil(len(expected) / self.size) if expected else 1
-                self._target[doc] = max(1, math.ceil(len(expected) / groups))  # 15 pages by 14: 8 + 7, not 14 + 1
+                self._target[doc] = balanced_size(len(expected), self.size)
             if index < 0:  # the document could not be read: nothing more comes
                 self._left[doc] = set()
             self._left[doc].discard(index)

@@ -89,6 +89,7 @@ class Preset:
                               f"that reads whole documents ({', '.join(document_presets())})")
         return self.document_template.format(images=self.image_placeholder * pages,
                                              instruction=instruction or self.document_instruction)
+
     def read(self, raw: str, width: int, height: int) -> tuple[str, list[dict] | None]:
         """The page's text and layout blocks from the model's answer for a page image
         of width x height pixels."""

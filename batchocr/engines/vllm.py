@@ -162,7 +162,6 @@ class _Group:
     together once the last is done, so that a group is committed whole."""
 
     pages: int
-    reason: str
     rows: list[dict] = field(default_factory=list)
 
 
@@ -179,14 +178,6 @@ class _Request:
     prompt_tokens: int | None = None
     tokens: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
-
-    @property
-    def doc_id(self) -> str:
-        return self.pages[0].doc_id
-
-    @property
-    def page_index(self) -> int:
-        return self.pages[0].page_index
 
     @property
     def mode(self) -> str:
@@ -478,7 +469,7 @@ class VLLMEngine:
         self.groups[f"fallback_{reason}"] += 1
         n = len(request.pages)
         if self.options.document_fallback:
-            group = _Group(n, reason)
+            group = _Group(n)
             for page in request.pages:
                 self._start(_Request([page], group=group), preparing)
             return []

@@ -465,6 +465,7 @@ def main() -> None:
 
     from batchocr.engines.presets import get_preset
     from batchocr.engines.vllm import VLLMEngine, VLLMOptions
+    from batchocr.grouping import balanced_size
     from batchocr.pipeline import run_job
     from batchocr.sources import list_documents
     from batchocr.spec import load_job
@@ -606,7 +607,7 @@ def main() -> None:
             by_doc[page[0].rsplit("/", 1)[0]].append(page)
         size, units = options.group_size(preset), []
         for doc_pages in by_doc.values():
-            target = math.ceil(len(doc_pages) / math.ceil(len(doc_pages) / size))
+            target = balanced_size(len(doc_pages), size)
             units += [doc_pages[i:i + target] for i in range(0, len(doc_pages), target)]
     report["requests"] = len(units)
 
