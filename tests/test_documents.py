@@ -33,7 +33,10 @@ def test_the_unlimited_ocr_preset_is_vllms_recipe(monkeypatch):
     assert preset.prompt() == "<image>document parsing."  # no chat template: a literal <image> first
     assert preset.document_prompt(3) == "<image><image><image>Multi page parsing."
     args = VLLMOptions(model="/m", preset="unlimited-ocr").llm_args(preset)
-    assert args["logits_processors"] == ["vllm.model_executor.models.unlimited_ocr:NGramPerReqLogitsProcessor"]
+    # vLLM's recipe names its NGramPerReqLogitsProcessor; batchocr's bans the same tokens (test_ngram)
+    assert args["logits_processors"] == ["batchocr.ngram:NoRepeatNGramLogitsProcessor"]
+    module, name = args["logits_processors"][0].split(":")
+    assert module == "batchocr.ngram" and hasattr(__import__(module, fromlist=[name]), "NGramBan")
     assert args["enable_prefix_caching"] is False and args["mm_processor_cache_gb"] == 0
     assert args["max_model_len"] == 32768 and args["limit_mm_per_prompt"]["image"] == 1
     engine, _ = _engine(monkeypatch)

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from batchocr import grounding
+from batchocr import grounding, ngram
 from batchocr.errors import ConfigError
 
 # The Qwen-VL family's chat format with one image before the instruction.
@@ -133,13 +133,13 @@ def paddleocr_vl() -> Preset:
 
 def deepseek_ocr() -> Preset:
     # deepseek-ai/DeepSeek-OCR: vLLM's recipe bans repeated 30-grams in a 90-token
-    # window with its own logits processor (table tags whitelisted). Its answer is
+    # window (table tags whitelisted); batchocr.ngram bans the same tokens at a tenth of the
+    # cost a step of vLLM's NGramPerReqLogitsProcessor, with its request arguments. Its answer is
     # parsed for layout blocks, which a grounding prompt asks for
     # ("<|grounding|>Convert the document to markdown."); "Free OCR." gives none.
     return Preset("deepseek-ocr", "<image>\n{instruction}", "Free OCR.", max_side=1024, size_multiple=16,
                   max_tokens=8192, temperature=0.0, max_model_len=8192,
-                  engine_args={"logits_processors": [
-                      "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]},
+                  engine_args={"logits_processors": [ngram.FQCN]},
                   sampling_args={"skip_special_tokens": False, "extra_args": {
                       "ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}},
                   parse=grounding.parse)
@@ -155,16 +155,15 @@ def dots_ocr() -> Preset:
 
 def unlimited_ocr() -> Preset:
     # baidu/Unlimited-OCR (the course's model; ../shared/notes/unlimited-ocr.md), vLLM's recipe:
-    # no chat template, the prompt starts with a literal <image>; greedy; its own no-repeat
-    # n-gram processor (35-grams in a 128-token window, 1024 for whole documents), registered as
-    # an engine argument; special tokens kept, since the grounding tags are the layout.
+    # no chat template, the prompt starts with a literal <image>; greedy; the no-repeat n-gram
+    # bans (35-grams in a 128-token window, 1024 for whole documents) through an engine argument,
+    # batchocr.ngram's processor in place of vLLM's (the same bans, far less host time a step); special tokens kept, since the grounding tags are the layout.
     # Page mode is "gundam" (the 1024 global view + up to 32 crops of 640, tiled from the page's
     # size); document mode is base mode only (vLLM's processor turns crops off for several images):
     # a page is then 16 x 17 + 1 = 273 image tokens.
     return Preset("unlimited-ocr", "<image>{instruction}", "document parsing.", max_side=1920, size_multiple=16,
                   max_tokens=8192, temperature=0.0, max_model_len=32768,
-                  engine_args={"logits_processors": [
-                      "vllm.model_executor.models.unlimited_ocr:NGramPerReqLogitsProcessor"]},
+                  engine_args={"logits_processors": [ngram.FQCN]},
                   sampling_args={"skip_special_tokens": False, "extra_args": {"ngram_size": 35, "window_size": 128}},
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,

@@ -47,7 +47,7 @@ case "${1:-}" in
     env_setup
     # batchocr's own dependencies the device image lacks travel in .whl/ too: without pyspellchecker
     # the router turned every page into an error row (2026-12-01); fail here, not after the engine's start
-    python3 -c "import pymupdf, spellchecker, pydantic, batchocr.pipeline, batchocr.render, batchocr.engines.vllm"
+    python3 -c "import pymupdf, spellchecker, pydantic, psutil, batchocr.cli, batchocr.pipeline, batchocr.render, batchocr.engines.vllm, batchocr.ngram"
     case " ${2:-} " in *" route-"*) python3 -c "import polars, rapidfuzz, batchocr.evaluate";; esac  # bench/route.py
     python3 "$REPO/bench/gpu/make_models.py" /tmp/models
     nvidia-smi --query-gpu=index,name,memory.total --format=csv

@@ -6,7 +6,13 @@ Needs vLLM (see bench/gpu/README.md) and the model folders of make_models.py. Ru
 1. the Qwen2.5-VL-7B layout (random weights) over --pages A4 pages: one row per
    page, token counts filled;
 2. the Qwen2-VL-2B layout over the same pages, SIGTERM once some parts are
-   committed: exit 75; the rerun completes: no page missing, none twice.
+   committed: exit 75; the rerun completes: no page missing, none twice;
+3. (issue 21) the Unlimited-OCR layout over the same pages, vLLM's engine-core process killed
+   with SIGKILL once some parts are committed: the run stops within seconds with one line,
+   exit 1, its record `failed`; the committed pages stay; the rerun completes the shard,
+   every page once.
+
+    python bench/gpu/e2e.py --skip full,sigterm --json $OUT/kill.json   # 3. alone
 """
 
 from __future__ import annotations
@@ -46,11 +52,12 @@ def a4_documents(folder: Path, counts: list[int]) -> int:
     return sum(counts)
 
 
-def job(path: Path, src: Path, out: Path, model: Path, max_tokens: int, every_pages: int) -> Path:
+def job(path: Path, src: Path, out: Path, model: Path, max_tokens: int, every_pages: int,
+        preset: str = "qwen2.5-vl", extra: str = "    max_model_len: 4096\n") -> Path:
     path.write_text(
         f"source: {src}\nout: {out}\nengine: vllm\nroute: model\n"  # born-digital pages: the model reads them all
-        f"engines:\n  vllm:\n    model: {model}\n    preset: qwen2.5-vl\n    load_format: dummy\n"
-        f"    ignore_eos: true\n    max_tokens: {max_tokens}\n    max_model_len: 4096\n"
+        f"engines:\n  vllm:\n    model: {model}\n    preset: {preset}\n    load_format: dummy\n"
+        f"    ignore_eos: true\n    max_tokens: {max_tokens}\n{extra}"
         f"    gpu_memory_utilization: 0.85\n"
         f"render: {{workers: 6}}\ncommit: {{every_pages: {every_pages}, every_seconds: 20}}\n"
     )
@@ -85,7 +92,7 @@ def main() -> None:
     ap.add_argument("--pages-per-doc", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--skip", default="", help="comma list of steps to skip: full,sigterm")
+    ap.add_argument("--skip", default="", help="comma list of steps to skip: full,sigterm,kill")
     args = ap.parse_args()
     report: dict = {}
     src = args.work / "src"
@@ -139,6 +146,61 @@ def main() -> None:
                                 "check": check(out, pages, args.max_tokens)}
         print(json.dumps(report["sigterm_2b"]["check"], indent=1), json.dumps(first, indent=1), rerun.stdout, flush=True)
         save()
+
+    if "kill" not in args.skip:
+        report["engine_kill_uocr"] = engine_kill(args, src, pages, env)
+        print(json.dumps(report["engine_kill_uocr"], indent=1), flush=True)
+        save()
+
+
+def engine_core_pids(pid: int) -> list[int]:
+    """vLLM's engine-core processes under a run (their title is VLLM::EngineCore)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def engine_kill(args, src: Path, pages: int, env: dict) -> dict:
+    out = args.work / "outkill"
+    extra = '    engine_args: {attention_config: {backend: TRITON_ATTN}}\n'  # R-SWA: the kit's backend
+    spec = job(args.work / "jobkill.yaml", src, out, args.models / "unlimited-ocr", args.max_tokens, 32,
+               preset="unlimited-ocr", extra=extra)
+    proc = subprocess.Popen(cli("--job", str(spec)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while len(list(out.glob("pages/**/*.parquet"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    cores = engine_core_pids(proc.pid) if proc.poll() is None else []
+    parts = len(list(out.glob("pages/**/*.parquet")))
+    t_kill = time.monotonic()
+    for pid in cores:
+        os.kill(pid, signal.SIGKILL)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+        hung = False
+    except subprocess.TimeoutExpired:  # the failure this step looks for: kill it, say so
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        hung = True
+    first = {"engine_core_pids": cores, "parts_when_killed": parts, "exit": proc.returncode, "hung": hung,
+             "seconds_to_exit_after_kill": round(time.monotonic() - t_kill, 2),
+             "stderr_lines_after_kill": [l for l in stderr.splitlines() if l.startswith(("batchocr", "Error"))][-3:],
+             "stderr_tail": stderr[-1500:]}
+    first["rows_committed"] = pq.read_table(out / "pages", partitioning=None).num_rows
+    records = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    first["record_status"] = [r["status"] for r in records]
+    t0 = time.monotonic()
+    rerun = subprocess.run(cli("--job", str(spec)), capture_output=True, text=True, env=env, timeout=400)
+    return {"command": f"batchocr run --job {spec} --quiet; SIGKILL the engine core; the same again",
+            "first": first, "rerun": {"exit": rerun.returncode, "stdout": rerun.stdout[-1000:],
+                                      "wall_s": round(time.monotonic() - t0, 1), "stderr_tail": rerun.stderr[-1500:]},
+            "check": check(out, pages, args.max_tokens)}
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@
 # Named only (RUNS=...): route-7b, issue 14's routing figure (bench/route.py, route auto against
 # model, 7B layout, 1000 tokens a model page); tp-7b-fp8vs, b bf16 against b FP8 weights in one run.
 # Issue 20 (Unlimited-OCR's layout, by name): uocr-check, uocr-page, uocr-doc, uocr-page-ngram,
-# uocr-doc-ngram (b with vLLM's n-gram logits processor, without it, and with an incremental one
-# banning the same tokens), uocr-ngram (their host cost a call).
+# uocr-doc-ngram (b with batchocr's n-gram logits processor, the preset's, against vLLM's, which
+# bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512;
+# issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -22,8 +23,9 @@ set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
 UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
-# b with the same bans, kept incrementally (bench/gpu/ngram_cost.py) in vLLM's processor's place
-FAST_NGRAM='fastngram=--engine-arg logits_processors=["bench.gpu.ngram_cost:IncrementalNGramLogitsProcessor"]'
+# vLLM's own n-gram processor (the recipe's) in the place of batchocr.ngram's, which bans the same tokens
+VLLM_NGRAM='vllmngram=--engine-arg logits_processors=["vllm.model_executor.models.unlimited_ocr:NGramPerReqLogitsProcessor"]'
+NO_LOGITS_PROCESSOR='noproc=--engine-arg logits_processors=[] --ngram off'  # no processor: vLLM's V2 model runner
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -63,19 +65,20 @@ run() {  # one named run of the suite
     # issue 20: Unlimited-OCR (its dummy layout), 1,024 pages of 16-page documents, lognormal lengths;
     # R-SWA needs an attention backend the kit carries (FA4, vLLM's choice, is not: bench/gpu/README.md)
     uocr-page) tp uocr-page "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
-                 --modes a,b --engine-arg "$UOCR_ATTN" --b-variants "admit_pages=8;admit_pages=16" \
-                 --variant "seqs512=--max-num-seqs 512" ;;
+                 --modes a,b --engine-arg "$UOCR_ATTN" --b-variants "admit_pages=16;prepare_threads=8" ;;
+    uocr-seqs512) tp uocr-seqs512 "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 2048 --per-doc 16 \
+                    --modes b --max-num-seqs 512 --engine-arg "$UOCR_ATTN" ;;
     uocr-doc) tp uocr-doc "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document --pages 1024 \
                 --per-doc 16 --modes a,b --engine-arg "$UOCR_ATTN" ;;
     # the n-gram logits processor's cost: b with and without it in one run (host time a request a
     # step: uocr-ngram, CPU only, seconds); uocr-check: vLLM's classes load the layout, tokens counted
-    uocr-page-ngram) tp uocr-page-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 \
-                       --per-doc 16 --modes b --max-num-seqs 512 --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" \
-                       --variant "$FAST_NGRAM" ;;
+    uocr-page-ngram) tp uocr-page-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 512 \
+                       --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "$VLLM_NGRAM" \
+                       --variant "$NO_LOGITS_PROCESSOR" ;;
     uocr-doc-ngram) tp uocr-doc-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document \
-                      --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "nongram=--ngram off" \
-                      --variant "$FAST_NGRAM" ;;
-    uocr-ngram) py uocr-ngram bench/gpu/ngram_cost.py ;;
+                      --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "$VLLM_NGRAM" ;;
+    uocr-ngram) py uocr-ngram bench/gpu/ngram_cost.py --device cuda ;;
+    uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
   esac

@@ -1,0 +1,167 @@
+"""No-repeat n-gram bans for DeepSeek-OCR and Unlimited-OCR, cheap enough for 256+ requests a step.
+
+Both models' recipes register vLLM's `NGramPerReqLogitsProcessor`: every decode step, for every
+running request, a Python loop over the last `window_size` generated tokens compares
+(ngram_size - 1)-token tuples, then a row of the logits is indexed on the GPU. The engine core
+runs it between the forward pass and sampling, so a step of R requests pays R calls: measured on
+the H200 at ~0.13 ms a request a step (a decode step of 256 requests: 37 ms with it, the GPU
+idle most of that time; docs/GPU.md "Issue 20").
+
+`NGramBan` bans exactly the same tokens, kept up to date as tokens arrive instead of recomputed:
+a dict from each (n-1)-token prefix in the window to the tokens that followed it, one n-gram
+added and one dropped a step. `NoRepeatNGramLogitsProcessor` is vLLM's batch-level logits
+processor over them: the same request arguments (`extra_args` ngram_size, window_size,
+whitelist_token_ids) and validation as vLLM's, and one indexed write for the whole batch, only
+on the steps where something is banned (with random or sound text, almost none). Register it
+in vLLM's place (the presets do):
+
+    LLM(..., logits_processors=["batchocr.ngram:NoRepeatNGramLogitsProcessor"])
+
+vLLM's engine core imports it by that name, so the class exists only where vLLM does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+FQCN = "batchocr.ngram:NoRepeatNGramLogitsProcessor"
+
+
+class NGramBan:
+    """The tokens vLLM's NoRepeatNGramLogitsProcessor bans after `ids`: every token that
+    followed the last (n-1) tokens in an n-gram starting in the last `window_size` tokens,
+    [max(0, L - window), L - n] of the L so far, less the whitelist.
+
+    `ids` is a request's generated tokens, the same list each call, grown by a token or more
+    a step. If it is not (shorter, or its last known token changed: vLLM discards tokens
+    after a KV-load failure), the index is built again from it."""
+
+    __slots__ = ("n", "window", "whitelist", "follow", "keys", "lo", "hi", "last")
+
+    def __init__(self, ngram_size: int, window_size: int, whitelist_token_ids: Iterable[int] | None = None):
+        self.n, self.window = ngram_size, window_size
+        self.whitelist = frozenset(whitelist_token_ids or ())
+        self._reset(0)
+
+    def _reset(self, lo: int) -> None:
+        self.follow: dict[tuple, dict[int, int]] = {}
+        self.keys: deque[tuple[tuple, int]] = deque()  # the window's n-grams, oldest first
+        self.lo = self.hi = lo  # the n-grams starting in [lo, hi) are indexed
+        self.last = None  # (length, last token) at the last call
+
+    def banned(self, ids: list[int]) -> set[int]:
+        length, n = len(ids), self.n
+        if length < n:
+            if self.hi:  # the list shrank below one n-gram
+                self._reset(0)
+            return set()
+        if self.last is not None and (length < self.last[0] or ids[self.last[0] - 1] != self.last[1]):
+            self._reset(0)
+        lo, hi = max(0, length - self.window), length - n + 1
+        if lo > self.hi:  # more tokens than the window since the last call: skip what left it
+            self._reset(lo)
+        follow, keys = self.follow, self.keys
+        for i in range(self.hi, hi):
+            key, tok = tuple(ids[i:i + n - 1]), ids[i + n - 1]
+            keys.append((key, tok))
+            nxt = follow.get(key)
+            if nxt is None:
+                follow[key] = {tok: 1}
+            else:
+                nxt[tok] = nxt.get(tok, 0) + 1
+        for _ in range(self.lo, min(lo, hi)):
+            key, tok = keys.popleft()
+            nxt = follow[key]
+            if nxt[tok] == 1:
+                del nxt[tok]
+                if not nxt:
+                    del follow[key]
+            else:
+                nxt[tok] -= 1
+        self.lo, self.hi = max(self.lo, min(lo, hi)), max(self.hi, hi)
+        self.last = (length, ids[-1])
+        nxt = follow.get(tuple(ids[length - n + 1:]))
+        if not nxt:
+            return set()
+        return set(nxt) - self.whitelist if self.whitelist else set(nxt)
+
+
+def check_params(extra_args: dict | None) -> tuple[int, int, frozenset[int]] | None:
+    """A request's n-gram arguments, as vLLM's processor reads and checks them: None when
+    it asks for no bans (no ngram_size); ValueError when they are malformed."""
+    extra = extra_args or {}
+    ngram_size = extra.get("ngram_size")
+    if ngram_size is None:
+        return None
+    window_size = extra.get("window_size", 100)
+    whitelist = extra.get("whitelist_token_ids")
+    if not isinstance(ngram_size, int) or isinstance(ngram_size, bool) or ngram_size <= 0:
+        raise ValueError(f"`ngram_size` has to be a strictly positive integer, got {ngram_size}.")
+    if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size <= 0:
+        raise ValueError(f"`window_size` has to be a strictly positive integer, got {window_size}.")
+    if whitelist is not None and not isinstance(whitelist, Iterable):
+        raise ValueError(f"`whitelist_token_ids` has to be a sequence of integers, got {whitelist}.")
+    return ngram_size, window_size, frozenset(whitelist or ())
+
+
+class BatchBans:
+    """The bans of a batch of requests, by batch row: the state of the logits processor,
+    apart from vLLM (so that it is tested without it)."""
+
+    def __init__(self):
+        self.rows: dict[int, tuple[NGramBan, list[int]]] = {}  # batch row -> (bans, its output ids)
+
+    @staticmethod
+    def new_state(params, prompt_ids: list[int] | None, output_ids: list[int]) -> tuple[NGramBan, list[int]] | None:
+        args = check_params(getattr(params, "extra_args", None))
+        return None if args is None else (NGramBan(*args), output_ids)
+
+    def pairs(self) -> tuple[list[int], list[int]]:
+        """(rows, tokens) to set to -inf this step."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for row, (ban, ids) in self.rows.items():
+            banned = ban.banned(ids)
+            if banned:
+                rows.extend([row] * len(banned))
+                cols.extend(banned)
+        return rows, cols
+
+
+try:  # the engine core imports this module by name, where vLLM is
+    from vllm.v1.sample.logits_processor import LogitsProcessor as _LogitsProcessor
+    from vllm.v1.sample.logits_processor.builtin import process_dict_updates as _process_dict_updates
+except ImportError:  # no vLLM: NGramBan and BatchBans are usable, the processor is not
+    _LogitsProcessor = None
+
+if _LogitsProcessor is not None:
+
+    class NoRepeatNGramLogitsProcessor(_LogitsProcessor):
+        """vLLM's NGramPerReqLogitsProcessor (same request arguments and validation), with
+        NGramBan a request and one indexed write a step for the batch."""
+
+        def __init__(self, vllm_config, device, is_pin_memory: bool):
+            self.bans = BatchBans()
+            self.device = device
+
+        @classmethod
+        def validate_params(cls, sampling_params) -> None:
+            check_params(sampling_params.extra_args)
+
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def update_state(self, batch_update) -> None:
+            _process_dict_updates(self.bans.rows, batch_update, self.bans.new_state)
+
+        def apply(self, logits):
+            if not self.bans.rows:
+                return logits
+            rows, cols = self.bans.pairs()
+            if rows:
+                import torch
+
+                index = torch.tensor([rows, cols], dtype=torch.long).to(logits.device, non_blocking=True)
+                logits[index[0], index[1]] = -float("inf")
+            return logits
