@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (no network), after the kit's parts are in /tmp/kit
-# (../shared/gpu/README.md: calls c0 and c1 copy them, the last call brings c2):
+# (../shared/gpu/README.md; .gpu/RUN_SEQUENCE.txt: calls c0..c2 copy parts, the last brings c3):
 #
 #   bash bench/gpu/device.sh start [RUNS] # install vLLM + the wheels in .whl/, build the model folders,
 #                                         # start suite.sh (RUNS: its named runs only) in its own session
@@ -56,6 +56,10 @@ case "${1:-}" in
     cat "$RES/suite.log" 2>/dev/null
     ;;
   wait)
+    # nothing to wait for (the start failed: a part missing, say): say so now, not after the wait
+    if ! pgrep -f "bash $REPO/bench/gpu/suite.sh" >/dev/null && ! grep -q "suite done" "$RES/suite.log" 2>/dev/null; then
+      echo "no suite running (did start fail? /tmp/install.log:)"; tail -5 /tmp/install.log 2>/dev/null; exit 1
+    fi
     end=$(( $(date +%s) + ${2:-540} ))
     while [ "$(date +%s)" -lt "$end" ] && ! grep -q "suite done" "$RES/suite.log" 2>/dev/null; do
       pack; sleep 20
