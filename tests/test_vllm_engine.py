@@ -335,7 +335,7 @@ def test_the_engine_core_killed_mid_run_stops_it_in_seconds_and_the_rerun_comple
     assert "at" in killed, "the run ended before a page was committed"
     assert proc.returncode == 1, proc.stderr
     assert ended - killed["at"] < 5, f"the run took {ended - killed['at']:.1f} s to stop after the kill"
-    assert proc.stderr.startswith("Error: the vLLM engine failed: EngineCoreDied"), proc.stderr
+    assert proc.stderr.startswith("Error: the vLLM engine failed: its engine-core process died"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
     assert record["status"] == "failed"

@@ -370,7 +370,7 @@ class VLLMEngine:
             self.engine.add_request(request_id, engine_input, self.sampling(request))
         except Exception as exc:  # noqa: BLE001 - a rejected request is that page's error row ...
             if _engine_dead(self.engine):  # ... but not a dead engine's refusal: that is the run's
-                raise BatchocrError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
+                raise _engine_failure(self.engine, exc) from exc
             if request.document:  # a group refused (too long, say): its pages are read alone
                 self.groups["sent"] += 1
                 return self._fall_back(request, "rejected", preparing)
@@ -416,7 +416,7 @@ class VLLMEngine:
         try:
             outputs = self.engine.step()
         except Exception as exc:  # the engine itself failed: systemic, stop the run
-            raise BatchocrError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
+            raise _engine_failure(self.engine, exc) from exc
         rows = []
         for out in outputs:
             request = running.get(out.request_id)
@@ -596,6 +596,16 @@ def _watch_engine_core(engine: Any, stopped: threading.Event) -> None:
                 return
 
     threading.Thread(target=watch, name="batchocr-engine-watch", daemon=True).start()
+
+
+def _engine_failure(engine: Any, exc: Exception) -> BatchocrError:
+    """The run's one line. A dead engine-core process says so: vLLM's own EngineDeadError
+    ("EngineCore encountered an issue. See stack trace (above)") points at a trace that a
+    killed process never wrote (the H200, 2026-12-01: docs/GPU.md)."""
+    if _engine_dead(engine):
+        return BatchocrError(f"the vLLM engine failed: its engine-core process died (killed, or out of memory: "
+                             f"the node's kernel log or the pod's events say which) [{type(exc).__name__}]")
+    return BatchocrError(f"the vLLM engine failed: {type(exc).__name__}: {exc}")
 
 
 def _engine_dead(engine: Any) -> bool:
