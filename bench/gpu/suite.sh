@@ -9,8 +9,10 @@
 # model, 7B layout, 1000 tokens a model page); tp-7b-fp8vs, b bf16 against b FP8 weights in one run.
 # Issue 20 (Unlimited-OCR's layout, by name): uocr-check, uocr-page, uocr-doc, uocr-page-ngram,
 # uocr-doc-ngram (b with batchocr's n-gram logits processor, the preset's, against vLLM's, which
-# bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512;
-# issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py).
+# bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512,
+# uocr-runner (b with the processor, without it on vLLM's V2 model runner, without it on V1);
+# issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
+# (host memory against the queue depth).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -26,6 +28,7 @@ UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
 # vLLM's own n-gram processor (the recipe's) in the place of batchocr.ngram's, which bans the same tokens
 VLLM_NGRAM='vllmngram=--engine-arg logits_processors=["vllm.model_executor.models.unlimited_ocr:NGramPerReqLogitsProcessor"]'
 NO_LOGITS_PROCESSOR='noproc=--engine-arg logits_processors=[] --ngram off'  # no processor: vLLM's V2 model runner
+V1_NO_PROCESSOR='v1noproc=--engine-arg logits_processors=[] --ngram off --env VLLM_USE_V2_MODEL_RUNNER=0'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -78,6 +81,15 @@ run() {  # one named run of the suite
     uocr-doc-ngram) tp uocr-doc-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document \
                       --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "$VLLM_NGRAM" ;;
     uocr-ngram) py uocr-ngram bench/gpu/ngram_cost.py --device cuda ;;
+    # issue 21: a run's host memory against its queue depth, b alone in each process (rss by process)
+    uocr-memory) tp uocr-memory "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
+                   --modes b --engine-arg "$UOCR_ATTN" --variant "queue64=--queue-pages 64" \
+                   --variant "queue1024=--queue-pages 1024" ;;
+    # what a custom logits processor costs vLLM (GPU.md, "Issue 20, second lease"): b with
+    # batchocr's processor (V1 runner, output tokens synced to the host a step), with none on V2,
+    # and with none on V1; 512 pages, equal work in tokens (the bans change tokens, not counts)
+    uocr-runner) tp uocr-runner "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 512 --per-doc 16 \
+                   --modes b --engine-arg "$UOCR_ATTN" --variant "$NO_LOGITS_PROCESSOR" --variant "$V1_NO_PROCESSOR" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;

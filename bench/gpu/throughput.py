@@ -453,8 +453,13 @@ def main() -> None:
     ap.add_argument("--part", default="", help=argparse.SUPPRESS)  # I/N: this process's share of the documents
     ap.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--fake", action="store_true", help="dry run on the CPU with tests/fake_vllm.py")
+    ap.add_argument("--env", action="append", default=[],
+                    help="KEY=VALUE set before vLLM loads, e.g. VLLM_USE_V2_MODEL_RUNNER=0 (a variant's own)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    for item in args.env:  # before vLLM is imported; a variant's process inherits the parent's
+        key, _, value = item.partition("=")
+        os.environ[key] = value
 
     if args.fake:
         import fake_vllm
