@@ -12,7 +12,7 @@
 # bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512,
 # uocr-runner (b with the processor, without it on vLLM's V2 model runner, without it on V1);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
-# (host memory against the queue depth).
+# (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -62,6 +62,13 @@ run() {  # one named run of the suite
                  --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" ;;
     tp-7b-fp8w) tp tp-7b-fp8w "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --quantization fp8 --modes b ;;  # weights only: a short lease
     tp-7b-fp8vs) tp tp-7b-fp8vs "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes b --variant "fp8w=--quantization fp8" ;;
+    # issue 21's goals (at least 2,048 pages, 4x max_num_seqs: a steady state): a, b and a' at equal
+    # work, b admitting 16 at a time; the levers, each b in its own engine; the 2B layout
+    tp21-7b) tp tp21-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes a,b,a0 --b-variants "admit_pages=16" ;;
+    tp21-7b-levers) tp tp21-7b-levers "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b \
+                      --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" \
+                      --variant "seqs512kvfp8=--max-num-seqs 512 --engine-arg kv_cache_dtype=fp8" ;;
+    tp21-2b) tp tp21-2b "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes a,b --b-variants "admit_pages=8;admit_pages=16" ;;
     # issue 14: 128 mixed documents (512 pages, half born-digital), auto and model twice, orders alternating
     route-7b) rt route-7b --engine vllm "--model=$MODELS/qwen2.5-vl-7b" --preset qwen2.5-vl --dummy 1000 \
                 --docs 128 --repeat 2 --modes auto,model ;;
