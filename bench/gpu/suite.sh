@@ -10,7 +10,8 @@
 # Issue 20 (Unlimited-OCR's layout, by name): uocr-check, uocr-page, uocr-doc, uocr-page-ngram,
 # uocr-doc-ngram (b with batchocr's n-gram logits processor, the preset's, against vLLM's, which
 # bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512,
-# uocr-runner (b with the processor, without it on vLLM's V2 model runner, without it on V1);
+# uocr-runner (b with the processor, without it on vLLM's V2 model runner, without it on V1),
+# uocr-engines (b on one engine process against two on the one GPU);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages).
 # Each run is one throughput.py process: its modes and variants share the pages and the
@@ -88,6 +89,11 @@ run() {  # one named run of the suite
     uocr-doc-ngram) tp uocr-doc-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document \
                       --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "$VLLM_NGRAM" ;;
     uocr-ngram) py uocr-ngram bench/gpu/ngram_cost.py --device cuda ;;
+    # the engine core's host time is the limit and the GPU ~60% idle: two engine processes, each
+    # half the documents, their host work overlapping (for the GPU-bound 2B two time-sliced: 0.87x)
+    uocr-engines) tp uocr-engines "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
+                    --modes b --engine-arg "$UOCR_ATTN" \
+                    --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" ;;
     # issue 21: a run's host memory against its queue depth, b alone in each process (rss by process)
     uocr-memory) tp uocr-memory "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
                    --modes b --engine-arg "$UOCR_ATTN" --variant "queue64=--queue-pages 64" \
