@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 # A gutter is at least this many median box heights wide ...
-MIN_GUTTER = 0.8
+MIN_GUTTER = 0.6
 # ... and leaves columns at least this many median box heights wide on each side,
 MIN_COLUMN = 6.0
 # whose lines hold, on median, at least this many characters (a key-value list's do not).
@@ -131,6 +131,8 @@ class _Reader:
         i = 0
         while i < len(grouped):
             j = self._run(grouped, i, x0, width)
+            if i < j - 1 < len(grouped) - 1 and self._heads_next(grouped, j - 1):
+                j -= 1  # the run's last row is the heading of what crosses the columns below
             pieces = self._columns([b for row in grouped[i:j] for b in row]) if j > i else None
             if pieces is None:
                 flow.append(grouped[i])
@@ -168,6 +170,18 @@ class _Reader:
             elif end > i or j - i + 1 >= LOOKAHEAD:
                 break
         return end
+
+    def _heads_next(self, grouped: list[list[Box]], k: int) -> bool:
+        """Row k ends a run of columns and row k + 1 crosses them: k is the heading of what
+        follows (a section across the page under two columns) when it is one line apart from
+        the rows above it (a block gap) and nearer the row below. Read as a column's last
+        line, it came out between the two columns (a real scanned product sheet)."""
+        row, above, below = grouped[k], grouped[k - 1], grouped[k + 1]
+        if len(row) != 1:
+            return False
+        gap_above = min(b.y0 for b in row) - max(b.y1 for b in above)
+        gap_below = min(b.y0 for b in below) - max(b.y1 for b in row)
+        return gap_above > BLOCK_GAP * self.unit and gap_below < gap_above
 
     def _aligned(self, row: list[Box], gutters: list[tuple[float, float]], x0: float) -> bool:
         limits = [start for start, _ in gutters[1:]] + [float("inf")]

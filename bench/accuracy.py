@@ -1,6 +1,7 @@
 """Accuracy benchmark of the CPU engine: CER per category and overall, and pages/s,
 on the generated layout set (tests/layouts.py BENCH_SET: two- and three-column
-pages, skewed, single-column, degraded, low and high resolution), with the
+pages, skewed, single-column, degraded, low and high resolution) and real scans
+(REAL: fetched from PyPI, truth in tests/data/scans; category real-scan), with the
 rapidocr engine as it was (reading order, deskew and rescale off: "before") and
 as it is ("after"), in one process run.
 
@@ -28,12 +29,39 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 MODES = {"before": {"reading_order": False, "deskew": False, "rescale": False}, "after": {}}
+# Real scans: (PyPI project, version, member of its sdist, truth file in tests/data/scans)
+REAL = [("ocrmypdf", "17.13.0", "tests/resources/linn.png", "linn.txt")]
+
+
+@dataclass(frozen=True)
+class RealScan:
+    """A real scanned page in the set, described as layouts.Variant describes the generated."""
+    name: str
+    category: str = "real-scan"
+    skew: float = 0.0
+    degrade: str = "scan"
+    form: str = "png"
+    dpi: int = 300
+
+
+def add_real(src: Path) -> dict[str, RealScan]:
+    from tools import pypi_sdist_member
+
+    made = {}
+    for project, version, member, truth in REAL:
+        scan = pypi_sdist_member(project, version, member)
+        shutil.copy(scan, src / scan.name)
+        (src / "truth" / scan.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "tests" / "data" / "scans" / truth, src / "truth" / scan.name / "0.txt")
+        made[scan.name] = RealScan(scan.name)
+    return made
 
 
 def run_mode(src: Path, out: Path, options: dict, threads: int) -> dict:
@@ -79,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="batchocr-accuracy-"))
     try:
-        variants = layouts.build(tmp / "src", layouts.BENCH_SET)
+        variants = layouts.build(tmp / "src", layouts.BENCH_SET) | add_real(tmp / "src")
         results = {}
         if args.baseline:
             env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}

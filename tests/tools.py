@@ -9,7 +9,9 @@ machine's Debian packages:
   and the tests run as root;
 - real born-digital PDFs from Debian's documentation packages (`libtasn1-doc`,
   328 KB; `octave-doc`, 8 MB), `apt-get download`ed (no root needed) and unpacked
-  into `.tools/debian/` (tests/test_layertext.py, tests/test_readingorder.py).
+  into `.tools/debian/` (tests/test_layertext.py, tests/test_readingorder.py);
+- a real scanned page from ocrmypdf's test resources (its sdist on PyPI, 7.7 MB,
+  checked against its sha256), unpacked into `.tools/pypi/` (tests/test_readingorder.py).
 
 `.tools/` is git-ignored and project-local; nothing is installed on PATH. An install
 runs once, under a file lock (two pytest sessions in one clone wait for each other),
@@ -165,4 +167,50 @@ def debian_doc(package: str, path: str) -> Path:
                              capture_output=True, text=True, timeout=300)
         if not target.is_file():
             raise Unavailable(f"{package}: {path} is not in {debs[-1].name}: {tar.stderr.strip()[:200]}")
+        return target
+
+
+# Real scans nobody here made: OCRmyPDF's test resources, in its sdist on PyPI (tests/resources/:
+# linn.png is "image with two columns", a scanned LinnSequencer product sheet from Wikimedia).
+PYPI_SDISTS = {("ocrmypdf", "17.13.0"): "151c35d810eb628fbc5cb9bbe80b834ecf094737efa0e7a2e9e1fac3c730ed49"}
+
+
+def pypi_sdist_member(project: str, version: str, member: str) -> Path:
+    """The file `member` (a path inside the archive's top folder) of a PyPI sdist, downloaded
+    through PyPI's simple index (what pip uses), checked against PYPI_SDISTS' sha256 and
+    unpacked under .tools/pypi/ on first use."""
+    import hashlib
+    import re
+    import tarfile
+    import urllib.request
+
+    folder = TOOLS / "pypi" / f"{project}-{version}"
+    target = folder / member
+    if target.is_file():
+        return target
+    sha256 = PYPI_SDISTS[(project, version)]
+    name = f"{project}-{version}.tar.gz"
+    with _locked():
+        if target.is_file():
+            return target
+        folder.mkdir(parents=True, exist_ok=True)
+        archive = folder / name
+        if not archive.is_file():
+            try:
+                index = urllib.request.urlopen(f"https://pypi.org/simple/{project}/", timeout=60).read().decode()
+                link = re.search(rf'href="([^"#]*/{re.escape(name)})#sha256=([0-9a-f]+)"', index)
+                if link is None:
+                    raise Unavailable(f"{name} is not in PyPI's index")
+                data = urllib.request.urlopen(link.group(1), timeout=300).read()
+            except OSError as exc:
+                raise Unavailable(f"{name} could not be downloaded from PyPI: {exc}") from None
+            if hashlib.sha256(data).hexdigest() != sha256:
+                raise Unavailable(f"{name} from PyPI does not match its sha256")
+            archive.write_bytes(data)
+        top = f"{project}-{version}/"
+        with tarfile.open(archive) as tar:
+            tar.extract(tar.getmember(top + member), folder / "unpacked", filter="data")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (folder / "unpacked" / top / member).rename(target)
+        shutil.rmtree(folder / "unpacked")
         return target
