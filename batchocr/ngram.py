@@ -12,8 +12,9 @@ a dict from each (n-1)-token prefix in the window to the tokens that followed it
 added and one dropped a step. `NoRepeatNGramLogitsProcessor` is vLLM's batch-level logits
 processor over them: the same request arguments (`extra_args` ngram_size, window_size,
 whitelist_token_ids) and validation as vLLM's, and one indexed write for the whole batch, only
-on the steps where something is banned (with random or sound text, almost none). Register it
-in vLLM's place (the presets do):
+on the steps where something is banned (sound text: few; the looping text of random weights:
+nearly every step). On the H200's host, 256 requests: 1.9-2.8 ms a step against vLLM's 12-217
+(docs/BENCHMARKS.md). Register it in vLLM's place (the presets do):
 
     LLM(..., logits_processors=["batchocr.ngram:NoRepeatNGramLogitsProcessor"])
 

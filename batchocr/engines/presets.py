@@ -157,7 +157,8 @@ def unlimited_ocr() -> Preset:
     # baidu/Unlimited-OCR (the course's model; ../shared/notes/unlimited-ocr.md), vLLM's recipe:
     # no chat template, the prompt starts with a literal <image>; greedy; the no-repeat n-gram
     # bans (35-grams in a 128-token window, 1024 for whole documents) through an engine argument,
-    # batchocr.ngram's processor in place of vLLM's (the same bans, far less host time a step); special tokens kept, since the grounding tags are the layout.
+    # batchocr.ngram's processor in place of vLLM's (the same bans, far less host time a step);
+    # special tokens kept, since the grounding tags are the layout.
     # Page mode is "gundam" (the 1024 global view + up to 32 crops of 640, tiled from the page's
     # size); document mode is base mode only (vLLM's processor turns crops off for several images):
     # a page is then 16 x 17 + 1 = 273 image tokens.
