@@ -53,6 +53,31 @@ def test_three_columns_with_a_heading_in_the_first_and_lines_not_level():
         "Heading", "a1", "a2", "a3", "b0", "b1", "b2", "b3", "c0", "c1", "c2"]
 
 
+def test_a_heading_under_two_columns_goes_with_the_section_across_the_page():
+    """As on the real scanned sheet (test below): a heading a block gap under the columns and
+    nearer the full-width section it opens is read after both columns, not as the left
+    column's last line; a left column's last line that is not apart from it stays."""
+    left, right = [f"L{k}" for k in range(6)], [f"R{k}" for k in range(6)]
+    section = [line(100, 430, 1400, "A full-width bullet line".ljust(60, "~")),
+               line(100, 470, 1400, "another full-width line".ljust(60, "~"))]
+    cols = column(100, 700, 100, left) + column(760, 1400, 100, right)
+    heading = line(100, 375, 380, "Additional Features")  # 45 px under L5's bottom, 25 px over the section
+    assert words(readingorder.read(cols + [heading] + section)) == (
+        left + right + ["Additional", "Features", "A", "full-width", "bullet", "line", "another", "full-width", "line"])
+    last = line(100, 340, 380, "L6 ends the column")  # the left column's own last line: no gap above
+    assert words(readingorder.read(cols + [last] + [line(100, 420, 1400, "X".ljust(60, "~"))])) == (
+        left + ["L6", "ends", "the", "column"] + right + ["X"])
+
+
+def test_a_narrow_gutter_under_larger_type_is_still_a_gutter():
+    """The real sheet's columns are 0.8 of the page's median line height apart, its intro set
+    larger than its columns: the columns are read one after the other."""
+    intro = [line(100, k * 45, 1400, f"intro {k}".ljust(70, "~"), h=36) for k in range(8)]
+    left = [line(100, 400 + k * 30, 735, f"l{k}".ljust(30, "~"), h=26) for k in range(10)]
+    right = [line(757, 400 + k * 30, 1400, f"r{k}".ljust(30, "~"), h=26) for k in range(10)]  # 22 px apart
+    assert words(readingorder.read(intro + left + right))[16:] == [f"l{k}" for k in range(10)] + [f"r{k}" for k in range(10)]
+
+
 def test_single_column_page_reads_as_rows():
     boxes = [line(600, 0, 900, "Centred title", 45)] + column(100, 1400, 80, [f"p{k}" for k in range(5)])
     boxes += [line(100, 300, 700, "a short last line")]
