@@ -12,7 +12,10 @@ The method is a recursive XY-cut that respects full-width lines:
    column-wide piece on either side. A row that crosses the channel (a heading
    or table spanning the columns, a full-width line) ends the run;
 3. a run with a gutter is cut into its columns, each read (recursively) in
-   turn; rows in no such run are read as they are, row after row.
+   turn; rows in no such run are read as they are, row after row. A run's last
+   row that is a lone line a block gap under the rows above it, and nearer the
+   row below that ended the run, is the heading of what follows: it is read
+   with that, after the columns.
 
 A gutter is kept only if every column it makes is "text-like": at least
 MIN_COLUMN line heights wide, one or two boxes a line (a bullet), and, on
