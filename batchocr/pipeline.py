@@ -33,6 +33,7 @@ from batchocr.sink import PartWriter, Resume, committed_keys, completed
 from batchocr.sources import DocRef, list_documents
 from batchocr.spec import JobSpec, RenderSpec
 from batchocr.storage import Store
+from batchocr.words import plural
 
 
 @dataclass
@@ -57,13 +58,13 @@ class RunSummary:
     def line(self) -> str:
         if self.documents == 0 and not self.interrupted:
             return (f"batchocr: shard {self.shard}: nothing to do "
-                    f"({self.documents_skipped} documents already done) in {self.out} (run {self.run_id})")
+                    f"({plural(self.documents_skipped, 'document')} already done) in {self.out} (run {self.run_id})")
         state = "interrupted after" if self.interrupted else "done:"
         skipped = f", {self.skipped_pages} skipped" if self.skipped_pages else ""
         skipped += f", {self.routed_pages} from the text layer" if self.routed_pages else ""
         return (
-            f"batchocr: {state} {self.documents} documents, {self.pages} pages "
-            f"({self.error_pages} errors{skipped}), {self.pages_per_s:.2f} pages/s, "
+            f"batchocr: {state} {plural(self.documents, 'document')}, {plural(self.pages, 'page')} "
+            f"({plural(self.error_pages, 'error')}{skipped}), {self.pages_per_s:.2f} pages/s, "
             f"{self.seconds:.1f} s -> {self.out}/{shard_dir(int(self.shard.split('/')[0]))} "
             f"(run {self.run_id})"
         )

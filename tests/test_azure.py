@@ -95,7 +95,7 @@ def test_plan_resume_status_and_compact_on_azure(azurite, tmp_path):
     run_cli("plan", src, out, "--shards", "2", env=env, check=True)
     lines = [run_cli("run", src, out, "--engine", "textlayer", "--shard", s, "-q", env=env, check=True).stdout
              for s in ("0/2", "1/2")]
-    assert sorted("done: 1 documents, 3 pages" in line for line in lines) == [False, True]
+    assert sorted("done: 1 document, 3 pages" in line for line in lines) == [False, True]
     assert sum("nothing to do" in line for line in lines) == 1
     assert "2/2 shards done, 0 partial, 0 not started; 15 pages" in run_cli("status", out, env=env).stdout
 

@@ -132,7 +132,7 @@ def test_engine_from_env_shard_variables(tmp_path):
 
     (doc,) = list_documents(Store(str(src)))
     mine = shard_of(doc.uri, 3) == 1
-    assert ("1 documents" in proc.stdout) == mine
+    assert ("done: 1 document, 3 pages (0 errors" in proc.stdout) == mine
     assert (out / "pages" / "shard-00001").exists() == mine
 
 

@@ -62,3 +62,15 @@ def test_one_of_everything_is_said_in_the_singular(tmp_path):
     assert "(1 page)" in text and "(0 duplicates" in text and "(1 bucket)" in text
     assert "pages per minute                n/a  (every row has the same timestamp)" in text
     assert not re.search(r"\b1 (pages|runs|documents|files|buckets|minutes|duplicates)\b", text), text
+
+
+def test_the_run_summary_line_says_one_of_everything_in_the_singular():
+    from batchocr.pipeline import RunSummary
+
+    one = RunSummary("r1", "0/1", "out", documents=1, pages=1, error_pages=1, seconds=2.0).line()
+    assert one.startswith("batchocr: done: 1 document, 1 page (1 error), 0.50 pages/s, 2.0 s -> out/"), one
+    many = RunSummary("r2", "0/1", "out", documents=5, pages=1024, error_pages=0, seconds=1.0).line()
+    assert "done: 5 documents, 1,024 pages (0 errors)" in many
+    idle = RunSummary("r3", "0/1", "out", documents_skipped=1).line()
+    assert "nothing to do (1 document already done)" in idle
+    assert not re.search(r"\b1 (pages|documents|errors)\b", one + idle)
