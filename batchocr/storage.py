@@ -49,13 +49,16 @@ def environment_secrets(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
 def _create(tmp: str, make_folder: bool):
     """Open a new temp file; its staging folder made first if asked. Another writer
     (another shard's pod on the same volume) removes the staging folder once it is
-    empty (_remove_if_empty), possibly between our makedirs and our open: then again."""
+    empty (_remove_if_empty), possibly between our makedirs and our open: then again.
+    makedirs itself can lose that race: its mkdir finds the folder there, and by the time it
+    checks that it is a folder, another writer has removed it (FileExistsError, exist_ok or
+    not: seen in CI with three shards on one folder): then again too."""
     for attempt in range(5):
-        if make_folder:
-            os.makedirs(posixpath.dirname(tmp), exist_ok=True)
         try:
+            if make_folder:
+                os.makedirs(posixpath.dirname(tmp), exist_ok=True)
             return open(tmp, "wb")
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             if not make_folder or attempt == 4:
                 raise
     raise AssertionError("unreachable")

@@ -245,6 +245,26 @@ def test_a_writer_whose_staging_folder_another_removes_makes_it_again(tmp_path, 
     assert raced and (tmp_path / "a" / "c.parquet").read_bytes() == b"3" and not (tmp_path / "_tmp").exists()
 
 
+def test_a_writer_whose_makedirs_loses_the_race_to_another_writer_tries_again(tmp_path, monkeypatch):
+    """makedirs(exist_ok=True) raises FileExistsError when its mkdir finds the folder and
+    another writer removes it before makedirs checks it is a folder (CI, three shards on one
+    folder: 'FileExistsError: [Errno 17] File exists: .../out/_tmp' stopped a shard)."""
+    from batchocr import storage
+
+    real = os.makedirs
+    raced = []
+
+    def makedirs(path, exist_ok=False):
+        if path.endswith("_tmp") and not raced:
+            raced.append(path)
+            raise FileExistsError(17, "File exists", path)  # as os.makedirs raises it then
+        real(path, exist_ok=exist_ok)
+
+    monkeypatch.setattr(storage.os, "makedirs", makedirs)
+    Store(str(tmp_path)).write_atomic("a/d.parquet", b"4", staging="_tmp")
+    assert raced and (tmp_path / "a" / "d.parquet").read_bytes() == b"4"
+
+
 def test_join_lines_groups_boxes_on_one_line():
     def box(x0, y0, x1, y1):
         return [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]
