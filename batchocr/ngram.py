@@ -89,8 +89,9 @@ class NGramBan:
 
 
 def check_params(extra_args: dict | None) -> tuple[int, int, frozenset[int]] | None:
-    """A request's n-gram arguments, as vLLM's processor reads and checks them: None when
-    it asks for no bans (no ngram_size); ValueError when they are malformed."""
+    """A request's n-gram arguments, as vLLM's processor reads and checks them (and a bool,
+    which vLLM's isinstance(int) lets through, refused): None when it asks for no bans (no
+    ngram_size); ValueError when they are malformed."""
     extra = extra_args or {}
     ngram_size = extra.get("ngram_size")
     if ngram_size is None:
@@ -142,9 +143,8 @@ if _LogitsProcessor is not None:
         """vLLM's NGramPerReqLogitsProcessor (same request arguments and validation), with
         NGramBan a request and one indexed write a step for the batch."""
 
-        def __init__(self, vllm_config, device, is_pin_memory: bool):
+        def __init__(self, vllm_config, device, is_pin_memory: bool):  # vLLM's signature; the logits say the device
             self.bans = BatchBans()
-            self.device = device
 
         @classmethod
         def validate_params(cls, sampling_params) -> None:

@@ -121,12 +121,7 @@ def main() -> None:
     if "sigterm" not in args.skip:
         out = args.work / "out2b"
         spec = job(args.work / "job2b.yaml", src, out, args.models / "qwen2-vl-2b", args.max_tokens, 32)
-        proc = subprocess.Popen(cli("--job", str(spec)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env)
-        deadline = time.monotonic() + 300
-        while len(list(out.glob("pages/**/*.parquet"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-        parts_before = len(list(out.glob("pages/**/*.parquet")))
+        proc, parts_before = start_until_parts(spec, out, env, poll=0.5)
         t_term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
@@ -138,19 +133,33 @@ def main() -> None:
         if m:
             record = json.loads((out / "_runs" / f"{m.group(1)}.json").read_text())
             first["record_status"], first["record_pages"] = record["status"], record["counts"]["pages"]
-        t0 = time.monotonic()
-        rerun = subprocess.run(cli("--job", str(spec)), capture_output=True, text=True, env=env, timeout=400)
-        report["sigterm_2b"] = {"first": first, "rerun": {"exit": rerun.returncode, "stdout": rerun.stdout[-1000:],
-                                                           "wall_s": round(time.monotonic() - t0, 1),
-                                                           "stderr_tail": rerun.stderr[-1500:]},
-                                "check": check(out, pages, args.max_tokens)}
-        print(json.dumps(report["sigterm_2b"]["check"], indent=1), json.dumps(first, indent=1), rerun.stdout, flush=True)
+        again = rerun(spec, env)
+        report["sigterm_2b"] = {"first": first, "rerun": again, "check": check(out, pages, args.max_tokens)}
+        print(json.dumps(report["sigterm_2b"]["check"], indent=1), json.dumps(first, indent=1), again["stdout"], flush=True)
         save()
 
     if "kill" not in args.skip:
         report["engine_kill_uocr"] = engine_kill(args, src, pages, env)
         print(json.dumps(report["engine_kill_uocr"], indent=1), flush=True)
         save()
+
+
+def start_until_parts(spec: Path, out: Path, env: dict, poll: float, parts: int = 2) -> tuple[subprocess.Popen, int]:
+    """`batchocr run --job spec` started, once `parts` parts are committed under out (or it
+    ended, or 300 s passed): the process and the parts there then."""
+    proc = subprocess.Popen(cli("--job", str(spec)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while len(list(out.glob("pages/**/*.parquet"))) < parts and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(poll)
+    return proc, len(list(out.glob("pages/**/*.parquet")))
+
+
+def rerun(spec: Path, env: dict) -> dict:
+    """The same run again, to completion: its exit, output tails and time."""
+    t0 = time.monotonic()
+    proc = subprocess.run(cli("--job", str(spec)), capture_output=True, text=True, env=env, timeout=400)
+    return {"exit": proc.returncode, "stdout": proc.stdout[-1000:], "wall_s": round(time.monotonic() - t0, 1),
+            "stderr_tail": proc.stderr[-1500:]}
 
 
 def engine_core_pids(pid: int) -> list[int]:
@@ -172,12 +181,8 @@ def engine_kill(args, src: Path, pages: int, env: dict) -> dict:
     extra = '    engine_args: {attention_config: {backend: TRITON_ATTN}}\n'  # R-SWA: the kit's backend
     spec = job(args.work / "jobkill.yaml", src, out, args.models / "unlimited-ocr", args.max_tokens, 32,
                preset="unlimited-ocr", extra=extra)
-    proc = subprocess.Popen(cli("--job", str(spec)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 300
-    while len(list(out.glob("pages/**/*.parquet"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    proc, parts = start_until_parts(spec, out, env, poll=0.2)
     cores = engine_core_pids(proc.pid) if proc.poll() is None else []
-    parts = len(list(out.glob("pages/**/*.parquet")))
     t_kill = time.monotonic()
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
@@ -195,12 +200,8 @@ def engine_kill(args, src: Path, pages: int, env: dict) -> dict:
     first["rows_committed"] = pq.read_table(out / "pages", partitioning=None).num_rows
     records = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
     first["record_status"] = [r["status"] for r in records]
-    t0 = time.monotonic()
-    rerun = subprocess.run(cli("--job", str(spec)), capture_output=True, text=True, env=env, timeout=400)
     return {"command": f"batchocr run --job {spec} --quiet; SIGKILL the engine core; the same again",
-            "first": first, "rerun": {"exit": rerun.returncode, "stdout": rerun.stdout[-1000:],
-                                      "wall_s": round(time.monotonic() - t0, 1), "stderr_tail": rerun.stderr[-1500:]},
-            "check": check(out, pages, args.max_tokens)}
+            "first": first, "rerun": rerun(spec, env), "check": check(out, pages, args.max_tokens)}
 
 
 if __name__ == "__main__":

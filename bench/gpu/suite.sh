@@ -40,6 +40,11 @@ tp() {  # NAME ARGS...: one throughput.py run, bounded in time, logged
   echo "$(date +%T) end $name rc=$?" >>"$RES/suite.log"
 }
 
+uocr() {  # NAME ARGS...: a throughput.py run on Unlimited-OCR's layout, 16-page documents, the kit's R-SWA backend
+  local name=$1; shift
+  tp "$name" "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --per-doc 16 --engine-arg "$UOCR_ATTN" "$@"
+}
+
 py() {  # NAME SCRIPT ARGS...: a script's run, its JSON and log
   local name=$1; shift
   echo "$(date +%T) start $name" >>"$RES/suite.log"
@@ -75,34 +80,25 @@ run() {  # one named run of the suite
                 --docs 128 --repeat 2 --modes auto,model ;;
     # issue 20: Unlimited-OCR (its dummy layout), 1,024 pages of 16-page documents, lognormal lengths;
     # R-SWA needs an attention backend the kit carries (FA4, vLLM's choice, is not: bench/gpu/README.md)
-    uocr-page) tp uocr-page "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
-                 --modes a,b --engine-arg "$UOCR_ATTN" --b-variants "admit_pages=16;prepare_threads=8" ;;
-    uocr-seqs512) tp uocr-seqs512 "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 2048 --per-doc 16 \
-                    --modes b --max-num-seqs 512 --engine-arg "$UOCR_ATTN" ;;
-    uocr-doc) tp uocr-doc "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document --pages 1024 \
-                --per-doc 16 --modes a,b --engine-arg "$UOCR_ATTN" ;;
-    # the n-gram logits processor's cost: b with and without it in one run (host time a request a
-    # step: uocr-ngram, CPU only, seconds); uocr-check: vLLM's classes load the layout, tokens counted
-    uocr-page-ngram) tp uocr-page-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 512 \
-                       --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "$VLLM_NGRAM" \
-                       --variant "$NO_LOGITS_PROCESSOR" ;;
-    uocr-doc-ngram) tp uocr-doc-ngram "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --mode document \
-                      --pages 1024 --per-doc 16 --modes b --engine-arg "$UOCR_ATTN" --variant "$VLLM_NGRAM" ;;
+    uocr-page) uocr uocr-page --pages 1024 --modes a,b --b-variants "admit_pages=16;prepare_threads=8" ;;
+    uocr-seqs512) uocr uocr-seqs512 --pages 2048 --modes b --max-num-seqs 512 ;;
+    uocr-doc) uocr uocr-doc --mode document --pages 1024 --modes a,b ;;
+    # the n-gram logits processor's cost: b with batchocr's, vLLM's and none in one run (their cost a
+    # step alone: uocr-ngram, on the GPU, seconds); uocr-check: vLLM's classes load the layout, tokens counted
+    uocr-page-ngram) uocr uocr-page-ngram --pages 512 --modes b --variant "$VLLM_NGRAM" --variant "$NO_LOGITS_PROCESSOR" ;;
+    uocr-doc-ngram) uocr uocr-doc-ngram --mode document --pages 1024 --modes b --variant "$VLLM_NGRAM" ;;
     uocr-ngram) py uocr-ngram bench/gpu/ngram_cost.py --device cuda ;;
     # the engine core's host time is the limit and the GPU ~60% idle: two engine processes, each
     # half the documents, their host work overlapping (for the GPU-bound 2B two time-sliced: 0.87x)
-    uocr-engines) tp uocr-engines "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
-                    --modes b --engine-arg "$UOCR_ATTN" \
+    uocr-engines) uocr uocr-engines --pages 1024 --modes b \
                     --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" ;;
     # issue 21: a run's host memory against its queue depth, b alone in each process (rss by process)
-    uocr-memory) tp uocr-memory "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 1024 --per-doc 16 \
-                   --modes b --engine-arg "$UOCR_ATTN" --variant "queue64=--queue-pages 64" \
+    uocr-memory) uocr uocr-memory --pages 1024 --modes b --variant "queue64=--queue-pages 64" \
                    --variant "queue1024=--queue-pages 1024" ;;
     # what a custom logits processor costs vLLM (GPU.md, "Issue 20, second lease"): b with
     # batchocr's processor (V1 runner, output tokens synced to the host a step), with none on V2,
     # and with none on V1; 512 pages, equal work in tokens (the bans change tokens, not counts)
-    uocr-runner) tp uocr-runner "--model=$MODELS/unlimited-ocr" --preset unlimited-ocr --pages 512 --per-doc 16 \
-                   --modes b --engine-arg "$UOCR_ATTN" --variant "$NO_LOGITS_PROCESSOR" --variant "$V1_NO_PROCESSOR" ;;
+    uocr-runner) uocr uocr-runner --pages 512 --modes b --variant "$NO_LOGITS_PROCESSOR" --variant "$V1_NO_PROCESSOR" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
