@@ -154,7 +154,8 @@ class Progress:
 
     def done(self, rows: int) -> None:
         if self.bar is not None:
-            self.bar.update(rows)
+            with self._lock:  # an update's draw and the ticker's are one at a time: never both in an interval
+                self.bar.update(rows)
 
     def estimated_pages(self) -> tuple[int, bool] | None:
         """(pages of the shard to do, exact?), or None before the documents are counted
