@@ -113,3 +113,26 @@ def pytest_collection_modifyitems(config, items):
     last and runs alone."""
     heavy = {item.module.__name__ for item in items if _shares_a_module_fixture(item)}
     items.sort(key=lambda item: item.module.__name__ not in heavy)  # stable: collection order otherwise
+
+
+_PREFETCH: list = []  # the background fetches (tools.prefetch), once a session
+
+
+def _prefetch(nodeids) -> None:
+    if _PREFETCH or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import tools
+
+    modules = {Path(nodeid.split("::", 1)[0]).stem for nodeid in nodeids}
+    _PREFETCH.extend(tools.prefetch(modules) or [None])
+
+
+def pytest_collection_finish(session):
+    """Without xdist: the outside tools the selected tests need start downloading now."""
+    _prefetch(item.nodeid for item in session.items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """With xdist (the default): the controller starts them once a worker has collected."""
+    _prefetch(ids)

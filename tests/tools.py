@@ -41,9 +41,10 @@ class Unavailable(RuntimeError):
 
 
 @contextmanager
-def _locked():
+def _locked(what: str):
+    """One lock a tool: two installs of different tools run side by side (prefetch below)."""
     TOOLS.mkdir(exist_ok=True)
-    with (TOOLS / ".lock").open("w") as lock:
+    with (TOOLS / f".lock-{what}").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -74,7 +75,7 @@ def azurite_blob() -> str:
         return os.environ["AZURITE_BLOB"]
     prefix = TOOLS / "azurite"
     exe = prefix / "node_modules" / ".bin" / "azurite-blob"
-    with _locked():
+    with _locked("azurite"):
         if _version(exe) == AZURITE_VERSION:
             return str(exe)
         npm = shutil.which("npm")
@@ -96,7 +97,7 @@ def checkov() -> str:
         return os.environ["CHECKOV"]
     venv = TOOLS / "checkov"
     exe = venv / "bin" / "checkov"
-    with _locked():
+    with _locked("checkov"):
         if _version(exe) == CHECKOV_VERSION:
             return str(exe)
         shutil.rmtree(venv, ignore_errors=True)
@@ -104,7 +105,7 @@ def checkov() -> str:
         base = getattr(sys, "_base_executable", None) or sys.executable
         _install("checkov-venv", [base, "-m", "venv", str(venv)], timeout=300)
         _install("checkov", [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                             "--disable-pip-version-check", f"checkov=={CHECKOV_VERSION}"], timeout=1200)
+                             "--disable-pip-version-check", "--no-compile", f"checkov=={CHECKOV_VERSION}"], timeout=1200)
         if (found := _version(exe)) != CHECKOV_VERSION:
             raise Unavailable(f"pip installed checkov but {exe} --version says {found!r}, not {CHECKOV_VERSION}")
         return str(exe)
@@ -119,7 +120,7 @@ def strace() -> str:
         raise Unavailable("strace is not installed (apt-get install strace) and the tests cannot "
                           "install it: " + ("no apt-get" if apt is None else "not root"))
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    with _locked():
+    with _locked("apt"):
         if found := shutil.which("strace"):
             return found
         for cmd in ([apt, "install", "-y", "-qq", "strace"],
@@ -149,7 +150,7 @@ def debian_doc(package: str, path: str) -> Path:
     if apt is None or dpkg is None:
         raise Unavailable(f"{package}: apt-get and dpkg-deb are needed to fetch it")
     folder = TOOLS / "debian" / package
-    with _locked():
+    with _locked(f"debian-{package}"):
         if target.is_file():
             return target
         folder.mkdir(parents=True, exist_ok=True)
@@ -190,7 +191,7 @@ def pypi_sdist_member(project: str, version: str, member: str) -> Path:
         return target
     sha256 = PYPI_SDISTS[(project, version)]
     name = f"{project}-{version}.tar.gz"
-    with _locked():
+    with _locked(f"pypi-{project}"):
         if target.is_file():
             return target
         folder.mkdir(parents=True, exist_ok=True)
@@ -214,3 +215,38 @@ def pypi_sdist_member(project: str, version: str, member: str) -> Path:
         (folder / "unpacked" / top / member).rename(target)
         shutil.rmtree(folder / "unpacked")
         return target
+
+
+# What each test module fetches, for prefetch(): module name -> (tool, arguments).
+USES = {
+    "test_k8s": [("checkov", ())],
+    "test_azure": [("azurite", ())], "test_azure_faults": [("azurite", ())], "test_azure_listing": [("azurite", ())],
+    "test_privacy": [("strace", ())],
+    "test_layertext": [("debian", ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")),
+                       ("debian", ("libtasn1-doc", "usr/share/doc/libtasn1-doc/libtasn1.pdf"))],
+    "test_readingorder": [("debian", ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")),
+                          ("pypi", ("ocrmypdf", "17.13.0", "tests/resources/linn.png"))],
+}
+FETCH = {"checkov": checkov, "azurite": azurite_blob, "strace": strace, "debian": debian_doc,
+         "pypi": pypi_sdist_member}
+
+
+def prefetch(modules: set[str]) -> list[subprocess.Popen]:
+    """Fetch, in the background, the tools the given test modules will ask for: one process
+    a tool, started at the session's start (conftest), so that downloads and installs run
+    beside the first tests rather than in the test that first needs them. A test that gets
+    there first waits on the tool's lock and finds it installed; a fetch that fails here is
+    tried again by the test, which reports why."""
+    wanted = {(tool, args) for m in modules for tool, args in USES.get(m, [])}
+    procs = []
+    for tool, args in sorted(wanted):
+        procs.append(subprocess.Popen([sys.executable, __file__, tool, *args], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+    return procs
+
+
+if __name__ == "__main__":  # python tests/tools.py TOOL [ARGS]: prefetch()'s worker
+    try:
+        FETCH[sys.argv[1]](*sys.argv[2:])
+    except Unavailable:
+        sys.exit(1)
