@@ -14,7 +14,8 @@ machine's Debian packages:
   checked against its sha256), unpacked into `.tools/pypi/` (tests/test_readingorder.py).
 
 `.tools/` is git-ignored and project-local; nothing is installed on PATH. An install
-runs once, under a file lock (two pytest sessions in one clone wait for each other),
+runs once, under its tool's file lock (two pytest sessions in one clone wait for each
+other); conftest starts the fetches a session's tests need in the background (prefetch),
 and is reused while its version is right. `AZURITE_BLOB` or `CHECKOV` name an existing
 executable instead. A tool that cannot be had raises `Unavailable`, whose message the
 tests pass to `pytest.skip`, so the summary says why.
