@@ -27,7 +27,7 @@ from typing import Annotated, Any, Iterator, Literal, Mapping
 import pyarrow as pa
 from annotated_types import Ge, Gt, Le
 
-from batchocr import schema
+from batchocr import ngram, ngram_sampler, schema
 from batchocr.config import FORBID
 from batchocr.engines import parse_options, result
 from batchocr.engines.presets import Preset, document_presets, get_preset
@@ -98,6 +98,11 @@ class VLLMOptions:
     # A group whose output does not split a part a page (or hit the token limit) is read again
     # page by page. Off only for benchmarks on random weights, which never write the separator.
     document_fallback: bool = True
+    # Where a preset's no-repeat n-gram bans run (unlimited-ocr, deepseek-ocr). processor: a
+    # logits processor (batchocr.ngram; vLLM then runs its V1 model runner, the processor on the
+    # host a step). sampler: on the GPU in the V2 runner's sampler (batchocr.ngram_sampler), the
+    # same bans; its speed on the GPU is not measured yet.
+    ngram_bans: Literal["processor", "sampler"] = "processor"
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -143,7 +148,12 @@ class VLLMOptions:
         if self.mode == "document":  # a group's images in one prompt
             limit = args["limit_mm_per_prompt"]
             args["limit_mm_per_prompt"] = limit | {"image": max(limit.get("image", 1), self.group_size(preset))}
-        return args | dict(preset.engine_args) | dict(self.engine_args)
+        args |= dict(preset.engine_args)
+        if self.ngram_bans == "sampler" and ngram.FQCN in (args.get("logits_processors") or ()):
+            rest = [p for p in args.pop("logits_processors") if p != ngram.FQCN]
+            args |= {"logits_processors": rest} if rest else {}
+            args["worker_extension_cls"] = ngram_sampler.EXTENSION
+        return args | dict(self.engine_args)
 
 
 @dataclass

@@ -14,6 +14,11 @@ writes there), for page mode (window 128) and whole documents (1024), with rando
 histories (nothing banned: sound text) and looping ones (what random weights write: something
 banned nearly every step). Each step, both ban the same tokens (checked on the logits).
 
+A third column is batchocr.ngram_sampler, the bans inside vLLM's V2 sampler: `RequestBans.apply`
+over the runner's request state (the token history a [requests, tokens] tensor on the device,
+where vLLM keeps it in UVA memory: its reads cross PCIe there), timed with the device
+synchronised, its bans checked equal to the others'.
+
     python bench/gpu/ngram_cost.py [--device cuda] [--requests 256] [--json FILE]   # needs vLLM and torch
 """
 
@@ -69,6 +74,61 @@ def step_cost(cls, device, requests: int, ngram: int, window: int, kind: str, st
     return seconds / steps, bans
 
 
+class Staged:
+    """vLLM's UvaBackedTensor, as RequestBans uses it: .np on the host, .gpu on the device."""
+
+    def __init__(self, size, device=None):
+        import numpy as np
+        import torch
+
+        self.device = device
+        self.np = np.zeros(size, dtype=np.int32)
+        self.gpu = torch.from_numpy(self.np.copy()).to(device)
+
+    def copy_to_uva(self):
+        import torch
+
+        self.gpu = torch.from_numpy(self.np.copy()).to(self.device)
+
+
+def sampler_step_cost(device, requests: int, ngram: int, window: int, kind: str, start: int, steps: int, seed: int):
+    """As step_cost, for batchocr.ngram_sampler's bans over the V2 runner's request state."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from batchocr.ngram_sampler import RequestBans
+
+    rng = random.Random(seed)
+    full = torch.tensor([history(rng, kind, start + steps) for _ in range(requests)], dtype=torch.int32,
+                        device=device)
+    bans = RequestBans(requests, lambda size: Staged(size, device))
+    params = SimpleNamespace(extra_args={"ngram_size": ngram, "window_size": window})
+    for i in range(requests):
+        bans.add_request(i, params)
+    bans.apply_staged_writes()
+    states = SimpleNamespace(all_token_ids=SimpleNamespace(gpu=full),
+                             prompt_len=SimpleNamespace(gpu=torch.zeros(requests, dtype=torch.int32, device=device)),
+                             total_len=SimpleNamespace(gpu=torch.zeros(requests, dtype=torch.int32, device=device)))
+    order_np = np.arange(requests)
+    order = torch.arange(requests, dtype=torch.int32, device=device)
+    logits = torch.zeros(requests, VOCAB, device=device)
+    seconds, banned = 0.0, []
+    for s in range(steps):
+        states.total_len.gpu.fill_(start + s + 1)  # the tokens step_cost's requests hold at step s
+        logits.zero_()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        bans.apply(logits, order, order_np, states)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        banned.append(torch.nonzero(logits == -float("inf")).tolist())
+    return seconds / steps, banned
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -89,7 +149,9 @@ def main() -> int:
                    "requests": args.requests, "steps": args.steps, "device": args.device}
             v, vb = step_cost(NGramPerReqLogitsProcessor, device, args.requests, 35, window, kind, start, args.steps, 7)
             b, bb = step_cost(NoRepeatNGramLogitsProcessor, device, args.requests, 35, window, kind, start, args.steps, 7)
+            g, gb = sampler_step_cost(device, args.requests, 35, window, kind, start, args.steps, 7)
             row |= {"vllm_ms_a_step": round(v * 1e3, 2), "batchocr_ms_a_step": round(b * 1e3, 3),
+                    "sampler_ms_a_step": round(g * 1e3, 3), "sampler_same_bans": gb == bb,
                     "vllm_us_a_request": round(v / args.requests * 1e6, 1),
                     "batchocr_us_a_request": round(b / args.requests * 1e6, 2),
                     "banned_a_step": round(sum(map(len, vb)) / args.steps, 1), "same_bans": vb == bb}
@@ -97,7 +159,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-    return 0 if all(r["same_bans"] for r in rows) else 1
+    return 0 if all(r["same_bans"] and r["sampler_same_bans"] for r in rows) else 1
 
 
 if __name__ == "__main__":

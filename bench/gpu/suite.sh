@@ -10,7 +10,9 @@
 # Issue 20 (Unlimited-OCR's layout, by name): uocr-check, uocr-page, uocr-doc, uocr-page-ngram,
 # uocr-doc-ngram (b with batchocr's n-gram logits processor, the preset's, against vLLM's, which
 # bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512,
-# uocr-runner (b with the processor, without it on vLLM's V2 model runner, without it on V1),
+# uocr-runner (b with the processor, with the bans in the V2 sampler, without bans on vLLM's V2
+# model runner, without on V1), uocr-bans (the sampler's bans checked end to end, bench/gpu/
+# check_sampler_bans.py), uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages).
@@ -30,6 +32,8 @@ UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
 VLLM_NGRAM='vllmngram=--engine-arg logits_processors=["vllm.model_executor.models.unlimited_ocr:NGramPerReqLogitsProcessor"]'
 NO_LOGITS_PROCESSOR='noproc=--engine-arg logits_processors=[] --ngram off'  # no processor: vLLM's V2 model runner
 V1_NO_PROCESSOR='v1noproc=--engine-arg logits_processors=[] --ngram off --env VLLM_USE_V2_MODEL_RUNNER=0'
+# the same bans on the GPU in vLLM's V2 sampler (batchocr.ngram_sampler: engines.vllm.ngram_bans: sampler)
+SAMPLER_BANS='sampler=--engine-arg logits_processors=[] --engine-arg worker_extension_cls=batchocr.ngram_sampler:NGramSamplerExtension'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -98,7 +102,11 @@ run() {  # one named run of the suite
     # what a custom logits processor costs vLLM (GPU.md, "Issue 20, second lease"): b with
     # batchocr's processor (V1 runner, output tokens synced to the host a step), with none on V2,
     # and with none on V1; 512 pages, equal work in tokens (the bans change tokens, not counts)
-    uocr-runner) uocr uocr-runner --pages 512 --modes b --variant "$NO_LOGITS_PROCESSOR" --variant "$V1_NO_PROCESSOR" ;;
+    # and with the bans in the V2 sampler (uocr-bans first: it checks those bans end to end, and their runner)
+    uocr-runner) uocr uocr-runner --pages 512 --modes b --variant "$SAMPLER_BANS" --variant "$NO_LOGITS_PROCESSOR" \
+                   --variant "$V1_NO_PROCESSOR" ;;
+    uocr-bans) py uocr-bans bench/gpu/check_sampler_bans.py "$MODELS/unlimited-ocr" ;;
+    uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;

@@ -1,0 +1,99 @@
+"""batchocr.ngram_sampler on the GPU: the no-repeat n-gram bans inside vLLM's V2 sampler, end to end.
+
+Three engines on the same prompts and lengths (random weights, so the text loops and the bans
+fire nearly every step; `ignore_eos`, so every mode generates the same tokens' count), each in a
+process of its own:
+- none: no bans (the power of the check: its outputs must repeat n-grams);
+- processor: batchocr.ngram's logits processor (vLLM's V1 runner);
+- sampler: `worker_extension_cls` batchocr.ngram_sampler (must be the V2 runner).
+Each output is replayed through batchocr.ngram.NGramBan: a token that NGramBan bans at its step
+is a violation. Passes when processor and sampler have none, none has some, and sampler ran on
+V2. Also records each mode's generated tokens/s (equal work; one engine, no pipeline).
+
+    python bench/gpu/make_models.py /tmp/models unlimited-ocr
+    python bench/gpu/check_sampler_bans.py /tmp/models/unlimited-ocr [--prompts 256] [--tokens 1024] [--json F]
+
+Needs vLLM and a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = ("none", "processor", "sampler")
+NGRAM = {"ngram_size": 35, "window_size": 128}
+
+
+def one(args) -> dict:
+    """One mode's engine and run, in this process."""
+    import random
+
+    from vllm import LLM, SamplingParams
+
+    sys.path.insert(0, str(ROOT))
+    from batchocr.ngram import FQCN, NGramBan
+    from batchocr.ngram_sampler import EXTENSION
+
+    extra = {"processor": {"logits_processors": [FQCN]}, "sampler": {"worker_extension_cls": EXTENSION}}
+    llm = LLM(model=str(args.model), load_format="dummy", max_model_len=args.tokens + 64, max_num_seqs=args.prompts,
+              gpu_memory_utilization=0.85, limit_mm_per_prompt={"image": 0}, enable_prefix_caching=False,
+              seed=0, **extra.get(args.one, {}))
+    v2 = bool(llm.llm_engine.vllm_config.use_v2_model_runner)
+    rng = random.Random(7)
+    vocab = llm.get_tokenizer().vocab_size
+    prompts = [{"prompt_token_ids": [rng.randrange(100, vocab - 100) for _ in range(32)]} for _ in range(args.prompts)]
+    params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=0.0, detokenize=False,
+                            extra_args=dict(NGRAM))
+    llm.generate(prompts[:4], params, use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    violations = 0
+    for ids in tokens:
+        ban = NGramBan(NGRAM["ngram_size"], NGRAM["window_size"])
+        violations += sum(ids[j] in ban.banned(ids[:j]) for j in range(len(ids)))
+    return {"mode": args.one, "v2_model_runner": v2, "prompts": len(tokens), "tokens": sum(map(len, tokens)),
+            "wall_s": round(wall, 2), "tokens_per_s": round(sum(map(len, tokens)) / wall),
+            "violations": violations}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child: one mode
+    args = ap.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(one(args)), flush=True)
+        return 0
+    rows = []
+    for mode in MODES:
+        proc = subprocess.run([sys.executable, __file__, str(args.model), "--prompts", str(args.prompts),
+                               "--tokens", str(args.tokens), "--one", mode], capture_output=True, text=True,
+                              timeout=1200)
+        got = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        row = json.loads(got[0]) if got else {"mode": mode, "error": proc.stderr.strip().splitlines()[-3:]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    by = {r["mode"]: r for r in rows}
+    ok = (all("error" not in r for r in rows) and by["none"]["violations"] > 0 and by["processor"]["violations"] == 0
+          and by["sampler"]["violations"] == 0 and by["sampler"]["v2_model_runner"]
+          and len({r["tokens"] for r in rows}) == 1)
+    report = {"rows": rows, "ok": ok, "ngram": NGRAM}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print("ok" if ok else "FAILED", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
