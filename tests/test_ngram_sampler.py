@@ -161,7 +161,11 @@ def test_request_arguments_are_checked_as_vllms_processor_checks_them():
 def test_importing_the_module_patches_nothing():
     """Only vLLM's resolving of the extension's name installs the bans (here, without vLLM,
     it fails for want of vLLM); window_bans' users import the module freely."""
+    import importlib
+
     assert "NGramSamplerExtension" not in vars(ngram_sampler)
+    module, name = ngram_sampler.EXTENSION.rsplit(".", 1)  # as vLLM's resolve_obj_by_qualname splits it
+    assert importlib.import_module(module) is ngram_sampler and name == "NGramSamplerExtension"
     with pytest.raises(ImportError):
         ngram_sampler.NGramSamplerExtension  # noqa: B018
 
@@ -180,7 +184,7 @@ def test_ngram_bans_sampler_names_the_extension_in_the_processors_place(preset):
     assert default["logits_processors"] == [FQCN] and "worker_extension_cls" not in default
     sampler = VLLMOptions(model="/m", preset=preset, ngram_bans="sampler").llm_args(p)
     assert "logits_processors" not in sampler
-    assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION == "batchocr.ngram_sampler:NGramSamplerExtension"
+    assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION == "batchocr.ngram_sampler.NGramSamplerExtension"
     assert {k: v for k, v in sampler.items() if k != "worker_extension_cls"} == {
         k: v for k, v in default.items() if k != "logits_processors"}
     mine = VLLMOptions(model="/m", preset=preset, ngram_bans="sampler",

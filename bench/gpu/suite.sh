@@ -33,7 +33,7 @@ VLLM_NGRAM='vllmngram=--engine-arg logits_processors=["vllm.model_executor.model
 NO_LOGITS_PROCESSOR='noproc=--engine-arg logits_processors=[] --ngram off'  # no processor: vLLM's V2 model runner
 V1_NO_PROCESSOR='v1noproc=--engine-arg logits_processors=[] --ngram off --env VLLM_USE_V2_MODEL_RUNNER=0'
 # the same bans on the GPU in vLLM's V2 sampler (batchocr.ngram_sampler: engines.vllm.ngram_bans: sampler)
-SAMPLER_BANS='sampler=--engine-arg logits_processors=[] --engine-arg worker_extension_cls=batchocr.ngram_sampler:NGramSamplerExtension'
+SAMPLER_BANS='sampler=--engine-arg logits_processors=[] --engine-arg worker_extension_cls=batchocr.ngram_sampler.NGramSamplerExtension'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
