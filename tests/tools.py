@@ -221,7 +221,8 @@ def pypi_sdist_member(project: str, version: str, member: str) -> Path:
 # What each test module fetches, for prefetch(): module name -> (tool, arguments).
 USES = {
     "test_k8s": [("checkov", ())],
-    "test_azure": [("azurite", ())], "test_azure_faults": [("azurite", ())], "test_azure_listing": [("azurite", ())],
+    **{m: [("azurite", ())] for m in ("test_azure", "test_azure_faults", "test_azure_listing", "test_export",
+                                       "test_resume_bytes")},
     "test_privacy": [("strace", ())],
     "test_layertext": [("debian", ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")),
                        ("debian", ("libtasn1-doc", "usr/share/doc/libtasn1-doc/libtasn1.pdf"))],
