@@ -153,8 +153,11 @@ def test_plan_rescales_text_outside_the_detector_range():
 
 
 @pytest.fixture(scope="module")
-def layout_runs(tmp_path_factory):
-    """The test set OCRed twice by batchocr run: the engine as it was, and as it is."""
+def layout_run(tmp_path_factory):
+    """The test set OCRed by batchocr run with the engine's defaults. How it read before
+    (rapidocr's own order, no deskew: 0.47-0.74 CER on all five pages that are not
+    single-column, 0.000 on the one that is) is bench/accuracy.py's before/after
+    (docs/BENCHMARKS.md); a second OCR of the set here cost CI a minute a run."""
     import layouts
 
     from batchocr import read_pages
@@ -164,42 +167,43 @@ def layout_runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("layouts")
     variants = layouts.build(root / "src", layouts.TEST_SET)
-    off = {"reading_order": False, "deskew": False, "rescale": False}
-    out = {}
-    for name, options in (("before", off), ("after", {})):
-        spec = JobSpec(source=str(root / "src"), out=str(root / name), engine="rapidocr",
-                       engines={"rapidocr": options})
-        run_job(spec, progress=False)
-        pages = read_pages(str(root / name)).collect()
-        scored = evaluate(pages, root / "src" / "truth").pages
-        scores = dict(zip(scored["document"], scored["cer"]))
-        angles = dict(zip(pages["source_uri"].str.split("/").list.last(), pages["skew_angle"]))
-        out[name] = (scores, angles)
-    return variants, out
+    run_job(JobSpec(source=str(root / "src"), out=str(root / "out"), engine="rapidocr"), progress=False)
+    pages = read_pages(str(root / "out")).collect()
+    scored = evaluate(pages, root / "src" / "truth").pages
+    scores = dict(zip(scored["document"], scored["cer"]))
+    angles = dict(zip(pages["source_uri"].str.split("/").list.last(), pages["skew_angle"]))
+    return variants, scores, angles
 
 
-def test_cer_before_and_after_on_generated_pages(layout_runs):
-    variants, runs = layout_runs
-    before, _ = runs["before"]
-    after, _ = runs["after"]
-    lines = [f"{name:28s} {variants[name].category:14s} before {before[name]:.3f} after {after[name]:.3f}"
-             for name in sorted(variants)]
+def test_cer_on_generated_pages(layout_run):
+    variants, cer, _ = layout_run
+    lines = [f"{name:28s} {variants[name].category:14s} {cer[name]:.3f}" for name in sorted(variants)]
     print("\n".join(lines))
-    for name, v in variants.items():
-        if v.category == "single-column":
-            assert after[name] <= before[name], lines
-        else:
-            assert after[name] <= 0.03, lines
-    assert sum(before[n] > 0.3 for n, v in variants.items() if v.category != "single-column") >= 3  # it was broken
+    assert {v.category for v in variants.values()} == {"multi-column", "skewed", "single-column"}
+    for name, v in variants.items():  # columns and skew: 0.47-0.74 before (see the fixture)
+        assert cer[name] <= (0.02 if v.category == "single-column" else 0.03), lines
 
 
-def test_skew_angle_column(layout_runs):
-    variants, runs = layout_runs
-    _, before = runs["before"]
-    _, after = runs["after"]
-    assert all(a is None for a in before.values())  # deskew off: not estimated
+def test_skew_angle_column(layout_run):
+    variants, _, angles = layout_run
     for name, v in variants.items():
-        assert after[name] == pytest.approx(v.skew, abs=0.3), (name, after[name])
+        assert angles[name] == pytest.approx(v.skew, abs=0.3), (name, angles[name])
+
+
+def test_no_skew_angle_with_deskew_off():
+    """deskew off: the angle is not estimated, and the column is null."""
+    import layouts
+    import pymupdf
+
+    from batchocr.engines import rapidocr
+
+    page = layouts.two_column().doc[0]
+    engine = rapidocr.create({"deskew": False})
+    try:
+        text, angle = engine.recognise(_pixels(page, clip=pymupdf.Rect(0, 0, page.rect.width, 110)))  # the title: quick
+    finally:
+        engine.close()
+    assert angle is None and "Series" in text
 
 
 def paragraph(x0: float, x1: float, y: float, tag: str, lines: int = 4, indent: float = 0) -> list[Box]:
