@@ -34,10 +34,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+import tools  # noqa: E402 (tests/tools.py: the real scans' fetch)
 
 MODES = {"before": {"reading_order": False, "deskew": False, "rescale": False}, "after": {}}
-# Real scans: (PyPI project, version, member of its sdist, truth file in tests/data/scans)
-REAL = [("ocrmypdf", "17.13.0", "tests/resources/linn.png", "linn.txt")]
+# Real scans: ((PyPI project, version, member of its sdist), truth file in tests/data/scans)
+REAL = [(tools.LINN, "linn.txt")]
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,9 @@ class RealScan:
 
 
 def add_real(src: Path) -> dict[str, RealScan]:
-    from tools import pypi_sdist_member
-
     made = {}
-    for project, version, member, truth in REAL:
-        scan = pypi_sdist_member(project, version, member)
+    for sdist_member, truth in REAL:
+        scan = tools.pypi_sdist_member(*sdist_member)
         shutil.copy(scan, src / scan.name)
         (src / "truth" / scan.name).mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / "tests" / "data" / "scans" / truth, src / "truth" / scan.name / "0.txt")

@@ -18,9 +18,7 @@ import tools
 from batchocr import read_pages
 from batchocr.layertext import page_markdown
 from conftest import run_cli
-
-REFCARD = ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")
-MANUAL = ("libtasn1-doc", "usr/share/doc/libtasn1-doc/libtasn1.pdf")
+from tools import MANUAL, REFCARD
 
 
 def debian(doc: tuple[str, str]):

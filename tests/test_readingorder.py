@@ -295,7 +295,7 @@ def test_batchocr_run_reads_a_real_scanned_two_column_sheet_in_order(tmp_path):
     and a heading nearer the section below than the column above went with the section."""
     import shutil
 
-    from tools import Unavailable, pypi_sdist_member
+    from tools import LINN, Unavailable, pypi_sdist_member
 
     from batchocr import read_pages
     from batchocr.evaluate import evaluate
@@ -303,7 +303,7 @@ def test_batchocr_run_reads_a_real_scanned_two_column_sheet_in_order(tmp_path):
     from batchocr.spec import JobSpec
 
     try:
-        scan = pypi_sdist_member("ocrmypdf", "17.13.0", "tests/resources/linn.png")
+        scan = pypi_sdist_member(*LINN)
     except Unavailable as exc:
         pytest.skip(str(exc))
     src = tmp_path / "src"

@@ -139,6 +139,8 @@ def strace() -> str:
 # (pdfTeX manuals and reference cards), fetched with `apt-get download` (no root
 # needed) and unpacked into .tools/debian/ once. Versions of Debian 12.
 DEBIAN_DOCS = {"libtasn1-doc": "4.19.0-2+deb12u1", "octave-doc": "7.3.0-2"}
+REFCARD = ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")  # debian_doc(*REFCARD): a 3-column card
+MANUAL = ("libtasn1-doc", "usr/share/doc/libtasn1-doc/libtasn1.pdf")  # a single-column manual
 
 
 def debian_doc(package: str, path: str) -> Path:
@@ -175,6 +177,7 @@ def debian_doc(package: str, path: str) -> Path:
 # Real scans nobody here made: OCRmyPDF's test resources, in its sdist on PyPI (tests/resources/:
 # linn.png is "image with two columns", a scanned LinnSequencer product sheet from Wikimedia).
 PYPI_SDISTS = {("ocrmypdf", "17.13.0"): "151c35d810eb628fbc5cb9bbe80b834ecf094737efa0e7a2e9e1fac3c730ed49"}
+LINN = ("ocrmypdf", "17.13.0", "tests/resources/linn.png")  # pypi_sdist_member(*LINN)
 
 
 def pypi_sdist_member(project: str, version: str, member: str) -> Path:
@@ -224,10 +227,8 @@ USES = {
     **{m: [("azurite", ())] for m in ("test_azure", "test_azure_faults", "test_azure_listing", "test_export",
                                        "test_resume_bytes")},
     "test_privacy": [("strace", ())],
-    "test_layertext": [("debian", ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")),
-                       ("debian", ("libtasn1-doc", "usr/share/doc/libtasn1-doc/libtasn1.pdf"))],
-    "test_readingorder": [("debian", ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")),
-                          ("pypi", ("ocrmypdf", "17.13.0", "tests/resources/linn.png"))],
+    "test_layertext": [("debian", REFCARD), ("debian", MANUAL)],
+    "test_readingorder": [("debian", REFCARD), ("pypi", LINN)],
 }
 FETCH = {"checkov": checkov, "azurite": azurite_blob, "strace": strace, "debian": debian_doc,
          "pypi": pypi_sdist_member}

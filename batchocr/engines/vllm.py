@@ -151,7 +151,8 @@ class VLLMOptions:
         args |= dict(preset.engine_args)
         if self.ngram_bans == "sampler" and ngram.FQCN in (args.get("logits_processors") or ()):
             rest = [p for p in args.pop("logits_processors") if p != ngram.FQCN]
-            args |= {"logits_processors": rest} if rest else {}
+            if rest:
+                args["logits_processors"] = rest
             args["worker_extension_cls"] = ngram_sampler.EXTENSION
         return args | dict(self.engine_args)
 

@@ -62,16 +62,25 @@ def step_cost(cls, device, requests: int, ngram: int, window: int, kind: str, st
         for i in range(requests):
             ids[i].append(full[i][start + s])
         proc.update_state(None)
-        logits.zero_()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        proc.apply(logits)
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # the writes are part of the step
-        seconds += time.perf_counter() - t0
-        bans.append(torch.nonzero(logits == -float("inf")).tolist())
+        seconds += timed_step(logits, lambda: proc.apply(logits), bans)
     return seconds / steps, bans
+
+
+def timed_step(logits, apply, bans: list) -> float:
+    """Seconds of apply() on zeroed logits, the device synchronised around it (its writes are
+    part of the step); the (row, token) pairs it banned appended to bans."""
+    import torch
+
+    logits.zero_()
+    if logits.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    apply()
+    if logits.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    bans.append(torch.nonzero(logits == -float("inf")).tolist())
+    return seconds
 
 
 class Staged:
@@ -117,15 +126,7 @@ def sampler_step_cost(device, requests: int, ngram: int, window: int, kind: str,
     seconds, banned = 0.0, []
     for s in range(steps):
         states.total_len.gpu.fill_(start + s + 1)  # the tokens step_cost's requests hold at step s
-        logits.zero_()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        bans.apply(logits, order, order_np, states)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - t0
-        banned.append(torch.nonzero(logits == -float("inf")).tolist())
+        seconds += timed_step(logits, lambda: bans.apply(logits, order, order_np, states), banned)
     return seconds / steps, banned
 
 
