@@ -43,7 +43,7 @@ def one(args) -> dict:
     extra = {"processor": {"logits_processors": [FQCN]}, "sampler": {"worker_extension_cls": EXTENSION}}
     llm = LLM(model=str(args.model), load_format="dummy", max_model_len=args.tokens + 64, max_num_seqs=args.prompts,
               gpu_memory_utilization=0.85, limit_mm_per_prompt={"image": 0}, enable_prefix_caching=False,
-              seed=0, **extra.get(args.one, {}))
+              seed=0, enforce_eager=args.eager, **extra.get(args.one, {}))
     v2 = bool(llm.llm_engine.vllm_config.use_v2_model_runner)
     rng = random.Random(7)
     vocab = llm.get_tokenizer().vocab_size
@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("model", type=Path)
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--eager", action="store_true", help="no compile, no CUDA graphs: quicker engine starts")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child: one mode
     args = ap.parse_args()
@@ -79,9 +80,9 @@ def main() -> int:
         return 0
     rows = []
     for mode in MODES:
-        proc = subprocess.run([sys.executable, __file__, str(args.model), "--prompts", str(args.prompts),
-                               "--tokens", str(args.tokens), "--one", mode], capture_output=True, text=True,
-                              timeout=1200)
+        argv = [sys.executable, __file__, str(args.model), "--prompts", str(args.prompts), "--tokens",
+                str(args.tokens), "--one", mode] + (["--eager"] if args.eager else [])
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
         got = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         row = json.loads(got[0]) if got else {"mode": mode, "error": proc.stderr.strip().splitlines()[-3:]}
         rows.append(row)

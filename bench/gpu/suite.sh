@@ -33,7 +33,7 @@ VLLM_NGRAM='vllmngram=--engine-arg logits_processors=["vllm.model_executor.model
 NO_LOGITS_PROCESSOR='noproc=--engine-arg logits_processors=[] --ngram off'  # no processor: vLLM's V2 model runner
 V1_NO_PROCESSOR='v1noproc=--engine-arg logits_processors=[] --ngram off --env VLLM_USE_V2_MODEL_RUNNER=0'
 # the same bans on the GPU in vLLM's V2 sampler (batchocr.ngram_sampler: engines.vllm.ngram_bans: sampler)
-SAMPLER_BANS='sampler=--engine-arg logits_processors=[] --engine-arg worker_extension_cls=batchocr.ngram_sampler.NGramSamplerExtension'
+SAMPLER_BANS='sampler=--ngram-bans sampler'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -105,7 +105,12 @@ run() {  # one named run of the suite
     # and with the bans in the V2 sampler (uocr-bans first: it checks those bans end to end, and their runner)
     uocr-runner) uocr uocr-runner --pages 512 --modes b --variant "$SAMPLER_BANS" --variant "$NO_LOGITS_PROCESSOR" \
                    --variant "$V1_NO_PROCESSOR" ;;
-    uocr-bans) py uocr-bans bench/gpu/check_sampler_bans.py "$MODELS/unlimited-ocr" ;;
+    uocr-bans) py uocr-bans bench/gpu/check_sampler_bans.py "$MODELS/unlimited-ocr" --eager --tokens 512 ;;
+    # with the sampler's bans (engines.vllm.ngram_bans: sampler) in a and b alike: page mode a, b and b
+    # admitting 16 pages at a time; document mode a and b; then b against b with 512 sequences
+    uocr-page-s) uocr uocr-page-s --pages 1024 --modes a,b --ngram-bans sampler --b-variants "admit_pages=16" ;;
+    uocr-doc-s) uocr uocr-doc-s --mode document --pages 1024 --modes a,b --ngram-bans sampler ;;
+    uocr-seqs-s) uocr uocr-seqs-s --pages 1024 --modes b --ngram-bans sampler --variant "seqs512=--max-num-seqs 512" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;

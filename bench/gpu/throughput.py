@@ -374,6 +374,7 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
     """This script again, in its own process (its own engine), with the same work and `extra` on top."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--pages", str(args.pages),
             "--preset", args.preset, "--mode", args.mode, "--per-doc", args.per_doc, "--ngram", args.ngram,
+            "--ngram-bans", args.ngram_bans,
             "--max-model-len", str(args.max_model_len),
             "--lengths", args.lengths, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
@@ -426,6 +427,8 @@ def main() -> None:
     ap.add_argument("--per-doc", default="8", help="pages a document of the corpus; several cycle: 8,12,16")
     ap.add_argument("--ngram", choices=["on", "off"], default="on",
                     help="the preset's no-repeat n-gram logits processor (its extra_args); off: its cost measured")
+    ap.add_argument("--ngram-bans", choices=["processor", "sampler"], default="processor",
+                    help="engines.vllm.ngram_bans: the bans in a logits processor (V1 runner) or in the V2 sampler")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="0: 8192 in page mode, the preset's in document mode (a group fills the context)")
     ap.add_argument("--pages", type=int, default=1024)
@@ -492,6 +495,7 @@ def main() -> None:
     # document_fallback off: random weights never write <page> (and every group ends at its length):
     # with it on, b would read every page again alone, other work than a's
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
+                          ngram_bans=args.ngram_bans,
                           load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=context, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
