@@ -158,6 +158,25 @@ class RequestBans:
                 apply_bans(logits, followers, banned & (row_n == n)[:, None])
 
 
+V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def require_v2_runner(environ=None) -> None:
+    """Ask vLLM for its V2 model runner, before the engine is built (its engine-core process
+    inherits the variable). An MoE model, Unlimited-OCR's and DeepSeek-OCR's layouts among them,
+    is not one vLLM 0.26 runs on V2 by default (config/vllm.py:605-622): without this the V1
+    runner is chosen and the bans would be missing (the extension refuses it; seen on the H200,
+    2026-12-02). ValueError where the variable says no."""
+    import os
+
+    env = os.environ if environ is None else environ
+    value = env.get(V2_ENV)
+    if value is None or value == "":
+        env[V2_ENV] = "1"
+    elif value.strip().lower() in ("0", "false"):
+        raise ValueError(f"{V2_ENV}={value} is set, and the sampler's bans run in vLLM's V2 model runner only")
+
+
 def install() -> None:
     """Add the bans to vLLM's V2 `Sampler` and make the V1 runner refuse to start (idempotent)."""
     from vllm.v1.worker import gpu_model_runner

@@ -2,6 +2,9 @@
 (vLLM's processor's bans) bans on the host. Its arithmetic is the same code for numpy and torch:
 here on numpy, with vLLM's request state replaced by arrays of the same names."""
 
+import os
+
+import fake_vllm
 import numpy as np
 import pytest
 
@@ -203,3 +206,22 @@ def test_a_bad_ngram_bans_value_is_exit_2_naming_the_key(tmp_path):
     proc = run_cli("run", "--job", str(job))
     assert proc.returncode == 2 and "ngram_bans" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_sampler_bans_ask_vllm_for_its_v2_runner(monkeypatch):
+    """An MoE layout (Unlimited-OCR's) is not one vLLM runs on V2 by default: with the sampler's
+    bans the engine sets VLLM_USE_V2_MODEL_RUNNER=1 before vLLM is built (the H200 chose V1
+    without it); a 0 set by hand is exit 2 naming the key, not an engine that refuses later."""
+    from batchocr.engines.vllm import VLLMEngine, VLLMOptions
+    from batchocr.errors import ConfigError
+
+    fake_vllm.install(monkeypatch)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    VLLMEngine(VLLMOptions(model="/models/fake", preset="unlimited-ocr"), llm=fake_vllm.LLM())
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ  # the processor's engine: vLLM chooses
+    VLLMEngine(VLLMOptions(model="/models/fake", preset="unlimited-ocr", ngram_bans="sampler"), llm=fake_vllm.LLM())
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    with pytest.raises(ConfigError, match="engines.vllm.ngram_bans: sampler: VLLM_USE_V2_MODEL_RUNNER=0"):
+        VLLMEngine(VLLMOptions(model="/models/fake", preset="unlimited-ocr", ngram_bans="sampler"),
+                   llm=fake_vllm.LLM())

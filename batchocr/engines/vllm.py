@@ -212,6 +212,11 @@ class VLLMEngine:
             raise ConfigError(f"--engine vllm needs vLLM, which is not installed ({exc}): {INSTALL_HINT}") from None
         self._SamplingParams = SamplingParams
         self._delta = RequestOutputKind.DELTA
+        if options.ngram_bans == "sampler":
+            try:
+                ngram_sampler.require_v2_runner()
+            except ValueError as exc:
+                raise ConfigError(f"engines.vllm.ngram_bans: sampler: {exc}") from None
         if llm is None:
             from vllm import LLM
 

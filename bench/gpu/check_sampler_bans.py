@@ -38,16 +38,21 @@ def one(args) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from batchocr.ngram import FQCN, NGramBan
-    from batchocr.ngram_sampler import EXTENSION
+    from batchocr.ngram_sampler import EXTENSION, require_v2_runner
 
+    if args.one == "sampler":  # as batchocr's engine does: an MoE layout is not V2 by default
+        require_v2_runner()
     extra = {"processor": {"logits_processors": [FQCN]}, "sampler": {"worker_extension_cls": EXTENSION}}
     llm = LLM(model=str(args.model), load_format="dummy", max_model_len=args.tokens + 64, max_num_seqs=args.prompts,
               gpu_memory_utilization=0.85, limit_mm_per_prompt={"image": 0}, enable_prefix_caching=False,
               seed=0, enforce_eager=args.eager, **extra.get(args.one, {}))
     v2 = bool(llm.llm_engine.vllm_config.use_v2_model_runner)
     rng = random.Random(7)
-    vocab = llm.get_tokenizer().vocab_size
-    prompts = [{"prompt_token_ids": [rng.randrange(100, vocab - 100) for _ in range(32)]} for _ in range(args.prompts)]
+    # prompts of ordinary words: random ids can hit the image token (an engine with no image then
+    # dies: seen on the H200, 2026-12-02)
+    tokenizer = llm.get_tokenizer()
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(4000)]
+    prompts = [{"prompt_token_ids": tokenizer.encode(" ".join(rng.sample(words, 24)))[:32]} for _ in range(args.prompts)]
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=0.0, detokenize=False,
                             extra_args=dict(NGRAM))
     llm.generate(prompts[:4], params, use_tqdm=False)  # warm-up
@@ -84,7 +89,7 @@ def main() -> int:
                 str(args.tokens), "--one", mode] + (["--eager"] if args.eager else [])
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
         got = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        row = json.loads(got[0]) if got else {"mode": mode, "error": proc.stderr.strip().splitlines()[-3:]}
+        row = json.loads(got[0]) if got else {"mode": mode, "error": [ln for ln in proc.stderr.splitlines() if "Error" in ln][-6:]}
         rows.append(row)
         print(json.dumps(row), flush=True)
     by = {r["mode"]: r for r in rows}

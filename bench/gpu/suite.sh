@@ -106,9 +106,9 @@ run() {  # one named run of the suite
     uocr-runner) uocr uocr-runner --pages 512 --modes b --variant "$SAMPLER_BANS" --variant "$NO_LOGITS_PROCESSOR" \
                    --variant "$V1_NO_PROCESSOR" ;;
     uocr-bans) py uocr-bans bench/gpu/check_sampler_bans.py "$MODELS/unlimited-ocr" --eager --tokens 512 ;;
-    # with the sampler's bans (engines.vllm.ngram_bans: sampler) in a and b alike: page mode a, b and b
-    # admitting 16 pages at a time; document mode a and b; then b against b with 512 sequences
-    uocr-page-s) uocr uocr-page-s --pages 1024 --modes a,b --ngram-bans sampler --b-variants "admit_pages=16" ;;
+    # with the sampler's bans (engines.vllm.ngram_bans: sampler) in a and b alike: page mode a and b;
+    # document mode a and b; then b against b with 512 sequences
+    uocr-page-s) uocr uocr-page-s --pages 1024 --modes a,b --ngram-bans sampler ;;
     uocr-doc-s) uocr uocr-doc-s --mode document --pages 1024 --modes a,b --ngram-bans sampler ;;
     uocr-seqs-s) uocr uocr-seqs-s --pages 1024 --modes b --ngram-bans sampler --variant "seqs512=--max-num-seqs 512" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
