@@ -177,12 +177,45 @@ def require_v2_runner(environ=None) -> None:
         raise ValueError(f"{V2_ENV}={value} is set, and the sampler's bans run in vLLM's V2 model runner only")
 
 
+def pad_rows(lengths, num_reqs):
+    """`lengths` with zeros appended up to `num_reqs` rows (as is when it has them, or is None)."""
+    if lengths is None or num_reqs is None or lengths.shape[0] >= num_reqs:
+        return lengths
+    if _torch(lengths):
+        import torch
+
+        return torch.cat([lengths, lengths.new_zeros(num_reqs - lengths.shape[0])])
+    import numpy as np
+
+    return np.concatenate([lengths, np.zeros(num_reqs - lengths.shape[0], dtype=lengths.dtype)])
+
+
+def padded_rswa(build):
+    """vLLM 0.26's V2 runner with full CUDA graphs builds attention metadata for the batch padded to
+    a captured size, but R-SWA's prompt lengths (`rswa_prefix_lens`) only for its real requests:
+    Triton attention's copy into its persistent buffer then fails at the first batch of another
+    size (triton_attn.py:264, "The size of tensor a (184) must match the size of tensor b (181)";
+    flash_attn.py:710 has the same copy). Seen on the H200 with Unlimited-OCR's layout, 2026-12-02.
+    The padded rows are no requests: a prompt length of 0 for them changes nothing."""
+    def build_attn_metadata(*args, **kwargs):
+        if "rswa_prefix_lens" in kwargs:
+            kwargs["rswa_prefix_lens"] = pad_rows(kwargs["rswa_prefix_lens"], kwargs.get("num_reqs"))
+        return build(*args, **kwargs)
+
+    build_attn_metadata.batchocr_padded = True
+    return build_attn_metadata
+
+
 def install() -> None:
-    """Add the bans to vLLM's V2 `Sampler` and make the V1 runner refuse to start (idempotent)."""
+    """Add the bans to vLLM's V2 `Sampler`, pad R-SWA's prompt lengths to the V2 runner's padded
+    batch (padded_rswa) and make the V1 runner refuse to start (idempotent)."""
     from vllm.v1.worker import gpu_model_runner
+    from vllm.v1.worker.gpu.model_states import default as model_states
     from vllm.v1.worker.gpu.buffer_utils import UvaBackedTensor
     from vllm.v1.worker.gpu.sample import sampler
 
+    if not getattr(model_states.build_attn_metadata, "batchocr_padded", False):
+        model_states.build_attn_metadata = padded_rswa(model_states.build_attn_metadata)
     cls = sampler.Sampler
     if getattr(cls, "_batchocr_ngram", False):
         return

@@ -225,3 +225,26 @@ def test_the_sampler_bans_ask_vllm_for_its_v2_runner(monkeypatch):
     with pytest.raises(ConfigError, match="engines.vllm.ngram_bans: sampler: VLLM_USE_V2_MODEL_RUNNER=0"):
         VLLMEngine(VLLMOptions(model="/models/fake", preset="unlimited-ocr", ngram_bans="sampler"),
                    llm=fake_vllm.LLM())
+
+
+def test_rswa_prompt_lengths_are_padded_to_the_padded_batch():
+    """vLLM 0.26's V2 runner builds attention metadata for 184 rows (a captured CUDA-graph size)
+    with R-SWA prompt lengths for the 181 real requests, and Triton attention's copy fails (the
+    H200, 2026-12-02): the wrapper gives the builder lengths for every row, zeros for the padding,
+    the real rows' unchanged; a batch that needs no padding, or no R-SWA, is passed as it came."""
+    seen = {}
+
+    def build(**kwargs):
+        seen.update(kwargs)
+        return "metadata"
+
+    wrapped = ngram_sampler.padded_rswa(build)
+    lengths = np.array([903, 911, 1810], dtype=np.int32)
+    assert wrapped(num_reqs=8, rswa_prefix_lens=lengths, seq_lens="s") == "metadata"
+    assert seen["rswa_prefix_lens"].tolist() == [903, 911, 1810, 0, 0, 0, 0, 0]
+    assert seen["rswa_prefix_lens"].dtype == np.int32 and seen["seq_lens"] == "s"
+    wrapped(num_reqs=3, rswa_prefix_lens=lengths)
+    assert seen["rswa_prefix_lens"] is lengths
+    wrapped(num_reqs=8, rswa_prefix_lens=None)
+    assert seen["rswa_prefix_lens"] is None
+    assert wrapped.batchocr_padded

@@ -31,28 +31,37 @@ NGRAM = {"ngram_size": 35, "window_size": 128}
 
 
 def one(args) -> dict:
-    """One mode's engine and run, in this process."""
+    """One mode's engine and run, in this process: the engine batchocr builds (VLLMOptions'
+    arguments for the unlimited-ocr preset, ngram_bans as the mode says), page images with the
+    preset's prompt (the layout's engine died on prompts without an image: the H200, 2026-12-02)."""
     import random
 
+    from PIL import Image
     from vllm import LLM, SamplingParams
 
     sys.path.insert(0, str(ROOT))
-    from batchocr.ngram import FQCN, NGramBan
-    from batchocr.ngram_sampler import EXTENSION, require_v2_runner
+    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm import VLLMOptions
+    from batchocr.ngram import NGramBan
+    from batchocr.ngram_sampler import require_v2_runner
 
-    if args.one == "sampler":  # as batchocr's engine does: an MoE layout is not V2 by default
+    preset = get_preset("unlimited-ocr")
+    options = VLLMOptions(model=str(args.model), preset="unlimited-ocr", load_format="dummy",
+                          ngram_bans="sampler" if args.one == "sampler" else "processor",
+                          max_model_len=4096, max_num_seqs=args.prompts, gpu_memory_utilization=0.85,
+                          engine_args={"logits_processors": []} if args.one == "none" else {})
+    if args.one == "sampler":  # as batchocr's engine does
         require_v2_runner()
-    extra = {"processor": {"logits_processors": [FQCN]}, "sampler": {"worker_extension_cls": EXTENSION}}
-    llm = LLM(model=str(args.model), load_format="dummy", max_model_len=args.tokens + 64, max_num_seqs=args.prompts,
-              gpu_memory_utilization=0.85, limit_mm_per_prompt={"image": 0}, enable_prefix_caching=False,
-              seed=0, enforce_eager=args.eager, **extra.get(args.one, {}))
+    llm_args = options.llm_args(preset)
+    llm = LLM(**llm_args)
     v2 = bool(llm.llm_engine.vllm_config.use_v2_model_runner)
     rng = random.Random(7)
-    # prompts of ordinary words: random ids can hit the image token (an engine with no image then
-    # dies: seen on the H200, 2026-12-02)
-    tokenizer = llm.get_tokenizer()
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(4000)]
-    prompts = [{"prompt_token_ids": tokenizer.encode(" ".join(rng.sample(words, 24)))[:32]} for _ in range(args.prompts)]
+    side = 640  # one view a page: the check needs the decoding, not the crops
+
+    def page():
+        return Image.frombytes("L", (side, side), rng.randbytes(side * side)).convert("RGB")
+
+    prompts = [{"prompt": preset.prompt(), "multi_modal_data": {"image": page()}} for _ in range(args.prompts)]
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=0.0, detokenize=False,
                             extra_args=dict(NGRAM))
     llm.generate(prompts[:4], params, use_tqdm=False)  # warm-up
@@ -66,7 +75,8 @@ def one(args) -> dict:
         for token in ids:
             violations += token in ban.banned(seen)
             seen.append(token)
-    return {"mode": args.one, "v2_model_runner": v2, "prompts": len(tokens), "tokens": sum(map(len, tokens)),
+    return {"mode": args.one, "v2_model_runner": v2, "logits_processors": llm_args.get("logits_processors"),
+            "worker_extension_cls": llm_args.get("worker_extension_cls"), "prompts": len(tokens), "tokens": sum(map(len, tokens)),
             "wall_s": round(wall, 2), "tokens_per_s": round(sum(map(len, tokens)) / wall),
             "violations": violations}
 
@@ -76,7 +86,6 @@ def main() -> int:
     ap.add_argument("model", type=Path)
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--eager", action="store_true", help="no compile, no CUDA graphs: quicker engine starts")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child: one mode
     args = ap.parse_args()
@@ -86,8 +95,10 @@ def main() -> int:
     rows = []
     for mode in MODES:
         argv = [sys.executable, __file__, str(args.model), "--prompts", str(args.prompts), "--tokens",
-                str(args.tokens), "--one", mode] + (["--eager"] if args.eager else [])
+                str(args.tokens), "--one", mode]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
+        if args.json:  # the child's whole output, for the engine's own trace when it fails
+            args.json.with_name(f"{args.json.stem}-{mode}.log").write_text(proc.stdout + proc.stderr)
         got = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         row = json.loads(got[0]) if got else {"mode": mode, "error": [ln for ln in proc.stderr.splitlines() if "Error" in ln][-6:]}
         rows.append(row)
