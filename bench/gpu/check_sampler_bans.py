@@ -33,7 +33,8 @@ NGRAM = {"ngram_size": 35, "window_size": 128}
 def one(args) -> dict:
     """One mode's engine and run, in this process: the engine batchocr builds (VLLMOptions'
     arguments for the unlimited-ocr preset, ngram_bans as the mode says), page images with the
-    preset's prompt (the layout's engine died on prompts without an image: the H200, 2026-12-02)."""
+    preset's prompt, as batchocr sends them (on the H200, 2026-12-02, both V1 engines died inside
+    `generate` on text-only prompts of random ids; what killed them was not kept)."""
     import random
 
     from PIL import Image
@@ -49,7 +50,10 @@ def one(args) -> dict:
     options = VLLMOptions(model=str(args.model), preset="unlimited-ocr", load_format="dummy",
                           ngram_bans="sampler" if args.one == "sampler" else "processor",
                           max_model_len=4096, max_num_seqs=args.prompts, gpu_memory_utilization=0.85,
-                          engine_args={"logits_processors": []} if args.one == "none" else {})
+                          # R-SWA's attention on the kit's backend: vLLM's choice, FA4, needs cutlass, which the
+                          # kit lacks (the sampler's engine stopped on it: the H200, 2026-12-02; suite.sh's uocr())
+                          engine_args={"attention_config": {"backend": "TRITON_ATTN"}}
+                          | ({"logits_processors": []} if args.one == "none" else {}))
     if args.one == "sampler":  # as batchocr's engine does
         require_v2_runner()
     llm_args = options.llm_args(preset)
