@@ -80,7 +80,8 @@ def one(args) -> dict:
             violations += token in ban.banned(seen)
             seen.append(token)
     return {"mode": args.one, "v2_model_runner": v2, "logits_processors": llm_args.get("logits_processors"),
-            "worker_extension_cls": llm_args.get("worker_extension_cls"), "prompts": len(tokens), "tokens": sum(map(len, tokens)),
+            "worker_extension_cls": llm_args.get("worker_extension_cls"), "prompts": len(tokens),
+            "tokens": sum(map(len, tokens)),
             "wall_s": round(wall, 2), "tokens_per_s": round(sum(map(len, tokens)) / wall),
             "violations": violations}
 
@@ -104,7 +105,8 @@ def main() -> int:
         if args.json:  # the child's whole output, for the engine's own trace when it fails
             args.json.with_name(f"{args.json.stem}-{mode}.log").write_text(proc.stdout + proc.stderr)
         got = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        row = json.loads(got[0]) if got else {"mode": mode, "error": [ln for ln in proc.stderr.splitlines() if "Error" in ln][-6:]}
+        errors = [line for line in proc.stderr.splitlines() if "Error" in line][-6:]
+        row = json.loads(got[0]) if got else {"mode": mode, "error": errors}
         rows.append(row)
         print(json.dumps(row), flush=True)
     by = {r["mode"]: r for r in rows}

@@ -12,7 +12,8 @@
 # bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512,
 # uocr-runner (b with the processor, with the bans in the V2 sampler, without bans on vLLM's V2
 # model runner, without on V1), uocr-page-s, uocr-doc-s, uocr-seqs-s (the sampler's bans in a and
-# b), uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py), uocr-doc-sampler (document mode a, b and b with the sampler's bans),
+# b), uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
+# uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages).
