@@ -163,10 +163,9 @@ V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 def require_v2_runner(environ=None) -> None:
     """Ask vLLM for its V2 model runner, before the engine is built (its engine-core process
-    inherits the variable). An MoE model, Unlimited-OCR's and DeepSeek-OCR's layouts among them,
-    is not one vLLM 0.26 runs on V2 by default (config/vllm.py:605-622): without this the V1
-    runner is chosen and the bans would be missing (the extension refuses it; seen on the H200,
-    2026-12-02). ValueError where the variable says no."""
+    inherits the variable). Without it vLLM 0.26 gave Unlimited-OCR's layout (DeepSeek-V2's MoE
+    decoder) the V1 runner, where the bans would be missing (the extension refused it: the H200,
+    2026-12-02; why vLLM chose V1 is in docs/GPU.md). ValueError where the variable says no."""
     import os
 
     env = os.environ if environ is None else environ

@@ -209,9 +209,9 @@ def test_a_bad_ngram_bans_value_is_exit_2_naming_the_key(tmp_path):
 
 
 def test_the_sampler_bans_ask_vllm_for_its_v2_runner(monkeypatch):
-    """An MoE layout (Unlimited-OCR's) is not one vLLM runs on V2 by default: with the sampler's
-    bans the engine sets VLLM_USE_V2_MODEL_RUNNER=1 before vLLM is built (the H200 chose V1
-    without it); a 0 set by hand is exit 2 naming the key, not an engine that refuses later."""
+    """vLLM gave Unlimited-OCR's layout its V1 runner by itself (the H200, 2026-12-02): with the
+    sampler's bans the engine sets VLLM_USE_V2_MODEL_RUNNER=1 before vLLM is built; a 0 set by
+    hand is exit 2 naming the key, not an engine that refuses later."""
     from batchocr.engines.vllm import VLLMEngine, VLLMOptions
     from batchocr.errors import ConfigError
 

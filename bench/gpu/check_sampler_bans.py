@@ -54,7 +54,7 @@ def one(args) -> dict:
                           # kit lacks (the sampler's engine stopped on it: the H200, 2026-12-02; suite.sh's uocr())
                           engine_args={"attention_config": {"backend": "TRITON_ATTN"}}
                           | ({"logits_processors": []} if args.one == "none" else {}))
-    if args.one == "sampler":  # as batchocr's engine does
+    if args.one == "sampler":  # as batchocr's engine does: vLLM gave this layout V1 by itself
         require_v2_runner()
     llm_args = options.llm_args(preset)
     llm = LLM(**llm_args)

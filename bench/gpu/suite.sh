@@ -31,7 +31,7 @@ MODELS=${MODELS:-/tmp/models}
 UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
 # vLLM's own n-gram processor (the recipe's) in the place of batchocr.ngram's, which bans the same tokens
 VLLM_NGRAM='vllmngram=--engine-arg logits_processors=["vllm.model_executor.models.unlimited_ocr:NGramPerReqLogitsProcessor"]'
-NO_LOGITS_PROCESSOR='noproc=--engine-arg logits_processors=[] --ngram off'  # no processor: vLLM's V2 model runner
+NO_LOGITS_PROCESSOR='noproc=--engine-arg logits_processors=[] --ngram off'  # no processor, vLLM's choice of runner: V1 here
 V1_NO_PROCESSOR='v1noproc=--engine-arg logits_processors=[] --ngram off --env VLLM_USE_V2_MODEL_RUNNER=0'
 # no bans on V2: batchocr's extension (which asks for V2 and pads R-SWA's prompt lengths for its CUDA
 # graphs: vLLM 0.26's V2 runner fails this layout without) with no n-gram arguments in the requests
