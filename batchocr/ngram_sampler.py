@@ -161,17 +161,16 @@ class RequestBans:
 V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
-def require_v2_runner(environ=None) -> None:
+def require_v2_runner() -> None:
     """Ask vLLM for its V2 model runner, before the engine is built (its engine-core process
     inherits the variable). Without it vLLM 0.26 gave Unlimited-OCR's layout (DeepSeek-V2's MoE
     decoder) the V1 runner, where the bans would be missing (the extension refused it: the H200,
     2026-12-02; why vLLM chose V1 is in docs/GPU.md). ValueError where the variable says no."""
     import os
 
-    env = os.environ if environ is None else environ
-    value = env.get(V2_ENV)
+    value = os.environ.get(V2_ENV)
     if value is None or value == "":
-        env[V2_ENV] = "1"
+        os.environ[V2_ENV] = "1"
     elif value.strip().lower() in ("0", "false"):
         raise ValueError(f"{V2_ENV}={value} is set, and the sampler's bans run in vLLM's V2 model runner only")
 

@@ -127,6 +127,16 @@ class VLLMOptions:
         fit = context // (preset.document_page_tokens + self.group_page_tokens)
         return min(self.group_pages or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
 
+    def set_runner_env(self) -> None:
+        """Before vLLM is built in this process (its engine-core process inherits it): the
+        environment these options need. ngram_bans: sampler asks for vLLM's V2 runner;
+        ConfigError naming the key where the environment says no."""
+        if self.ngram_bans == "sampler":
+            try:
+                ngram_sampler.require_v2_runner()
+            except ValueError as exc:
+                raise ConfigError(f"engines.vllm.ngram_bans: sampler: {exc}") from None
+
     def llm_args(self, preset: Preset) -> dict[str, Any]:
         args = {
             "model": self.model,
@@ -212,11 +222,7 @@ class VLLMEngine:
             raise ConfigError(f"--engine vllm needs vLLM, which is not installed ({exc}): {INSTALL_HINT}") from None
         self._SamplingParams = SamplingParams
         self._delta = RequestOutputKind.DELTA
-        if options.ngram_bans == "sampler":
-            try:
-                ngram_sampler.require_v2_runner()
-            except ValueError as exc:
-                raise ConfigError(f"engines.vllm.ngram_bans: sampler: {exc}") from None
+        options.set_runner_env()
         if llm is None:
             from vllm import LLM
 

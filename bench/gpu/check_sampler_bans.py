@@ -30,11 +30,6 @@ MODES = ("none", "processor", "sampler")
 NGRAM = {"ngram_size": 35, "window_size": 128}
 
 
-def key_json(item: str) -> tuple[str, object]:
-    key, _, value = item.partition("=")
-    return key, json.loads(value)
-
-
 def one(args) -> dict:
     """One mode's engine and run, in this process: the engine batchocr builds (VLLMOptions'
     arguments for the unlimited-ocr preset, ngram_bans as the mode says), page images with the
@@ -49,7 +44,7 @@ def one(args) -> dict:
     from batchocr.engines.presets import get_preset
     from batchocr.engines.vllm import VLLMOptions
     from batchocr.ngram import NGramBan
-    from batchocr.ngram_sampler import require_v2_runner
+    from throughput import engine_args
 
     preset = get_preset("unlimited-ocr")
     options = VLLMOptions(model=str(args.model), preset="unlimited-ocr", load_format="dummy",
@@ -58,9 +53,8 @@ def one(args) -> dict:
                           # R-SWA's attention on the kit's backend: vLLM's choice, FA4, needs cutlass, which the
                           # kit lacks (the sampler's engine stopped on it: the H200, 2026-12-02; suite.sh's uocr())
                           engine_args={"attention_config": {"backend": "TRITON_ATTN"}}
-                          | ({"logits_processors": []} if args.one == "none" else {}) | dict(args.engine_arg))
-    if args.one == "sampler":  # as batchocr's engine does: vLLM gave this layout V1 by itself
-        require_v2_runner()
+                          | ({"logits_processors": []} if args.one == "none" else {}) | engine_args(args))
+    options.set_runner_env()  # as batchocr's engine does (the sampler's bans ask for V2)
     llm_args = options.llm_args(preset)
     llm = LLM(**llm_args)
     v2 = bool(llm.llm_engine.vllm_config.use_v2_model_runner)
@@ -96,7 +90,7 @@ def main() -> int:
     ap.add_argument("model", type=Path)
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--engine-arg", action="append", default=[], type=key_json,
+    ap.add_argument("--engine-arg", action="append", default=[],
                     help='KEY=JSON on top of the engine arguments, e.g. compilation_config={"cudagraph_mode": "PIECEWISE"}')
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child: one mode
@@ -107,7 +101,7 @@ def main() -> int:
     rows = []
     for mode in MODES:
         argv = [sys.executable, __file__, str(args.model), "--prompts", str(args.prompts), "--tokens",
-                str(args.tokens), "--one", mode] + [f"--engine-arg={k}={json.dumps(v)}" for k, v in args.engine_arg]
+                str(args.tokens), "--one", mode] + [f"--engine-arg={item}" for item in args.engine_arg]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
         if args.json:  # the child's whole output, for the engine's own trace when it fails
             args.json.with_name(f"{args.json.stem}-{mode}.log").write_text(proc.stdout + proc.stderr)

@@ -593,10 +593,7 @@ def main() -> None:
         with ProcessPoolExecutor(8 if need_images else 1) as ex:
             futures = ex.map(_render_doc, [(d, preset.max_side, preset.size_multiple) for d in docs]
                              if need_images else [])
-            if options.ngram_bans == "sampler":  # as VLLMEngine does: vLLM gave this layout V1 by itself
-                from batchocr.ngram_sampler import require_v2_runner
-
-                require_v2_runner()
+            options.set_runner_env()  # as VLLMEngine does (ngram_bans: sampler asks for V2)
             llm = LLM(**llm_args)
             report["llm_init_s"] = round(time.monotonic() - t0, 1)
             pages = [row for rows in futures for row in rows][: args.pages]
