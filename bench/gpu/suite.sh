@@ -12,7 +12,7 @@
 # bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512,
 # uocr-runner (b with the processor, with the bans in the V2 sampler, without bans on vLLM's V2
 # model runner, without on V1), uocr-page-s, uocr-doc-s, uocr-seqs-s (the sampler's bans in a and
-# b), uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
+# b), uocr-admit-s (b with them, admitting 16 pages at a time), uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
@@ -135,6 +135,9 @@ run() {  # one named run of the suite
     uocr-page-s) uocr_v2 uocr-page-s --pages 1024 --modes a,b --ngram-bans sampler ;;
     uocr-doc-s) uocr_v2 uocr-doc-s --mode document --pages 1024 --modes a,b --ngram-bans sampler ;;
     uocr-seqs-s) uocr_v2 uocr-seqs-s --pages 1024 --modes b --ngram-bans sampler --variant "seqs512=--max-num-seqs 512" ;;
+    # steps that admit a page cost ~120 ms against ~20 for a decode step (the fourth lease's uocr-page-s a):
+    # b with the sampler's bans as vLLM admits pages, and 16 at a time
+    uocr-admit-s) uocr_v2 uocr-admit-s --pages 1024 --modes b --ngram-bans sampler --b-variants "admit_pages=16" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
