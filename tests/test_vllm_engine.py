@@ -376,3 +376,30 @@ def test_admission_in_groups_adds_pages_once_enough_sequences_are_free(monkeypat
     engine, fake = _engine(monkeypatch, max_num_seqs=8, queue_pages=40, max_tokens=50)
     _run(engine, _pages(60))
     assert fake.peak_waiting > 0
+
+
+def test_admission_in_groups_is_the_preset_s_default_in_page_mode(monkeypatch):
+    """admit_pages unset: unlimited-ocr's 16 in page mode (measured on the GPU), at most an
+    eighth of max_num_seqs; the other presets, document mode and an explicit 0 admit as vLLM
+    does; an explicit N is kept (up to max_num_seqs)."""
+    fake_vllm.install(monkeypatch)
+
+    def admitted(**options):
+        llm = fake_vllm.LLM(max_num_seqs=options.get("max_num_seqs", 256))
+        return VLLMEngine(VLLMOptions(model="/m", **options), llm=llm).admit_pages
+
+    assert admitted(preset="unlimited-ocr") == 16
+    assert admitted(preset="unlimited-ocr", max_num_seqs=64) == 8
+    assert admitted(preset="unlimited-ocr", max_num_seqs=4) == 1
+    assert admitted(preset="unlimited-ocr", max_num_seqs=8, admit_pages=6) == 6
+    assert admitted(preset="unlimited-ocr", max_num_seqs=8, admit_pages=20) == 8
+    assert admitted(preset="unlimited-ocr", admit_pages=0) == 0
+    assert admitted(preset="unlimited-ocr", mode="document") == 0
+    assert admitted(preset="qwen2.5-vl") == 0 and admitted(preset="qwen2.5-vl", admit_pages=4) == 4
+    # and the engine feeds by it: nothing ever waits inside vLLM
+    llm = fake_vllm.LLM(max_num_seqs=32)
+    engine = VLLMEngine(VLLMOptions(model="/m", preset="unlimited-ocr", max_num_seqs=32, queue_pages=60,
+                                    max_tokens=50), llm=llm)
+    rows = _run(engine, _pages(90))
+    assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(90))
+    assert llm.llm_engine.peak_waiting == 0 and engine.describe()["admit_pages"] == 4

@@ -61,6 +61,9 @@ class Preset:
     # Temperatures for retries of a page whose output loops (olmOCR's ladder).
     retry_temperatures: tuple[float, ...] = (0.2, 0.4, 0.8)
     mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    # engines.vllm.admit_pages where the user sets none, in page mode: requests added together
+    # once this many sequences are free (0: as vLLM admits them). Set from GPU runs at equal work.
+    admit_pages: int = 0
     engine_args: dict[str, Any] = field(default_factory=dict)
     sampling_args: dict[str, Any] = field(default_factory=dict)
     postprocess: Callable[[str], str] = _identity
@@ -166,6 +169,9 @@ def unlimited_ocr() -> Preset:
                   max_tokens=8192, temperature=0.0, max_model_len=32768,
                   engine_args={"logits_processors": [ngram.FQCN]},
                   sampling_args={"skip_special_tokens": False, "extra_args": {"ngram_size": 35, "window_size": 128}},
+                  # a page's prefill step costs ~26 ms once a step over ~62 ms a page; 16 at a time:
+                  # 1.178x end to end at equal work (docs/GPU.md, "Issue 20, fourth lease")
+                  admit_pages=16,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
                   document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},

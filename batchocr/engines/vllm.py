@@ -77,8 +77,10 @@ class VLLMOptions:
     # max_num_seqs // 4 + 32.
     queue_pages: int = 0
     # Requests go to vLLM once this many sequences are free, together (their prefills share a
-    # step); 0: at once, queued inside vLLM, which admits them as sequences free.
-    admit_pages: Annotated[int, Ge(0)] = 0
+    # step); 0: at once, queued inside vLLM, which admits them as sequences free. None: the
+    # preset's in page mode (unlimited-ocr 16, measured: docs/GPU.md; the others 0), 0 in
+    # document mode.
+    admit_pages: Annotated[int, Ge(0)] | None = None
     # Threads preparing requests (image processor, tokens) off the engine loop.
     prepare_threads: int = 4
     # Runaway repetition: attempts per page (1 = no retry) and the loop detector.
@@ -101,7 +103,7 @@ class VLLMOptions:
     # Where a preset's no-repeat n-gram bans run (unlimited-ocr, deepseek-ocr). processor: a
     # logits processor (batchocr.ngram; vLLM then runs its V1 model runner, the processor on the
     # host a step). sampler: on the GPU in the V2 runner's sampler (batchocr.ngram_sampler), the
-    # same bans; its speed on the GPU is not measured yet.
+    # same bans; right on the H200, its speed against the processor's not settled (docs/GPU.md).
     ngram_bans: Literal["processor", "sampler"] = "processor"
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
@@ -126,6 +128,16 @@ class VLLMOptions:
         context = (self.max_model_len or preset.max_model_len) - DOCUMENT_PROMPT_TOKENS
         fit = context // (preset.document_page_tokens + self.group_page_tokens)
         return min(self.group_pages or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
+
+    def admit_size(self, preset: Preset) -> int:
+        """admit_pages as the engine uses it: where unset, the preset's in page mode (measured
+        there), at most an eighth of max_num_seqs (a small batch is not held back to refill in
+        lumps); never more than max_num_seqs (more could never be free at once)."""
+        if self.admit_pages is not None:
+            return min(self.admit_pages, self.max_num_seqs)
+        if self.mode != "page" or not preset.admit_pages:
+            return 0
+        return max(1, min(preset.admit_pages, self.max_num_seqs // 8))
 
     def set_runner_env(self) -> None:
         """Before vLLM is built in this process (its engine-core process inherits it): the
@@ -215,6 +227,7 @@ class VLLMEngine:
         self.needs = Needs(image=True)
         self.model = options.model
         self.group_pages = options.group_size(self.preset)
+        self.admit_pages = options.admit_size(self.preset)
         try:
             from vllm import SamplingParams
             from vllm.sampling_params import RequestOutputKind
@@ -369,7 +382,7 @@ class VLLMEngine:
             if not future.done():
                 break
             ready += 1
-        admit = self.options.admit_pages
+        admit = self.admit_pages
         if not ready or not admit:
             return ready
         free = self.options.max_num_seqs - len(running)
@@ -550,7 +563,7 @@ class VLLMEngine:
         return {"vllm": vllm.__version__, "preset": self.preset.name, "prompt": _prompt_setting(self.options, self.preset),
                 "mode": self.options.mode, "group_pages": self.group_pages, "groups": self.groups,
                 "document_fallback": self.options.document_fallback,
-                "queue_pages": self.queue_pages, "admit_pages": self.options.admit_pages,
+                "queue_pages": self.queue_pages, "admit_pages": self.admit_pages,
                 "prepare_threads": self.options.prepare_threads,
                 "max_attempts": self.options.max_attempts,
                 "llm_args": self.options.llm_args(self.preset)}

@@ -12,7 +12,9 @@
 # bans the same tokens, and against none), uocr-ngram (their cost a step, on the GPU), uocr-seqs512,
 # uocr-runner (b with the processor, with the bans in the V2 sampler, without bans on vLLM's V2
 # model runner, without on V1), uocr-page-s, uocr-doc-s, uocr-seqs-s (the sampler's bans in a and
-# b), uocr-admit-s (b with them, admitting 16 pages at a time), uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
+# b), uocr-admit-s (b with them, admitting 16 pages at a time against as vLLM admits), uocr-levers
+# (b against the encoder's CUDA graphs, torch_shm pixels and the sampler's bans), uocr-bans (the
+# sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
@@ -38,6 +40,11 @@ V1_NO_PROCESSOR='v1noproc=--engine-arg logits_processors=[] --ngram off --env VL
 V2_NO_BANS='v2nobans=--ngram-bans sampler --ngram off'
 # the same bans on the GPU in vLLM's V2 sampler (batchocr.ngram_sampler: engines.vllm.ngram_bans: sampler)
 SAMPLER_BANS='sampler=--ngram-bans sampler'
+# the encoder's host cost (a page's prefill ~62 ms of engine-core time, the GPU idle: GPU.md, fourth
+# lease): vLLM's encoder CUDA graphs (V1 runner only; DeepSeek-OCR's encoder supports them), and its
+# pixels to the engine core through shared memory rather than serialized (no spaces: split on them)
+ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":true}'
+TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -136,8 +143,13 @@ run() {  # one named run of the suite
     uocr-doc-s) uocr_v2 uocr-doc-s --mode document --pages 1024 --modes a,b --ngram-bans sampler ;;
     uocr-seqs-s) uocr_v2 uocr-seqs-s --pages 1024 --modes b --ngram-bans sampler --variant "seqs512=--max-num-seqs 512" ;;
     # steps that admit a page cost ~120 ms against ~20 for a decode step (the fourth lease's uocr-page-s a):
-    # b with the sampler's bans as vLLM admits pages, and 16 at a time
-    uocr-admit-s) uocr_v2 uocr-admit-s --pages 1024 --modes b --ngram-bans sampler --b-variants "admit_pages=16" ;;
+    # b with the sampler's bans 16 at a time (the preset's admit_pages since the fourth lease, which
+    # measured it as b_admit_pages_16 against b at 0), and as vLLM admits pages
+    uocr-admit-s) uocr_v2 uocr-admit-s --pages 1024 --modes b --ngram-bans sampler --b-variants "admit_pages=0" ;;
+    # b (batchocr's processor, V1, the preset's admit_pages 16) against the encoder's levers and the
+    # sampler's bans on V2, each its own engine, 1,024 pages: which runner, and what the prefill gives back
+    uocr-levers) uocr uocr-levers --pages 1024 --modes b --variant "$ENC_GRAPHS" --variant "$TORCH_SHM" \
+                   --variant "$SAMPLER_BANS" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
