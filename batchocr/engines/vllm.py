@@ -27,7 +27,7 @@ from typing import Annotated, Any, Iterator, Literal, Mapping
 import pyarrow as pa
 from annotated_types import Ge, Gt, Le
 
-from batchocr import ngram, ngram_sampler, schema
+from batchocr import deepencoder, ngram, ngram_sampler, schema
 from batchocr.config import FORBID
 from batchocr.engines import parse_options, result
 from batchocr.engines.presets import Preset, document_presets, get_preset
@@ -105,6 +105,10 @@ class VLLMOptions:
     # host a step). sampler: on the GPU in the V2 runner's sampler (batchocr.ngram_sampler), the
     # same bans; right on the H200, its speed against the processor's not settled (docs/GPU.md).
     ngram_bans: Literal["processor", "sampler"] = "processor"
+    # unlimited-ocr, deepseek-ocr: their vision encoder over a step's pages at once, not page by
+    # page with the host waiting on the GPU between (batchocr.deepencoder, patched into vLLM's
+    # engine core). Off until it wins on the GPU at equal work.
+    batch_encoder: bool = False
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -115,6 +119,9 @@ class VLLMOptions:
         if self.mode == "document" and preset.document_template is None:
             raise ConfigError(f"engines.vllm.mode: document needs a preset that reads whole documents "
                               f"({', '.join(document_presets())}); {preset.name} reads one page a request")
+        if self.batch_encoder and preset.name not in deepencoder.PRESETS:
+            raise ConfigError(f"engines.vllm.batch_encoder: batches DeepSeek-OCR's vision encoder "
+                              f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another")
         if self.mode == "document" and self.group_size(preset) < 2:
             raise ConfigError(f"engines.vllm.group_pages: a group of {self.group_size(preset)} page does not fit "
                               f"max_model_len {self.max_model_len or preset.max_model_len} with group_page_tokens "
@@ -171,11 +178,14 @@ class VLLMOptions:
             limit = args["limit_mm_per_prompt"]
             args["limit_mm_per_prompt"] = limit | {"image": max(limit.get("image", 1), self.group_size(preset))}
         args |= dict(preset.engine_args)
-        if self.ngram_bans == "sampler" and ngram.FQCN in (args.get("logits_processors") or ()):
+        sampler = self.ngram_bans == "sampler" and ngram.FQCN in (args.get("logits_processors") or ())
+        if sampler:
             rest = [p for p in args.pop("logits_processors") if p != ngram.FQCN]
             if rest:
                 args["logits_processors"] = rest
-            args["worker_extension_cls"] = ngram_sampler.EXTENSION
+        if self.batch_encoder or sampler:  # one worker extension installs what is asked
+            args["worker_extension_cls"] = ((deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION)
+                                            if self.batch_encoder else ngram_sampler.EXTENSION)
         return args | dict(self.engine_args)
 
 

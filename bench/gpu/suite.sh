@@ -13,8 +13,9 @@
 # uocr-runner (b with the processor, with the bans in the V2 sampler, without bans on vLLM's V2
 # model runner, without on V1), uocr-page-s, uocr-doc-s, uocr-seqs-s (the sampler's bans in a and
 # b), uocr-admit-s (b with them, admitting 16 pages at a time against as vLLM admits), uocr-levers
-# (b against the encoder's CUDA graphs, torch_shm pixels and the sampler's bans), uocr-bans (the
-# sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
+# (b against batchocr's batched encoder, vLLM's encoder CUDA graphs, torch_shm pixels and the
+# sampler's bans), uocr-encoder (the batched encoder against vLLM's, bench/gpu/check_encoder_batch.py),
+# uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
@@ -45,6 +46,8 @@ SAMPLER_BANS='sampler=--ngram-bans sampler'
 # pixels to the engine core through shared memory rather than serialized (no spaces: split on them)
 ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":true}'
 TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm'
+# batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor
+BATCH_ENCODER='batchenc=--batch-encoder'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
 
@@ -148,8 +151,10 @@ run() {  # one named run of the suite
     uocr-admit-s) uocr_v2 uocr-admit-s --pages 1024 --modes b --ngram-bans sampler --b-variants "admit_pages=0" ;;
     # b (batchocr's processor, V1, the preset's admit_pages 16) against the encoder's levers and the
     # sampler's bans on V2, each its own engine, 1,024 pages: which runner, and what the prefill gives back
-    uocr-levers) uocr uocr-levers --pages 1024 --modes b --variant "$ENC_GRAPHS" --variant "$TORCH_SHM" \
-                   --variant "$SAMPLER_BANS" ;;
+    uocr-levers) uocr uocr-levers --pages 1024 --modes b --variant "$BATCH_ENCODER" --variant "$ENC_GRAPHS" \
+                   --variant "$TORCH_SHM" --variant "$SAMPLER_BANS" ;;
+    # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
+    uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;

@@ -383,6 +383,8 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
     if args.quantization:
         argv += ["--quantization", args.quantization]
+    if args.batch_encoder:
+        argv += ["--batch-encoder"]
     for item in args.engine_arg:
         argv += ["--engine-arg", item]
     if args.fake:
@@ -429,6 +431,8 @@ def main() -> None:
                     help="the preset's no-repeat n-gram logits processor (its extra_args); off: its cost measured")
     ap.add_argument("--ngram-bans", choices=["processor", "sampler"], default="processor",
                     help="engines.vllm.ngram_bans: the bans in a logits processor (V1 runner) or in the V2 sampler")
+    ap.add_argument("--batch-encoder", action="store_true",
+                    help="engines.vllm.batch_encoder: DeepSeek-OCR's encoder over a step's pages at once")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="0: 8192 in page mode, the preset's in document mode (a group fills the context)")
     ap.add_argument("--pages", type=int, default=1024)
@@ -495,7 +499,7 @@ def main() -> None:
     # document_fallback off: random weights never write <page> (and every group ends at its length):
     # with it on, b would read every page again alone, other work than a's
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
-                          ngram_bans=args.ngram_bans,
+                          ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder,
                           load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=context, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

@@ -1,0 +1,109 @@
+"""DeepSeek-OCR's vision encoder (Unlimited-OCR's too) over a step's images at once, in vLLM's
+engine core.
+
+vLLM 0.26 encodes the images of a step one at a time (`DeepseekOCRForCausalLM.
+_pixel_values_to_embedding`, model_executor/models/deepseek_ocr.py:541-571): SAM, CLIP and the
+projector over a page's global view, then again over its crops, with host reads of GPU values
+in between (`torch.sum(patches).item()`, the tile counts' `.item()`), each of which waits for
+the GPU. On the H200 a page's prefill took ~62 ms of the engine core's time while the GPU was
+mostly idle (docs/GPU.md, "Issue 20, fourth lease"). Here the global views of all the step's
+images go through the encoders together (in chunks, to bound the attention's memory), then all
+their crops, after one host read of the tile counts; each image's embedding is then assembled
+as vLLM assembles it (its own `_assemble_patch_grid`, given the tile counts on the host).
+
+    LLM(..., worker_extension_cls="batchocr.deepencoder.BatchedEncoderExtension")
+
+`engines.vllm.batch_encoder: true` names it (with the sampler's n-gram bans too, where asked:
+`BatchedEncoderNGramSamplerExtension`). Importing this module patches nothing, and needs no
+torch; `bench/gpu/check_encoder_batch.py` compares it with vLLM's own method on the real
+modules (equal embeddings) and times both.
+"""
+
+from __future__ import annotations
+
+EXTENSION = "batchocr.deepencoder.BatchedEncoderExtension"
+WITH_SAMPLER = "batchocr.deepencoder.BatchedEncoderNGramSamplerExtension"
+# The presets whose models have this encoder.
+PRESETS = ("unlimited-ocr", "deepseek-ocr")
+
+# Views a SAM call takes: its global-attention blocks hold a bias of heads x tokens^2 a view
+# (12 x 4096^2 in bf16, ~0.4 GB, for a 1024-pixel view; 12 x 1600^2, ~61 MB, for a 640 crop).
+GLOBAL_CHUNK = 8
+LOCAL_CHUNK = 48
+
+
+def chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of at most `size` covering range(n)."""
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def tile_counts(spatial: list[list[int]]) -> list[int]:
+    """Crops each image has, from its (width tiles, height tiles): none where it was not tiled
+    (1 x 1), as vLLM's is_tiled decides."""
+    return [w * h if (w > 1 or h > 1) else 0 for w, h in spatial]
+
+
+def _encode(model, views, chunk: int):
+    """SAM, CLIP and the projector over same-size views, `chunk` at a time, as vLLM's
+    `_encode_global_features` / `_encode_local_features` do for one image's."""
+    import torch
+
+    out = []
+    for a, b in chunks(views.shape[0], chunk):
+        x = views[a:b]
+        sam = model.sam_model(x)
+        clip = model.vision_model(x, sam)
+        out.append(model.projector(torch.cat((clip[:, 1:], sam.flatten(2).permute(0, 2, 1)), dim=-1)))
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def pixel_values_to_embedding(self, pixel_values, images_crop, images_spatial_crop):
+    """vLLM's `_pixel_values_to_embedding`, batched: the same list of per-image embeddings
+    (crops' grid with newlines, then the global view's, then the view separator)."""
+    import torch
+
+    spatial_host = images_spatial_crop.cpu()  # the one wait for the GPU
+    counts = tile_counts(spatial_host.tolist())
+    total = sum(counts)
+    global_features = _encode(self, pixel_values, GLOBAL_CHUNK)
+    local_features = _encode(self, images_crop[:total], LOCAL_CHUNK) if total else None
+    out, at = [], 0
+    for j, n in enumerate(counts):
+        g = global_features[j]
+        side, dim = int(g.shape[0] ** 0.5), g.shape[-1]
+        newline = self.image_newline[None, None, :].expand(side, 1, dim)
+        parts = [torch.cat([g.view(side, side, dim), newline], dim=1).view(-1, dim), self.view_seperator[None, :]]
+        if n:
+            parts.insert(0, self._assemble_patch_grid(local_features[at:at + n], spatial_host[j]))
+            at += n
+        out.append(torch.cat(parts, dim=0))
+    return out
+
+
+pixel_values_to_embedding.batchocr_batched = True
+
+
+def install() -> None:
+    """Put the batched method in place of vLLM's (idempotent; Unlimited-OCR's class inherits it)."""
+    from vllm.model_executor.models import deepseek_ocr
+
+    deepseek_ocr.DeepseekOCRForCausalLM._pixel_values_to_embedding = pixel_values_to_embedding
+
+
+class _Extension:
+    """Named by `worker_extension_cls`: vLLM's worker process resolves the name, which installs
+    the patch. No methods of its own (vLLM mixes it into its Worker class)."""
+
+
+def __getattr__(name: str):
+    """The extensions install when vLLM asks for them, and only then."""
+    if name == EXTENSION.rsplit(".", 1)[1]:
+        install()
+        return _Extension
+    if name == WITH_SAMPLER.rsplit(".", 1)[1]:
+        from batchocr import ngram_sampler
+
+        install()
+        ngram_sampler.install()
+        return _Extension
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,137 @@
+"""batchocr.deepencoder's batched encoder against vLLM's own `_pixel_values_to_embedding`, on
+vLLM's real modules (SAM ViT-B, DeepSeek's CLIP-L, the projector) with random weights: the same
+embeddings for every image, and what each costs a page.
+
+    python3 bench/gpu/check_encoder_batch.py --pages 16 --json enc.json        # on the GPU (bf16)
+    PYTHONPATH=/tmp/vsite python bench/gpu/check_encoder_batch.py --pages 3    # CPU, float32: slow
+
+The pages mix tilings as A4 pages and small images do: (2 x 3) crops mostly, some (1 x 1) (no
+crops), one (3 x 2) and one (2 x 2). Exit 1 where an image's embedding differs (beyond
+bf16's rounding on the GPU). Needs vLLM (the kit's on the GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from batchocr import deepencoder  # noqa: E402
+
+
+def build(device: str, dtype):
+    import torch
+    from transformers import CLIPVisionConfig
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=device))):
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                                        distributed_init_method="tcp://127.0.0.1:29517",
+                                                        backend="gloo")
+            parallel_state.initialize_model_parallel(1, 1)
+        from vllm.model_executor.models import deepseek_ocr
+        from vllm.model_executor.models.deepencoder import DeepCLIPVisionTransformer, build_sam_vit_b
+        from vllm.model_executor.models.deepseek_vl2 import MlpProjector
+        from vllm.transformers_utils.configs.deepseek_vl2 import MlpProjectorConfig
+
+        cls = deepseek_ocr.DeepseekOCRForCausalLM
+
+        class Encoder(torch.nn.Module):
+            """The encoder's part of DeepseekOCRForCausalLM, built as its __init__ builds it."""
+            _encode_global_features = cls._encode_global_features
+            _encode_local_features = cls._encode_local_features
+            _assemble_patch_grid = cls._assemble_patch_grid
+            vllm_embedding = cls._pixel_values_to_embedding
+            batched_embedding = deepencoder.pixel_values_to_embedding
+
+            def __init__(self):
+                super().__init__()
+                self.sam_model = build_sam_vit_b()
+                self.vision_model = DeepCLIPVisionTransformer(config=CLIPVisionConfig(
+                    hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24,
+                    image_size=224, patch_size=14, projection_dim=512, layer_norm_eps=1e-5))
+                self.projector = MlpProjector(MlpProjectorConfig(projector_type="linear", input_dim=2048,
+                                                                 n_embed=1280))
+                self.image_newline = torch.nn.Parameter(torch.randn(1280) / 1280 ** 0.5)
+                self.view_seperator = torch.nn.Parameter(torch.randn(1280) / 1280 ** 0.5)
+
+        torch.manual_seed(0)
+        model = Encoder()
+        for p in model.parameters():  # vLLM's layers allocate without initialising
+            p.data.normal_(0, 0.02)
+        return model.to(device=device, dtype=dtype).eval()
+
+
+def tilings(pages: int) -> list[tuple[int, int]]:
+    out = [(2, 3)] * pages
+    for i, t in zip(range(1, pages, 1), [(1, 1), (3, 2), (2, 2), (1, 1)]):
+        out[i] = t
+    return out
+
+
+def timed(fn, device: str, repeats: int) -> float:
+    import torch
+
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pages", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = build(device, dtype)
+    spatial = tilings(args.pages)
+    crops = sum(deepencoder.tile_counts([list(t) for t in spatial]))
+    g = torch.Generator().manual_seed(1)
+    pixel_values = torch.randn(args.pages, 3, 1024, 1024, generator=g).to(device, dtype)
+    images_crop = torch.randn(crops, 3, 640, 640, generator=g).to(device, dtype)
+    images_spatial_crop = torch.tensor(spatial, dtype=torch.long, device=device)
+    with torch.inference_mode():
+        ref = model.vllm_embedding(pixel_values, images_crop, images_spatial_crop)
+        got = model.batched_embedding(pixel_values, images_crop, images_spatial_crop)
+        tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+        errors = []
+        for r, o in zip(ref, got):
+            if r.shape != o.shape:
+                errors.append(f"shape {tuple(o.shape)} != {tuple(r.shape)}")
+                continue
+            errors.append(round(float((r.float() - o.float()).abs().max() / r.float().abs().max()), 6))
+        same = len(ref) == len(got) and all(isinstance(e, float) and e <= tol for e in errors)
+        repeats = args.repeats if device == "cuda" else 1
+        vllm_s = timed(lambda: model.vllm_embedding(pixel_values, images_crop, images_spatial_crop), device, repeats)
+        batched_s = timed(lambda: model.batched_embedding(pixel_values, images_crop, images_spatial_crop),
+                          device, repeats)
+    report = {"device": device, "dtype": str(dtype), "pages": args.pages, "crops": crops, "tilings": spatial,
+              "tokens": [int(r.shape[0]) for r in ref], "relative_error_max": errors, "tolerance": tol,
+              "same": same, "vllm_ms_a_page": round(vllm_s * 1000 / args.pages, 2),
+              "batched_ms_a_page": round(batched_s * 1000 / args.pages, 2),
+              "speedup": round(vllm_s / batched_s, 3), "repeats": repeats}
+    print(json.dumps(report), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

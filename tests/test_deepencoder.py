@@ -1,0 +1,86 @@
+"""engines.vllm.batch_encoder: batchocr.deepencoder's plumbing, with vLLM replaced at its module
+boundary (CI has no torch or vLLM). That the batched method gives vLLM's embeddings is shown on
+vLLM's real modules by bench/gpu/check_encoder_batch.py (CPU with vLLM's source, and the H200)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+import pytest
+
+from batchocr import deepencoder, ngram_sampler
+from batchocr.engines.presets import get_preset
+from batchocr.engines.vllm import VLLMOptions
+from batchocr.errors import ConfigError
+from batchocr.ngram import FQCN
+
+
+def test_tiles_and_chunks():
+    # (width tiles, height tiles): 1 x 1 is no crops at all, as vLLM's is_tiled decides
+    assert deepencoder.tile_counts([[2, 3], [1, 1], [3, 2], [1, 2], [2, 1]]) == [6, 0, 6, 2, 2]
+    assert deepencoder.chunks(17, 8) == [(0, 8), (8, 16), (16, 17)]
+    assert deepencoder.chunks(8, 8) == [(0, 8)] and deepencoder.chunks(0, 8) == []
+
+
+def test_batch_encoder_names_one_worker_extension_for_what_is_asked():
+    p = get_preset("unlimited-ocr")
+    off = VLLMOptions(model="/m", preset="unlimited-ocr").llm_args(p)
+    assert "worker_extension_cls" not in off and off["logits_processors"] == [FQCN]
+    on = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=True).llm_args(p)
+    assert on["worker_extension_cls"] == deepencoder.EXTENSION and on["logits_processors"] == [FQCN]
+    both = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=True, ngram_bans="sampler").llm_args(p)
+    assert both["worker_extension_cls"] == deepencoder.WITH_SAMPLER and "logits_processors" not in both
+    sampler = VLLMOptions(model="/m", preset="unlimited-ocr", ngram_bans="sampler").llm_args(p)
+    assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION
+    assert {k: v for k, v in on.items() if k != "worker_extension_cls"} == off
+
+
+def test_batch_encoder_on_a_model_without_that_encoder_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^engines\.vllm\.batch_encoder: .*qwen2\.5-vl"):
+        VLLMOptions(model="/m", preset="qwen2.5-vl", batch_encoder=True)
+    VLLMOptions(model="/m", preset="deepseek-ocr", batch_encoder=True)  # the other model with it
+
+
+def _fake_vllm_model(monkeypatch):
+    """vllm.model_executor.models.deepseek_ocr with the class the patch replaces a method of."""
+    def original(self, pixel_values, images_crop, images_spatial_crop):
+        return "vllm's"
+
+    cls = type("DeepseekOCRForCausalLM", (), {"_pixel_values_to_embedding": original})
+    sub = type("UnlimitedOCRForCausalLM", (cls,), {})
+    module = types.ModuleType("vllm.model_executor.models.deepseek_ocr")
+    module.DeepseekOCRForCausalLM = cls
+    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.models"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(sys.modules["vllm.model_executor.models"], "deepseek_ocr", module, raising=False)
+    return cls, sub, original
+
+
+def test_the_extension_installs_the_batched_method_when_vllm_resolves_its_name(monkeypatch):
+    """Importing the module patches nothing; resolving the name as vLLM's resolve_obj_by_qualname
+    does (split on the last dot) puts the batched method in vLLM's class, which Unlimited-OCR's
+    inherits; asking twice is harmless."""
+    cls, sub, original = _fake_vllm_model(monkeypatch)
+    assert "BatchedEncoderExtension" not in vars(deepencoder)
+    assert cls._pixel_values_to_embedding is original
+    module, name = deepencoder.EXTENSION.rsplit(".", 1)
+    ext = getattr(importlib.import_module(module), name)
+    assert isinstance(ext, type) and not [a for a in vars(ext) if not a.startswith("__")]  # no Worker clashes
+    assert cls._pixel_values_to_embedding is deepencoder.pixel_values_to_embedding
+    assert sub._pixel_values_to_embedding is deepencoder.pixel_values_to_embedding
+    getattr(importlib.import_module(module), name)
+    assert cls._pixel_values_to_embedding is deepencoder.pixel_values_to_embedding
+    with pytest.raises(AttributeError):
+        deepencoder.NoSuchExtension  # noqa: B018
+
+
+def test_with_the_sampler_both_patches_install(monkeypatch):
+    cls, _, _ = _fake_vllm_model(monkeypatch)
+    installed = []
+    monkeypatch.setattr(ngram_sampler, "install", lambda: installed.append("sampler"))
+    module, name = deepencoder.WITH_SAMPLER.rsplit(".", 1)
+    getattr(importlib.import_module(module), name)
+    assert installed == ["sampler"] and cls._pixel_values_to_embedding is deepencoder.pixel_values_to_embedding
