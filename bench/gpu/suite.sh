@@ -15,6 +15,7 @@
 # b), uocr-admit-s (b with them, admitting 16 pages at a time against as vLLM admits), uocr-levers
 # (b against batchocr's batched encoder, vLLM's encoder CUDA graphs, torch_shm pixels and the
 # sampler's bans), uocr-encoder (the batched encoder against vLLM's, bench/gpu/check_encoder_batch.py),
+# uocr-seqs-be (b with the batched encoder at 256, 512 and 1,024 sequences),
 # uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
@@ -152,7 +153,11 @@ run() {  # one named run of the suite
     # b (batchocr's processor, V1, the preset's admit_pages 16) against the encoder's levers and the
     # sampler's bans on V2, each its own engine, 1,024 pages: which runner, and what the prefill gives back
     uocr-levers) uocr uocr-levers --pages 1024 --modes b --variant "$BATCH_ENCODER" --variant "$ENC_GRAPHS" \
-                   --variant "$TORCH_SHM" --variant "$SAMPLER_BANS" ;;
+                   --variant "$SAMPLER_BANS" --variant "$TORCH_SHM" ;;
+    # the decode share of a page (256 sequences' steps, 61 ms of its ~123): b with the batched encoder
+    # at 256, 512 and 1,024 sequences (the KV holds ~1,900 of R-SWA's requests)
+    uocr-seqs-be) uocr uocr-seqs-be --pages 2048 --modes b --batch-encoder --variant "seqs512=--max-num-seqs 512" \
+                    --variant "seqs1024=--max-num-seqs 1024" ;;
     # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
     uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
