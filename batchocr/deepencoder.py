@@ -10,6 +10,10 @@ mostly idle (docs/GPU.md, "Issue 20, fourth lease"). Here the global views of al
 images go through the encoders together (in chunks, to bound the attention's memory), then all
 their crops, after one host read of the tile counts; each image's embedding is then assembled
 as vLLM assembles it (its own `_assemble_patch_grid`, given the tile counts on the host).
+vLLM's batched forwards for its encoder CUDA graphs (`_batched_encoder_forward_global_path` /
+`_local_path`, V1 runner only) are not reused: the global one fixes the grid at the 1024 base
+view's 16 x 16 (`image_side`, from BASE_SIZE), where this takes each view's size as it comes, as
+the per-image method does.
 
     LLM(..., worker_extension_cls="batchocr.deepencoder.BatchedEncoderExtension")
 
