@@ -15,7 +15,8 @@
 # b), uocr-admit-s (b with them, admitting 16 pages at a time against as vLLM admits), uocr-levers
 # (b against batchocr's batched encoder, vLLM's encoder CUDA graphs, torch_shm pixels and the
 # sampler's bans), uocr-encoder (the batched encoder against vLLM's, bench/gpu/check_encoder_batch.py),
-# uocr-seqs-be (b with the batched encoder at 256, 512 and 1,024 sequences),
+# uocr-seqs-be (b with the batched encoder at 256, 512 and 1,024 sequences), uocr-prof, uocr-prof-be
+# (torch profiles of b's steps, without and with it),
 # uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
@@ -158,6 +159,10 @@ run() {  # one named run of the suite
     # at 256, 512 and 1,024 sequences (the KV holds ~1,900 of R-SWA's requests)
     uocr-seqs-be) uocr uocr-seqs-be --pages 2048 --modes b --batch-encoder --variant "seqs512=--max-num-seqs 512" \
                     --variant "seqs1024=--max-num-seqs 1024" ;;
+    # where a step's time goes (vLLM's torch profiler, 150 steps of b's steady state, 512 pages; the profile
+    # perturbs b, so these are runs of their own): vLLM's encoder, then the batched one
+    uocr-prof) uocr uocr-prof --pages 512 --modes b --profile 1500,150 ;;
+    uocr-prof-be) uocr uocr-prof-be --pages 512 --modes b --batch-encoder --profile 1500,150 ;;
     # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
     uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;

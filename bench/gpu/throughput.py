@@ -327,6 +327,36 @@ def engine_args(args) -> dict:
     return out
 
 
+def trace_summary(path: Path, top: int = 40) -> dict:
+    """A torch profiler trace (chrome JSON, gzipped or not) summed by category and name: where the
+    profiled steps' host time (cpu_op, cuda_runtime: launches, syncs, copies) and GPU time
+    (kernel, gpu_memcpy) went, and the span they cover."""
+    import gzip
+
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f).get("traceEvents", [])
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    if not spans:
+        return {"file": path.name, "events": 0}
+    sums: dict = collections.defaultdict(lambda: [0.0, 0])
+    for e in spans:
+        key = (e.get("cat", ""), e.get("name", ""))
+        sums[key][0] += e["dur"]
+        sums[key][1] += 1
+    by_cat: dict = collections.defaultdict(float)
+    for (cat, _), (dur, _) in sums.items():
+        by_cat[cat] += dur
+    t0 = min(e["ts"] for e in spans)
+    t1 = max(e["ts"] + e["dur"] for e in spans)
+    rows = sorted(((cat, name[:120], round(dur / 1000, 2), n) for (cat, name), (dur, n) in sums.items()
+                   if cat in ("cpu_op", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation")),
+                  key=lambda r: -r[2])
+    return {"file": path.name, "events": len(spans), "span_ms": round((t1 - t0) / 1000, 1),
+            "ms_by_category": {k: round(v / 1000, 1) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+            "top_ms": rows[:top]}
+
+
 def work_of_outputs(outs, units: list) -> dict:
     """What one finite generate call did: one attempt per page, by construction (a request a page, or
     a group of pages in document mode: its finish reason counts for each of its pages, as b's rows)."""
@@ -462,6 +492,9 @@ def main() -> None:
     ap.add_argument("--fake", action="store_true", help="dry run on the CPU with tests/fake_vllm.py")
     ap.add_argument("--env", action="append", default=[],
                     help="KEY=VALUE set before vLLM loads, e.g. VLLM_USE_V2_MODEL_RUNNER=0 (a variant's own)")
+    ap.add_argument("--profile", default="",
+                    help="DELAY,STEPS: torch-profile STEPS engine steps of b from its DELAY-th (vLLM's profiler_config); "
+                         "its tables (self CUDA and CPU time by op) go into the JSON. Perturbs b: a run of its own")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     for item in args.env:  # before vLLM is imported; a variant's process inherits the parent's
@@ -508,6 +541,13 @@ def main() -> None:
                           engine_args={"disable_log_stats": False, **engine_args(args)}, **guard)
     preset = get_preset(options.preset)
     llm_args = vllm_defaults(args) if args.llm == "defaults" else options.llm_args(preset)
+    profile_dir = None
+    if args.profile:
+        delay, steps = (int(x) for x in args.profile.split(","))
+        profile_dir = Path(tempfile.mkdtemp(prefix="tp-profile-"))
+        llm_args["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
+                                       "torch_profiler_with_stack": False, "ignore_frontend": True,
+                                       "delay_iterations": delay, "max_iterations": steps}
     report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
     keys = [f"{d.name}/{i}" for d, count in zip(docs, counts) for i in range(count)]
@@ -748,6 +788,8 @@ def main() -> None:
             variants = [("b_batchocr", {})] + [
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
                 for v in args.b_variants.split(";") if v.strip()]
+            if profile_dir is not None and hasattr(llm, "start_profile"):
+                llm.start_profile()  # counts steps from here; stops by itself after --profile's STEPS
             for name, overrides in variants:
                 engine = Bench(VLLMOptions(**{**options.__dict__, **overrides}), llm=llm)
                 # route model: the corpus is born-digital, and every page must reach the model
@@ -762,6 +804,10 @@ def main() -> None:
                     "queue_pages": engine.queue_pages, "guard": args.guard,
                     "extra_args": getattr(engine, "extra_args", None),
                     "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
+                if profile_dir is not None and "profile_tables" not in report:
+                    report["profile_tables"] = {f.name: f.read_text()[-60000:]
+                                                for f in sorted(profile_dir.glob("profiler_out_*.txt"))}
+                    report["profile_summary"] = [trace_summary(f) for f in sorted(profile_dir.glob("*.json*"))]
                 if "kv" not in report and engine.engine.sizes:  # no a in this run: b's requests
                     report["kv"] = kv_accounting(llm, args.model, *map(list, zip(*engine.engine.sizes)),
                                                  args.max_num_seqs)
