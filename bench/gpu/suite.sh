@@ -16,7 +16,7 @@
 # (b against batchocr's batched encoder, vLLM's encoder CUDA graphs, torch_shm pixels and the
 # sampler's bans), uocr-encoder (the batched encoder against vLLM's, bench/gpu/check_encoder_batch.py),
 # uocr-seqs-be (b with the batched encoder at 256, 512 and 1,024 sequences), uocr-prof, uocr-prof-be
-# (torch profiles of b's steps, without and with it),
+# (torch profiles of b's steps, without and with it), uocr-doc-be (document mode a and b with it),
 # uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
@@ -165,6 +165,9 @@ run() {  # one named run of the suite
     uocr-prof-be) uocr uocr-prof-be --pages 512 --modes b --batch-encoder --profile 1500,150 ;;
     # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
     uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
+    # document mode sends 8 pages' base views a request, which vLLM's encoder takes one at a time: a and b
+    # with the batched encoder (a's engine too: batchocr's engine arguments)
+    uocr-doc-be) uocr uocr-doc-be --mode document --pages 1024 --modes a,b --batch-encoder ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
