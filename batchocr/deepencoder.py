@@ -84,9 +84,6 @@ def pixel_values_to_embedding(self, pixel_values, images_crop, images_spatial_cr
     return out
 
 
-pixel_values_to_embedding.batchocr_batched = True
-
-
 def install() -> None:
     """Put the batched method in place of vLLM's (idempotent; Unlimited-OCR's class inherits it)."""
     from vllm.model_executor.models import deepseek_ocr

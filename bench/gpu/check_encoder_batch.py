@@ -69,7 +69,7 @@ def build(device: str, dtype):
 
 def tilings(pages: int) -> list[tuple[int, int]]:
     out = [(2, 3)] * pages
-    for i, t in zip(range(1, pages, 1), [(1, 1), (3, 2), (2, 2), (1, 1)]):
+    for i, t in zip(range(1, pages), [(1, 1), (3, 2), (2, 2), (1, 1)]):
         out[i] = t
     return out
 
