@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from batchocr import deepencoder  # noqa: E402
 
+_CONTEXT = None
+
 
 def build(device: str, dtype):
     import torch
@@ -28,43 +30,45 @@ def build(device: str, dtype):
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
 
-    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=device))):
-        if not parallel_state.model_parallel_is_initialized():
-            parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                                        distributed_init_method="tcp://127.0.0.1:29517",
-                                                        backend="gloo")
-            parallel_state.initialize_model_parallel(1, 1)
-        from vllm.model_executor.models import deepseek_ocr
-        from vllm.model_executor.models.deepencoder import DeepCLIPVisionTransformer, build_sam_vit_b
-        from vllm.model_executor.models.deepseek_vl2 import MlpProjector
-        from vllm.transformers_utils.configs.deepseek_vl2 import MlpProjectorConfig
+    # entered for the script's life, not left: the modules are built and run inside vLLM's config
+    # context, as in its worker (an attention backend may look the config up when it runs)
+    global _CONTEXT  # held: a context manager collected would leave the context
+    _CONTEXT = set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=device)))
+    _CONTEXT.__enter__()
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                                    distributed_init_method="tcp://127.0.0.1:29517", backend="gloo")
+        parallel_state.initialize_model_parallel(1, 1)
+    from vllm.model_executor.models import deepseek_ocr
+    from vllm.model_executor.models.deepencoder import DeepCLIPVisionTransformer, build_sam_vit_b
+    from vllm.model_executor.models.deepseek_vl2 import MlpProjector
+    from vllm.transformers_utils.configs.deepseek_vl2 import MlpProjectorConfig
 
-        cls = deepseek_ocr.DeepseekOCRForCausalLM
+    cls = deepseek_ocr.DeepseekOCRForCausalLM
 
-        class Encoder(torch.nn.Module):
-            """The encoder's part of DeepseekOCRForCausalLM, built as its __init__ builds it."""
-            _encode_global_features = cls._encode_global_features
-            _encode_local_features = cls._encode_local_features
-            _assemble_patch_grid = cls._assemble_patch_grid
-            vllm_embedding = cls._pixel_values_to_embedding
-            batched_embedding = deepencoder.pixel_values_to_embedding
+    class Encoder(torch.nn.Module):
+        """The encoder's part of DeepseekOCRForCausalLM, built as its __init__ builds it."""
+        _encode_global_features = cls._encode_global_features
+        _encode_local_features = cls._encode_local_features
+        _assemble_patch_grid = cls._assemble_patch_grid
+        vllm_embedding = cls._pixel_values_to_embedding
+        batched_embedding = deepencoder.pixel_values_to_embedding
 
-            def __init__(self):
-                super().__init__()
-                self.sam_model = build_sam_vit_b()
-                self.vision_model = DeepCLIPVisionTransformer(config=CLIPVisionConfig(
-                    hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24,
-                    image_size=224, patch_size=14, projection_dim=512, layer_norm_eps=1e-5))
-                self.projector = MlpProjector(MlpProjectorConfig(projector_type="linear", input_dim=2048,
-                                                                 n_embed=1280))
-                self.image_newline = torch.nn.Parameter(torch.randn(1280) / 1280 ** 0.5)
-                self.view_seperator = torch.nn.Parameter(torch.randn(1280) / 1280 ** 0.5)
+        def __init__(self):
+            super().__init__()
+            self.sam_model = build_sam_vit_b()
+            self.vision_model = DeepCLIPVisionTransformer(config=CLIPVisionConfig(
+                hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24,
+                image_size=224, patch_size=14, projection_dim=512, layer_norm_eps=1e-5))
+            self.projector = MlpProjector(MlpProjectorConfig(projector_type="linear", input_dim=2048, n_embed=1280))
+            self.image_newline = torch.nn.Parameter(torch.randn(1280) / 1280 ** 0.5)
+            self.view_seperator = torch.nn.Parameter(torch.randn(1280) / 1280 ** 0.5)
 
-        torch.manual_seed(0)
-        model = Encoder()
-        for p in model.parameters():  # vLLM's layers allocate without initialising
-            p.data.normal_(0, 0.02)
-        return model.to(device=device, dtype=dtype).eval()
+    torch.manual_seed(0)
+    model = Encoder()
+    for p in model.parameters():  # vLLM's layers allocate without initialising
+        p.data.normal_(0, 0.02)
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def tilings(pages: int) -> list[tuple[int, int]]:
