@@ -21,7 +21,8 @@
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans),
 # uocr-engines (b on one engine process against two on the one GPU);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
-# (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages).
+# (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
+# tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -48,6 +49,7 @@ SAMPLER_BANS='sampler=--ngram-bans sampler'
 # pixels to the engine core through shared memory rather than serialized (no spaces: split on them)
 ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":true}'
 TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm'
+ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":true}'
 # batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor
 BATCH_ENCODER='batchenc=--batch-encoder'
 mkdir -p "$RES"
@@ -113,6 +115,12 @@ run() {  # one named run of the suite
     tp21-7b-levers) tp tp21-7b-levers "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b \
                       --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" \
                       --variant "seqs512kvfp8=--max-num-seqs 512 --engine-arg kv_cache_dtype=fp8" ;;
+    # issue 21's encoder levers on the 7B (1,024 pages each, b at vLLM's admission; Qwen2.5-VL's encoder has
+    # vLLM's compile and CUDA-graph support), and the 2B's CPU-bound engine core (fewer outputs a step)
+    tp21-7b-enc) tp tp21-7b-enc "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$ENC_COMPILE" \
+                   --variant "$ENC_GRAPHS" --variant "$TORCH_SHM" ;;
+    tp21-2b-stream) tp tp21-2b-stream "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
+                      --variant "stream8=--engine-arg stream_interval=8" --variant "$TORCH_SHM" ;;
     tp21-2b) tp tp21-2b "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes a,b --b-variants "admit_pages=8;admit_pages=16" ;;
     # issue 14: 128 mixed documents (512 pages, half born-digital), auto and model twice, orders alternating
     route-7b) rt route-7b --engine vllm "--model=$MODELS/qwen2.5-vl-7b" --preset qwen2.5-vl --dummy 1000 \
