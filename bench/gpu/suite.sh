@@ -174,8 +174,10 @@ run() {  # one named run of the suite
     # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
     uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
     # document mode sends 8 pages' base views a request, which vLLM's encoder takes one at a time: a and b
-    # with the batched encoder (a's engine too: batchocr's engine arguments)
-    uocr-doc-be) uocr uocr-doc-be --mode document --pages 1024 --modes a,b --batch-encoder ;;
+    # with the batched encoder (a's engine too: batchocr's engine arguments), then b in page mode on the
+    # same pages and output tokens (a group's max_tokens is its pages' lengths): the issue's mode goal
+    uocr-doc-be) uocr uocr-doc-be --mode document --pages 1024 --modes a,b --batch-encoder \
+                   --variant "pagemode=--mode page" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
