@@ -169,7 +169,7 @@ def require_v2_runner() -> None:
     import os
 
     value = os.environ.get(V2_ENV)
-    if value is None or value == "":
+    if not value:
         os.environ[V2_ENV] = "1"
     elif value.strip().lower() in ("0", "false"):
         raise ValueError(f"{V2_ENV}={value} is set, and the sampler's bans run in vLLM's V2 model runner only")

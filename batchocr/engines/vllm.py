@@ -183,9 +183,11 @@ class VLLMOptions:
             rest = [p for p in args.pop("logits_processors") if p != ngram.FQCN]
             if rest:
                 args["logits_processors"] = rest
-        if self.batch_encoder or sampler:  # one worker extension installs what is asked
-            args["worker_extension_cls"] = ((deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION)
-                                            if self.batch_encoder else ngram_sampler.EXTENSION)
+        # one worker extension installs what is asked
+        if self.batch_encoder:
+            args["worker_extension_cls"] = deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION
+        elif sampler:
+            args["worker_extension_cls"] = ngram_sampler.EXTENSION
         return args | dict(self.engine_args)
 
 
