@@ -18,7 +18,8 @@
 # uocr-seqs-be (b with the batched encoder at 256, 512 and 1,024 sequences), uocr-prof, uocr-prof-be
 # (torch profiles of b's steps, without and with it), uocr-doc-be (document mode a and b with it),
 # uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
-# uocr-doc-sampler (document mode a, b and b with the sampler's bans),
+# uocr-doc-sampler (document mode a, b and b with the sampler's bans), uocr-modes (page b against the
+# batched encoder, document mode a and b, vLLM's encoder CUDA graphs: both of issue 20's open goals),
 # uocr-engines (b on one engine process against two on the one GPU);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
@@ -58,7 +59,7 @@ cd "$(dirname "$0")/../.."
 tp() {  # NAME ARGS...: one throughput.py run, bounded in time, logged
   local name=$1; shift
   echo "$(date +%T) start $name" >>"$RES/suite.log"
-  timeout 1500 python3 bench/gpu/throughput.py "$@" ${TP_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
+  timeout "${TP_TIMEOUT:-1500}" python3 bench/gpu/throughput.py "$@" ${TP_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
   local rc=$?  # before $(date) sets its own
   echo "$(date +%T) end $name rc=$rc" >>"$RES/suite.log"
 }
@@ -98,6 +99,10 @@ rt() {  # NAME ARGS...: one bench/route.py run, bounded in time, logged
   timeout 1500 python3 bench/route.py "$@" ${ROUTE_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
   local rc=$?  # before $(date) sets its own
   echo "$(date +%T) end $name rc=$rc" >>"$RES/suite.log"
+}
+
+enc_unequal() {  # uocr-encoder ran and found the batched encoder's embeddings unlike vLLM's
+  python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['same'] is not False)" "$RES/uocr-encoder.json" 2>/dev/null
 }
 
 run() {  # one named run of the suite
@@ -178,6 +183,14 @@ run() {  # one named run of the suite
     # same pages and output tokens (a group's max_tokens is its pages' lengths): the issue's mode goal
     uocr-doc-be) uocr uocr-doc-be --mode document --pages 1024 --modes a,b --batch-encoder \
                    --variant "pagemode=--mode page" ;;
+    # the fifth lease's one run for both goals (5 engines, ~20 min): page b (processor, V1, admit 16)
+    # against page b with the batched encoder, document mode a and b (with it, where uocr-encoder did
+    # not find it unequal on the GPU: then without), page b with it at 512 sequences (the decode
+    # share), and page b with vLLM's encoder CUDA graphs
+    uocr-modes) local be=--batch-encoder; enc_unequal && be=""
+                TP_TIMEOUT=2700 uocr uocr-modes --pages 1024 --modes b --variant "$BATCH_ENCODER" \
+                  --variant "doc${be:+be}=--mode document --modes a,b $be" \
+                  --variant "seqs512${be:+be}=--max-num-seqs 512 $be" --variant "$ENC_GRAPHS" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;

@@ -9,7 +9,8 @@
        repetition guard off (--guard off, the default), since random weights loop and a guard
        that aborts and retries pages would make b do other work than a and c;
   (b_NAME) b again with other engine arguments (--variant NAME=ARGS), each in its own process
-       after this one's engine is gone; `--engines N`: N engine processes on the one GPU.
+       after this one's engine is gone (a_NAME too where ARGS has `--modes a,b`: that engine's a,
+       so another mode's b/a is in the same run); `--engines N`: N engine processes on the one GPU.
 
 Every mode's record holds its work: pages, attempts, finish reasons, the tokens of the rows and
 every token handed out (aborted attempts too), and the engine core's own count; `equal_work`
@@ -840,6 +841,8 @@ def main() -> None:
             if key in got:
                 report[key if child == "a0" else f"b_{name}"] = got[key] | {
                     "llm_args": got["llm_args"], "llm_init_s": got.get("llm_init_s"), "child_args": extra}
+                if child != "a0" and "a_vllm_alone" in got:  # a variant that asked for --modes a,b: its a too
+                    report[f"a_{name}"] = got["a_vllm_alone"] | {"child_args": extra}
             else:
                 report[f"failed_{name}"] = (work / f"child-{name}.log").read_text()[-3000:]
             timeline.steps = sorted(timeline.steps + [tuple(s) for s in got.get("engine_steps", [])])
@@ -849,6 +852,7 @@ def main() -> None:
     pairs = [("b_batchocr", "a_vllm_alone"), ("b_batchocr", "c_batch_at_a_time"), ("b_batchocr", "a0_vllm_defaults"),
              ("a0_vllm_defaults", "a_vllm_alone")]
     pairs += [(k, "b_batchocr") for k in report if k.startswith("b_") and k != "b_batchocr"]
+    pairs += [(f"b_{k[2:]}", k) for k in report if k.startswith("a_") and k != "a_vllm_alone"]  # b/a in a variant
     for x, y in pairs:
         if isinstance(report.get(x), dict) and isinstance(report.get(y), dict):
             report[f"ratio_{x}/{y}"] = round(report[x]["pages_per_s"] / report[y]["pages_per_s"], 3)
