@@ -74,7 +74,10 @@ uocr() {  # NAME ARGS...: a throughput.py run on Unlimited-OCR's layout, 16-page
 # around it). Where a V2 run still ends without b, it runs again with piecewise graphs only (the V2
 # runner then builds attention metadata unpadded), and so do the V2 runs after it: one lease, no round trip.
 PIECEWISE='compilation_config={"cudagraph_mode": "PIECEWISE"}'
-has_b() { python3 -c "import json, sys; sys.exit('b_batchocr' not in json.load(open(sys.argv[1])))" "$RES/$1.json" 2>/dev/null; }
+said() {  # NAME EXPR: run NAME's JSON (as d) exists and EXPR holds of it
+  python3 -c "import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not eval(sys.argv[2]))" "$RES/$1.json" "$2" 2>/dev/null
+}
+has_b() { said "$1" "'b_batchocr' in d"; }
 uocr_v2() {  # NAME ARGS...: uocr, and once more with piecewise graphs where it gave no b
   uocr "$@"
   if [ -z "${UOCR_CG:-}" ] && ! has_b "$1"; then
@@ -99,10 +102,6 @@ rt() {  # NAME ARGS...: one bench/route.py run, bounded in time, logged
   timeout 1500 python3 bench/route.py "$@" ${ROUTE_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
   local rc=$?  # before $(date) sets its own
   echo "$(date +%T) end $name rc=$rc" >>"$RES/suite.log"
-}
-
-enc_unequal() {  # uocr-encoder ran and found the batched encoder's embeddings unlike vLLM's
-  python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['same'] is not False)" "$RES/uocr-encoder.json" 2>/dev/null
 }
 
 run() {  # one named run of the suite
@@ -183,11 +182,11 @@ run() {  # one named run of the suite
     # same pages and output tokens (a group's max_tokens is its pages' lengths): the issue's mode goal
     uocr-doc-be) uocr uocr-doc-be --mode document --pages 1024 --modes a,b --batch-encoder \
                    --variant "pagemode=--mode page" ;;
-    # the fifth lease's one run for both goals (5 engines, ~20 min): page b (processor, V1, admit 16)
+    # one run for both goals (5 engines; the fifth lease measured 5-8 min each: too long for one lease): page b (processor, V1, admit 16)
     # against page b with the batched encoder, document mode a and b (with it, where uocr-encoder did
     # not find it unequal on the GPU: then without), page b with it at 512 sequences (the decode
     # share), and page b with vLLM's encoder CUDA graphs
-    uocr-modes) local be=--batch-encoder; enc_unequal && be=""
+    uocr-modes) local be=--batch-encoder; said uocr-encoder "d['same'] is False" && be=""
                 TP_TIMEOUT=2700 uocr uocr-modes --pages 1024 --modes b --variant "$BATCH_ENCODER" \
                   --variant "doc${be:+be}=--mode document --modes a,b $be" \
                   --variant "seqs512${be:+be}=--max-num-seqs 512 $be" --variant "$ENC_GRAPHS" ;;
