@@ -20,7 +20,8 @@
 # uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans), uocr-modes (page b against the
 # batched encoder, document mode a and b, vLLM's encoder CUDA graphs: both of issue 20's open goals),
-# uocr-engines (b on one engine process against two on the one GPU);
+# uocr-engines (b on one engine process against two on the one GPU), uocr-be-doc (page b against the
+# batched encoder, document mode a and b with it in groups of 4);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
@@ -190,6 +191,11 @@ run() {  # one named run of the suite
                 TP_TIMEOUT=2700 uocr uocr-modes --pages 1024 --modes b --variant "$BATCH_ENCODER" \
                   --variant "doc${be:+be}=--mode document --modes a,b $be" \
                   --variant "seqs512${be:+be}=--max-num-seqs 512 $be" --variant "$ENC_GRAPHS" ;;
+    # the sixth lease's run (3 engines, ~17 min): page b (processor, V1, admit 16) against page b with the
+    # batched encoder at equal work, then document mode a and b with it in groups of 4 pages (1,024 pages in
+    # 256 requests fill the 256 sequences; in groups of 8, 128 requests filled half: the fifth lease's a)
+    uocr-be-doc) TP_TIMEOUT=1700 uocr uocr-be-doc --pages 1024 --modes b --variant "$BATCH_ENCODER" \
+                   --variant "docbe4=--mode document --group-pages 4 --modes a,b --batch-encoder" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;

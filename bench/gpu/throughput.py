@@ -406,7 +406,7 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--pages", str(args.pages),
             "--preset", args.preset, "--mode", args.mode, "--per-doc", args.per_doc, "--ngram", args.ngram,
             "--ngram-bans", args.ngram_bans,
-            "--max-model-len", str(args.max_model_len),
+            "--max-model-len", str(args.max_model_len), "--group-pages", str(args.group_pages),
             "--lengths", args.lengths, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--prepare-threads", str(args.prepare_threads), "--queue-pages", str(args.queue_pages),
@@ -464,6 +464,8 @@ def main() -> None:
                     help="engines.vllm.ngram_bans: the bans in a logits processor (V1 runner) or in the V2 sampler")
     ap.add_argument("--batch-encoder", action="store_true",
                     help="engines.vllm.batch_encoder: DeepSeek-OCR's encoder over a step's pages at once")
+    ap.add_argument("--group-pages", type=int, default=0,
+                    help="document mode: pages a group holds at most (engines.vllm.group_pages; 0: as many as fit)")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="0: 8192 in page mode, the preset's in document mode (a group fills the context)")
     ap.add_argument("--pages", type=int, default=1024)
@@ -533,6 +535,7 @@ def main() -> None:
     # document_fallback off: random weights never write <page> (and every group ends at its length):
     # with it on, b would read every page again alone, other work than a's
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
+                          group_pages=args.group_pages,
                           ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder,
                           load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=context, quantization=args.quantization,
