@@ -23,6 +23,7 @@ vLLM's engine core imports it by that name, so the class exists only where vLLM 
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable
 
@@ -131,6 +132,29 @@ class BatchBans:
         return rows, cols
 
 
+def write_bans(logits, rows: list[int], cols: list[int]):
+    """logits[rows[i], cols[i]] = -inf, the host not waiting on the GPU: the indices travel from
+    pinned memory, and the value is a tensor already on the logits' device, as vLLM's own
+    processors write theirs. `logits[r, c] = -inf` hands index_put_ a host scalar, which it copies
+    to the device with a blocking copy: the engine core then waited out the step's forward pass
+    at every step that banned a token (on the H200 123 of 150 steps, 3.5 ms each: docs/GPU.md,
+    sixth lease; bench/gpu/check_ban_sync.py)."""
+    import torch
+
+    device = logits.device
+    index = torch.tensor([rows, cols], dtype=torch.long, pin_memory=device.type == "cuda")
+    index = index.to(device, non_blocking=True)
+    logits.index_put_((index[0], index[1]), _neg_inf(device, logits.dtype))
+    return logits
+
+
+@functools.lru_cache(maxsize=8)
+def _neg_inf(device, dtype):
+    import torch
+
+    return torch.full((), -float("inf"), dtype=dtype, device=device)  # filled there: no copy
+
+
 try:  # the engine core imports this module by name, where vLLM is
     from vllm.v1.sample.logits_processor import LogitsProcessor as _LogitsProcessor
     from vllm.v1.sample.logits_processor.builtin import process_dict_updates as _process_dict_updates
@@ -161,8 +185,5 @@ if _LogitsProcessor is not None:
                 return logits
             rows, cols = self.bans.pairs()
             if rows:
-                import torch
-
-                index = torch.tensor([rows, cols], dtype=torch.long).to(logits.device, non_blocking=True)
-                logits[index[0], index[1]] = -float("inf")
+                write_bans(logits, rows, cols)
             return logits

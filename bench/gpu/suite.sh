@@ -21,7 +21,8 @@
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans), uocr-modes (page b against the
 # batched encoder, document mode a and b, vLLM's encoder CUDA graphs: both of issue 20's open goals),
 # uocr-engines (b on one engine process against two on the one GPU), uocr-be-doc (page b against the
-# batched encoder, document mode a and b with it in groups of 4);
+# batched encoder, document mode a and b with it in groups of 4), uocr-ban-sync (the n-gram processor's
+# write of a step's bans, bench/gpu/check_ban_sync.py);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
@@ -174,10 +175,12 @@ run() {  # one named run of the suite
                     --variant "seqs1024=--max-num-seqs 1024" ;;
     # where a step's time goes (vLLM's torch profiler, 150 steps of b's steady state, 512 pages; the profile
     # perturbs b, so these are runs of their own): vLLM's encoder, then the batched one
-    uocr-prof) uocr uocr-prof --pages 512 --modes b --profile 1500,150 ;;
+    uocr-prof) uocr uocr-prof --pages 512 --modes b --no-batch-encoder --profile 1500,150 ;;
     uocr-prof-be) uocr uocr-prof-be --pages 512 --modes b --batch-encoder --profile 1500,150 ;;
     # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
     uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
+    # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)
+    uocr-ban-sync) py uocr-ban-sync bench/gpu/check_ban_sync.py ;;
     # document mode sends 8 pages' base views a request, which vLLM's encoder takes one at a time: a and b
     # with the batched encoder (a's engine too: batchocr's engine arguments), then b in page mode on the
     # same pages and output tokens (a group's max_tokens is its pages' lengths): the issue's mode goal
