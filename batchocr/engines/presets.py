@@ -64,6 +64,9 @@ class Preset:
     # engines.vllm.admit_pages where the user sets none, in page mode: requests added together
     # once this many sequences are free (0: as vLLM admits them). Set from GPU runs at equal work.
     admit_pages: int = 0
+    # engines.vllm.batch_encoder where the user sets none (unlimited-ocr, deepseek-ocr only):
+    # batchocr.deepencoder's encoder over a step's pages at once. Set from GPU runs at equal work.
+    batch_encoder: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
     sampling_args: dict[str, Any] = field(default_factory=dict)
     postprocess: Callable[[str], str] = _identity
@@ -172,6 +175,9 @@ def unlimited_ocr() -> Preset:
                   # a page's prefill step costs ~26 ms once a step over ~62 ms a page; 16 at a time:
                   # 1.178x end to end at equal work (docs/GPU.md, "Issue 20, fourth lease")
                   admit_pages=16,
+                  # the step's pages through SAM/CLIP together: 1.251x end to end, 1.307x in the steady
+                  # state at equal work, the same embeddings in bf16 (docs/GPU.md, "Issue 20, sixth lease")
+                  batch_encoder=True,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
                   document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},

@@ -107,8 +107,9 @@ class VLLMOptions:
     ngram_bans: Literal["processor", "sampler"] = "processor"
     # unlimited-ocr, deepseek-ocr: their vision encoder over a step's pages at once, not page by
     # page with the host waiting on the GPU between (batchocr.deepencoder, patched into vLLM's
-    # engine core). Off until it wins on the GPU at equal work.
-    batch_encoder: bool = False
+    # engine core). None: the preset's (on for unlimited-ocr, where it won on the H200 at equal
+    # work; off for deepseek-ocr, not measured).
+    batch_encoder: bool | None = None
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -119,7 +120,7 @@ class VLLMOptions:
         if self.mode == "document" and preset.document_template is None:
             raise ConfigError(f"engines.vllm.mode: document needs a preset that reads whole documents "
                               f"({', '.join(document_presets())}); {preset.name} reads one page a request")
-        if self.batch_encoder and preset.name not in deepencoder.PRESETS:
+        if self.batch_encoder is True and preset.name not in deepencoder.PRESETS:
             raise ConfigError(f"engines.vllm.batch_encoder: batches DeepSeek-OCR's vision encoder "
                               f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another")
         if self.mode == "document" and self.group_size(preset) < 2:
@@ -135,6 +136,10 @@ class VLLMOptions:
         context = (self.max_model_len or preset.max_model_len) - DOCUMENT_PROMPT_TOKENS
         fit = context // (preset.document_page_tokens + self.group_page_tokens)
         return min(self.group_pages or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
+
+    def encoder_batched(self, preset: Preset) -> bool:
+        """batch_encoder as the engine uses it: where unset, the preset's."""
+        return preset.batch_encoder if self.batch_encoder is None else self.batch_encoder
 
     def admit_size(self, preset: Preset) -> int:
         """admit_pages as the engine uses it: where unset, the preset's in page mode (measured
@@ -184,7 +189,7 @@ class VLLMOptions:
             if rest:
                 args["logits_processors"] = rest
         # one worker extension installs what is asked
-        if self.batch_encoder:
+        if self.encoder_batched(preset):
             args["worker_extension_cls"] = deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION
         elif sampler:
             args["worker_extension_cls"] = ngram_sampler.EXTENSION

@@ -53,7 +53,8 @@ SAMPLER_BANS='sampler=--ngram-bans sampler'
 ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":true}'
 TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm'
 ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":true}'
-# batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor
+# batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor;
+# unlimited-ocr's default since the sixth lease, so the runs that compare it with vLLM's encoder say --no-batch-encoder
 BATCH_ENCODER='batchenc=--batch-encoder'
 mkdir -p "$RES"
 cd "$(dirname "$0")/../.."
@@ -167,7 +168,7 @@ run() {  # one named run of the suite
     uocr-admit-s) uocr_v2 uocr-admit-s --pages 1024 --modes b --ngram-bans sampler --b-variants "admit_pages=0" ;;
     # b (batchocr's processor, V1, the preset's admit_pages 16) against the encoder's levers and the
     # sampler's bans on V2, each its own engine, 1,024 pages: which runner, and what the prefill gives back
-    uocr-levers) uocr uocr-levers --pages 1024 --modes b --variant "$BATCH_ENCODER" --variant "$ENC_GRAPHS" \
+    uocr-levers) uocr uocr-levers --pages 1024 --modes b --no-batch-encoder --variant "$BATCH_ENCODER" --variant "$ENC_GRAPHS" \
                    --variant "$SAMPLER_BANS" --variant "$TORCH_SHM" ;;
     # the decode share of a page (256 sequences' steps, 61 ms of its ~123): b with the batched encoder
     # at 256, 512 and 1,024 sequences (the KV holds ~1,900 of R-SWA's requests)
@@ -191,13 +192,13 @@ run() {  # one named run of the suite
     # not find it unequal on the GPU: then without), page b with it at 512 sequences (the decode
     # share), and page b with vLLM's encoder CUDA graphs
     uocr-modes) local be=--batch-encoder; said uocr-encoder "d['same'] is False" && be=""
-                TP_TIMEOUT=2700 uocr uocr-modes --pages 1024 --modes b --variant "$BATCH_ENCODER" \
+                TP_TIMEOUT=2700 uocr uocr-modes --pages 1024 --modes b --no-batch-encoder --variant "$BATCH_ENCODER" \
                   --variant "doc${be:+be}=--mode document --modes a,b $be" \
                   --variant "seqs512${be:+be}=--max-num-seqs 512 $be" --variant "$ENC_GRAPHS" ;;
     # the sixth lease's run (3 engines, ~17 min): page b (processor, V1, admit 16) against page b with the
     # batched encoder at equal work, then document mode a and b with it in groups of 4 pages (1,024 pages in
     # 256 requests fill the 256 sequences; in groups of 8, 128 requests filled half: the fifth lease's a)
-    uocr-be-doc) TP_TIMEOUT=1700 uocr uocr-be-doc --pages 1024 --modes b --variant "$BATCH_ENCODER" \
+    uocr-be-doc) TP_TIMEOUT=1700 uocr uocr-be-doc --pages 1024 --modes b --no-batch-encoder --variant "$BATCH_ENCODER" \
                    --variant "docbe4=--mode document --group-pages 4 --modes a,b --batch-encoder" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;

@@ -414,8 +414,8 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
     if args.quantization:
         argv += ["--quantization", args.quantization]
-    if args.batch_encoder:
-        argv += ["--batch-encoder"]
+    if args.batch_encoder is not None:
+        argv += ["--batch-encoder" if args.batch_encoder else "--no-batch-encoder"]
     for item in args.engine_arg:
         argv += ["--engine-arg", item]
     if args.fake:
@@ -462,8 +462,11 @@ def main() -> None:
                     help="the preset's no-repeat n-gram logits processor (its extra_args); off: its cost measured")
     ap.add_argument("--ngram-bans", choices=["processor", "sampler"], default="processor",
                     help="engines.vllm.ngram_bans: the bans in a logits processor (V1 runner) or in the V2 sampler")
-    ap.add_argument("--batch-encoder", action="store_true",
-                    help="engines.vllm.batch_encoder: DeepSeek-OCR's encoder over a step's pages at once")
+    ap.add_argument("--batch-encoder", action="store_const", const=True, default=None,
+                    help="engines.vllm.batch_encoder on: DeepSeek-OCR's encoder over a step's pages at once "
+                         "(neither flag: the preset's, on for unlimited-ocr)")
+    ap.add_argument("--no-batch-encoder", dest="batch_encoder", action="store_const", const=False,
+                    help="engines.vllm.batch_encoder off: vLLM's encoder, a page at a time")
     ap.add_argument("--group-pages", type=int, default=0,
                     help="document mode: pages a group holds at most (engines.vllm.group_pages; 0: as many as fit)")
     ap.add_argument("--max-model-len", type=int, default=0,
