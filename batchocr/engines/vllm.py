@@ -27,7 +27,7 @@ from typing import Annotated, Any, Iterator, Literal, Mapping
 import pyarrow as pa
 from annotated_types import Ge, Gt, Le
 
-from batchocr import deepencoder, ngram, ngram_sampler, schema
+from batchocr import deepencoder, ngram, ngram_sampler, rswa_tiles, schema
 from batchocr.config import FORBID
 from batchocr.engines import parse_options, result
 from batchocr.engines.presets import Preset, document_presets, get_preset
@@ -110,6 +110,10 @@ class VLLMOptions:
     # engine core). None: the preset's (on for unlimited-ocr, where it won on the H200 at equal
     # work; off for deepseek-ocr, not measured).
     batch_encoder: bool | None = None
+    # unlimited-ocr: R-SWA's attention reads only the KV tiles its window and prompt can see
+    # (batchocr.rswa_tiles, vLLM's Triton kernel rewritten in its engine core; the same output).
+    # Off until it wins on the GPU at equal work.
+    rswa_tiles: bool = False
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -123,6 +127,9 @@ class VLLMOptions:
         if self.batch_encoder is True and preset.name not in deepencoder.PRESETS:
             raise ConfigError(f"engines.vllm.batch_encoder: batches DeepSeek-OCR's vision encoder "
                               f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another")
+        if self.rswa_tiles and preset.name not in rswa_tiles.PRESETS:
+            raise ConfigError(f"engines.vllm.rswa_tiles: skips the KV tiles R-SWA hides "
+                              f"({', '.join(rswa_tiles.PRESETS)}); preset {preset.name} attends without R-SWA")
         if self.mode == "document" and self.group_size(preset) < 2:
             raise ConfigError(f"engines.vllm.group_pages: a group of {self.group_size(preset)} page does not fit "
                               f"max_model_len {self.max_model_len or preset.max_model_len} with group_page_tokens "
@@ -189,7 +196,9 @@ class VLLMOptions:
             if rest:
                 args["logits_processors"] = rest
         # one worker extension installs what is asked
-        if self.encoder_batched(preset):
+        if self.rswa_tiles:
+            args["worker_extension_cls"] = rswa_tiles.extension(self.encoder_batched(preset), sampler)
+        elif self.encoder_batched(preset):
             args["worker_extension_cls"] = deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION
         elif sampler:
             args["worker_extension_cls"] = ngram_sampler.EXTENSION

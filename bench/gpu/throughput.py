@@ -414,6 +414,8 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
     if args.quantization:
         argv += ["--quantization", args.quantization]
+    if args.rswa_tiles:
+        argv += ["--rswa-tiles"]
     if args.batch_encoder is not None:
         argv += ["--batch-encoder" if args.batch_encoder else "--no-batch-encoder"]
     for item in args.engine_arg:
@@ -467,6 +469,8 @@ def main() -> None:
                          "(neither flag: the preset's, on for unlimited-ocr)")
     ap.add_argument("--no-batch-encoder", dest="batch_encoder", action="store_const", const=False,
                     help="engines.vllm.batch_encoder off: vLLM's encoder, a page at a time")
+    ap.add_argument("--rswa-tiles", action="store_true",
+                    help="engines.vllm.rswa_tiles: R-SWA's attention reads only the KV tiles it can see")
     ap.add_argument("--group-pages", type=int, default=0,
                     help="document mode: pages a group holds at most (engines.vllm.group_pages; 0: as many as fit)")
     ap.add_argument("--max-model-len", type=int, default=0,
@@ -538,7 +542,7 @@ def main() -> None:
     # document_fallback off: random weights never write <page> (and every group ends at its length):
     # with it on, b would read every page again alone, other work than a's
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
-                          group_pages=args.group_pages,
+                          group_pages=args.group_pages, rswa_tiles=args.rswa_tiles,
                           ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder,
                           load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=context, quantization=args.quantization,

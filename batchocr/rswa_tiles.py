@@ -1,0 +1,142 @@
+"""R-SWA attention that reads only the tiles it can see, in vLLM's Triton unified attention.
+
+Unlimited-OCR's R-SWA lets a generated token see the prompt (the page images and the
+instruction) and the last `rswa_window` (128) tokens, nothing between. vLLM 0.26 frees the KV
+blocks in between (KV stays flat as the output grows), but its Triton kernel,
+`kernel_unified_attention` (v1/attention/ops/triton_unified_attention.py), still walks every
+KV tile of the sequence and masks the hidden ones after loading them: its tile pruning is
+skipped for R-SWA (`compute_tile_loop_bounds`, triton_attention_helpers.py:185-202, reads the
+full sequence where `USE_MM_PREFIX or USE_R_SWA`). On the H200 attention was 76% of a decode
+step's GPU time, and document mode's decode steps grew from 15.4 to 24.1 ms as outputs grew
+(docs/GPU.md, sixth lease).
+
+`patch_source` rewrites the kernel's tile loop so that, under R-SWA, a tile holding neither a
+prompt key nor a key of the query block's window is skipped: no loads, no dot products. A
+skipped tile is one whose every key is masked, which adds exp(-inf) = 0 to the softmax sums, so
+the one-pass (2D) path gives the same output bit for bit; in the split (3D) path a segment with
+no tile left keeps the initial row max (-inf rather than 0), the same result up to rounding of
+the final rescale. `install` loads the rewritten module next to vLLM's and points vLLM's
+`unified_attention` at its kernel; models without R-SWA compile it with USE_R_SWA false, where
+the added test is constant true.
+
+    LLM(..., worker_extension_cls="batchocr.rswa_tiles.RswaTilesExtension")   # engines.vllm.rswa_tiles: true
+
+bench/gpu/check_rswa_tiles.py runs both kernels on the same inputs (the CPU with Triton's
+interpreter, or the GPU) and compares them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+MODULE = "vllm.v1.attention.ops.triton_unified_attention"
+PATCHED = MODULE + "_batchocr_rswa"
+
+# The tile loop and the statement that ends its body (the epilogue's first line): the anchors.
+_LOOP = "    for j in range(loop_lo, loop_hi):\n"
+_EPILOGUE = "    # ---- Epilogue"
+_SETUP = """    # batchocr.rswa_tiles: under R-SWA a key is visible when it is in the prompt or within the
+    # window of a query; the block's first query has the window that starts first.
+    if USE_R_SWA:
+        rswa_prefix = tl.load(rswa_prefix_lens_ptr + seq_idx)
+        rswa_first_key = context_len + q_block_local_idx * BLOCK_Q - R_SWA_WINDOW + 1
+    else:
+        rswa_prefix = 0
+        rswa_first_key = 0
+"""
+_GUARD = "        if (j * TILE_SIZE < rswa_prefix) | ((j + 1) * TILE_SIZE > rswa_first_key):\n"
+
+
+def patch_source(src: str) -> str:
+    """vLLM's triton_unified_attention.py with the tile loop skipping the tiles R-SWA hides.
+    ValueError where the source is not the one this was written against (its anchors)."""
+    if src.count(_LOOP) != 1 or src.count(_EPILOGUE) != 1 or "USE_R_SWA: tl.constexpr" not in src:
+        raise ValueError("vLLM's unified attention kernel is not the one batchocr.rswa_tiles patches "
+                         "(its tile loop or R-SWA arguments moved)")
+    head, rest = src.split(_LOOP)
+    body, tail = rest.split(_EPILOGUE)
+    body = "".join(("    " + line if line.strip() else line) for line in body.splitlines(keepends=True))
+    return head + _SETUP + _LOOP + _GUARD + body + _EPILOGUE + tail
+
+
+def _patched_module():
+    original = sys.modules.get(MODULE) or importlib.import_module(MODULE)
+    src = patch_source(Path(original.__file__).read_text())
+    # Triton reads a kernel's source from its file: the rewritten module is a file of its own
+    digest = hashlib.sha256(src.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"batchocr_rswa_{digest}.py"
+    if not path.exists() or path.read_text() != src:
+        tmp = path.with_suffix(f".{id(src)}.tmp")
+        tmp.write_text(src)
+        tmp.replace(path)
+    spec = importlib.util.spec_from_file_location(PATCHED, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PATCHED] = module
+    spec.loader.exec_module(module)
+    return original, module
+
+
+def install() -> None:
+    """Point vLLM's unified attention at the rewritten kernel (idempotent): `unified_attention`
+    looks its kernel up in its module's globals when it launches, so rebinding the name is enough,
+    before any kernel is compiled or captured into a CUDA graph (the worker resolves its extension
+    before it loads the model)."""
+    original = sys.modules.get(MODULE) or importlib.import_module(MODULE)
+    if getattr(original, "_batchocr_rswa_tiles", False):
+        return
+    _, module = _patched_module()
+    original.kernel_unified_attention = module.kernel_unified_attention
+    original._batchocr_rswa_tiles = True
+
+
+def tiles_read(seq_len: int, prefix: int, first_query: int, window: int, tile: int) -> int:
+    """Tiles of a query block the patched loop reads (the loop's arithmetic, for tests and
+    estimates): those below the prompt's end or reaching the first query's window."""
+    tiles = -(-seq_len // tile)
+    first_key = first_query - window + 1
+    return sum(1 for j in range(tiles) if j * tile < prefix or (j + 1) * tile > first_key)
+
+
+
+# The presets whose models attend with R-SWA.
+PRESETS = ("unlimited-ocr",)
+# Named by worker_extension_cls, with the other patches an engine asks for (one extension a worker).
+EXTENSIONS = {
+    (False, False): "batchocr.rswa_tiles.RswaTilesExtension",
+    (True, False): "batchocr.rswa_tiles.RswaTilesEncoderExtension",
+    (False, True): "batchocr.rswa_tiles.RswaTilesSamplerExtension",
+    (True, True): "batchocr.rswa_tiles.RswaTilesEncoderSamplerExtension",
+}
+
+
+def extension(encoder: bool, sampler: bool) -> str:
+    """The worker extension for the rewritten kernel, with the batched encoder and the sampler's
+    n-gram bans where those are asked for too."""
+    return EXTENSIONS[(encoder, sampler)]
+
+
+class _Extension:
+    """Named by `worker_extension_cls`: vLLM's worker process resolves the name, which installs
+    the patches. No methods of its own (vLLM mixes it into its Worker class)."""
+
+
+def __getattr__(name: str):
+    """The extensions install when vLLM asks for them, and only then (importing this module
+    patches nothing)."""
+    for (encoder, sampler), full in EXTENSIONS.items():
+        if full.rsplit(".", 1)[1] == name:
+            install()
+            if encoder:
+                from batchocr import deepencoder
+
+                deepencoder.install()
+            if sampler:
+                from batchocr import ngram_sampler
+
+                ngram_sampler.install()
+            return _Extension
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,90 @@
+"""engines.vllm.rswa_tiles: batchocr.rswa_tiles' rewrite of vLLM 0.26.0's Triton unified attention
+(its file, Apache-2.0, kept in tests/data/vllm/ so that CI, which has no torch, Triton or vLLM,
+checks the rewrite against the real source) and its plumbing. That the rewritten kernel gives
+vLLM's output is shown by running both: bench/gpu/check_rswa_tiles.py (the CPU under Triton's
+interpreter, and the GPU)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from batchocr import deepencoder, ngram_sampler, rswa_tiles
+from batchocr.engines.presets import get_preset
+from batchocr.engines.vllm import VLLMOptions
+from batchocr.errors import ConfigError
+
+KERNEL = Path(__file__).parent / "data" / "vllm" / "triton_unified_attention-0.26.0.py.txt"
+
+
+def _kernel_loop(tree: ast.Module) -> ast.For:
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "kernel_unified_attention")
+    (loop,) = [n for n in fn.body if isinstance(n, ast.For)]
+    return fn, loop
+
+
+def test_the_rewrite_puts_the_tile_loop_s_whole_body_under_the_r_swa_test():
+    src = KERNEL.read_text()
+    new = rswa_tiles.patch_source(src)
+    fn, loop = _kernel_loop(ast.parse(new))
+    old_fn, old_loop = _kernel_loop(ast.parse(src))
+    (guard,) = loop.body  # one statement: the test, with everything the loop did inside it
+    assert isinstance(guard, ast.If) and not guard.orelse
+    assert "rswa_prefix" in ast.unparse(guard.test) and "rswa_first_key" in ast.unparse(guard.test)
+    assert [ast.dump(n) for n in guard.body] == [ast.dump(n) for n in old_loop.body]
+    # the prompt length and the window's first key are set before the loop, for R-SWA only
+    setup = fn.body[fn.body.index(loop) - 1]
+    assert isinstance(setup, ast.If) and ast.unparse(setup.test) == "USE_R_SWA"
+    assert "rswa_prefix_lens_ptr + seq_idx" in ast.unparse(setup.body[0])
+    # and nothing else in the file changed
+    rest = lambda t: [ast.dump(n) for n in ast.parse(t).body if getattr(n, "name", "") != "kernel_unified_attention"]  # noqa: E731
+    assert rest(new) == rest(src)
+    others = [ast.dump(n) for n in fn.body if n is not loop and n is not setup]
+    assert others == [ast.dump(n) for n in old_fn.body if n is not old_loop]
+
+
+def test_a_kernel_that_moved_is_refused_not_half_patched():
+    src = KERNEL.read_text()
+    with pytest.raises(ValueError, match="not the one batchocr.rswa_tiles patches"):
+        rswa_tiles.patch_source(src.replace("    for j in range(loop_lo, loop_hi):\n", "    for j in range(lo, hi):\n"))
+    with pytest.raises(ValueError):
+        rswa_tiles.patch_source(src.replace("USE_R_SWA: tl.constexpr", "USE_RSWA: tl.constexpr"))
+
+
+def test_tiles_read_are_the_prompt_s_and_the_window_s():
+    # 1,000 keys, a 273-token prompt, the query at 999, window 128, tiles of 16: the prompt's
+    # 18 tiles (0-17) and the window's, which starts at key 872 (tile 54): 54-62
+    assert rswa_tiles.tiles_read(1000, 273, 999, 128, 16) == 18 + 9
+    assert rswa_tiles.tiles_read(300, 273, 299, 128, 16) == 19  # all of them: the window reaches the prompt
+    assert rswa_tiles.tiles_read(5000, 1092, 4999, 128, 16) == 69 + 9  # document mode's 4 pages
+
+
+def test_rswa_tiles_names_one_extension_with_the_other_patches_asked(monkeypatch):
+    p = get_preset("unlimited-ocr")
+
+    def ext(**kw):
+        return VLLMOptions(model="/m", preset="unlimited-ocr", **kw).llm_args(p)["worker_extension_cls"]
+
+    assert ext(rswa_tiles=True) == "batchocr.rswa_tiles.RswaTilesEncoderExtension"  # the batched encoder: default
+    assert ext(rswa_tiles=True, batch_encoder=False) == "batchocr.rswa_tiles.RswaTilesExtension"
+    assert ext(rswa_tiles=True, ngram_bans="sampler") == "batchocr.rswa_tiles.RswaTilesEncoderSamplerExtension"
+    assert ext() == deepencoder.EXTENSION  # off by default
+    calls = []
+    monkeypatch.setattr(rswa_tiles, "install", lambda: calls.append("tiles"))
+    monkeypatch.setattr(deepencoder, "install", lambda: calls.append("encoder"))
+    monkeypatch.setattr(ngram_sampler, "install", lambda: calls.append("sampler"))
+    for name, want in (("RswaTilesExtension", ["tiles"]), ("RswaTilesEncoderSamplerExtension",
+                                                           ["tiles", "encoder", "sampler"])):
+        calls.clear()
+        module, attr = f"batchocr.rswa_tiles.{name}".rsplit(".", 1)  # as vLLM's resolve_obj_by_qualname splits it
+        assert getattr(__import__(module, fromlist=[attr]), attr) is rswa_tiles._Extension
+        assert calls == want
+    with pytest.raises(AttributeError):
+        rswa_tiles.NotAnExtension  # noqa: B018
+
+
+def test_rswa_tiles_on_a_model_without_r_swa_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^engines\.vllm\.rswa_tiles: .*qwen2\.5-vl"):
+        VLLMOptions(model="/m", preset="qwen2.5-vl", rswa_tiles=True)
