@@ -175,10 +175,11 @@ run() {  # one named run of the suite
     # at 256, 512 and 1,024 sequences (the KV holds ~1,900 of R-SWA's requests)
     uocr-seqs-be) uocr uocr-seqs-be --pages 2048 --modes b --batch-encoder --variant "seqs512=--max-num-seqs 512" \
                     --variant "seqs1024=--max-num-seqs 1024" ;;
-    # where a step's time goes (vLLM's torch profiler, 150 steps of b's steady state, 512 pages; the profile
+    # where a step's time goes (vLLM's torch profiler, 150 steps of b's steady state; the profile
     # perturbs b, so these are runs of their own): vLLM's encoder, then the batched one
-    uocr-prof) uocr uocr-prof --pages 512 --modes b --no-batch-encoder --profile 1500,150 ;;
-    uocr-prof-be) uocr uocr-prof-be --pages 512 --modes b --batch-encoder --profile 1500,150 ;;
+    # (1,024 pages: the sixth lease's 512 with a delay of 1,500 steps profiled the tail, 120-144 running)
+    uocr-prof) uocr uocr-prof --pages 1024 --modes b --no-batch-encoder --profile 1000,150 ;;
+    uocr-prof-be) uocr uocr-prof-be --pages 1024 --modes b --batch-encoder --profile 1000,150 ;;
     # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
     uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
     # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)
