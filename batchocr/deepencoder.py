@@ -20,9 +20,9 @@ the per-image method does.
 `engines.vllm.batch_encoder` names it (with the sampler's n-gram bans too, where asked:
 `BatchedEncoderNGramSamplerExtension`): unlimited-ocr's default, since on the H200 it gave
 1.251x the pages/s end to end and 1.307x in the steady state at equal work (docs/GPU.md, sixth
-lease); deepseek-ocr's only where asked (not measured). Importing this module patches nothing, and needs no
-torch; `bench/gpu/check_encoder_batch.py` compares it with vLLM's own method on the real
-modules (equal embeddings) and times both.
+lease); deepseek-ocr's only where asked (not measured). Importing this module patches nothing,
+and needs no torch; `bench/gpu/check_encoder_batch.py` compares it with vLLM's own method on
+the real modules (equal embeddings) and times both.
 """
 
 from __future__ import annotations

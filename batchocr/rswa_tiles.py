@@ -63,8 +63,8 @@ def patch_source(src: str) -> str:
     return head + _SETUP + _LOOP + _GUARD + body + _EPILOGUE + tail
 
 
-def _patched_module():
-    original = sys.modules.get(MODULE) or importlib.import_module(MODULE)
+def patched_module(original):
+    """The rewritten copy of vLLM's kernel module `original`, loaded beside it."""
     src = patch_source(Path(original.__file__).read_text())
     # Triton reads a kernel's source from its file: the rewritten module is a file of its own
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
@@ -77,7 +77,7 @@ def _patched_module():
     module = importlib.util.module_from_spec(spec)
     sys.modules[PATCHED] = module
     spec.loader.exec_module(module)
-    return original, module
+    return module
 
 
 def install() -> None:
@@ -88,8 +88,7 @@ def install() -> None:
     original = sys.modules.get(MODULE) or importlib.import_module(MODULE)
     if getattr(original, "_batchocr_rswa_tiles", False):
         return
-    _, module = _patched_module()
-    original.kernel_unified_attention = module.kernel_unified_attention
+    original.kernel_unified_attention = patched_module(original).kernel_unified_attention
     original._batchocr_rswa_tiles = True
 
 
@@ -99,7 +98,6 @@ def tiles_read(seq_len: int, prefix: int, first_query: int, window: int, tile: i
     tiles = -(-seq_len // tile)
     first_key = first_query - window + 1
     return sum(1 for j in range(tiles) if j * tile < prefix or (j + 1) * tile > first_key)
-
 
 
 # The presets whose models attend with R-SWA.

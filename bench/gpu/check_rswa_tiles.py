@@ -168,8 +168,7 @@ def main() -> None:
     from batchocr import rswa_tiles
 
     original = ops.kernel_unified_attention
-    _, patched_module = rswa_tiles._patched_module()
-    patched = patched_module.kernel_unified_attention
+    patched = rswa_tiles.patched_module(ops).kernel_unified_attention
     device = torch.device(args.device)
     lens = [args.prompt + max(1, args.output * (i + 1) // args.decode) for i in range(args.decode)]
     x = inputs(torch, device, lens, [args.prompt] * args.decode, args.prefill)

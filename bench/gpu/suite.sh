@@ -169,8 +169,8 @@ run() {  # one named run of the suite
     uocr-admit-s) uocr_v2 uocr-admit-s --pages 1024 --modes b --ngram-bans sampler --b-variants "admit_pages=0" ;;
     # b (batchocr's processor, V1, the preset's admit_pages 16) against the encoder's levers and the
     # sampler's bans on V2, each its own engine, 1,024 pages: which runner, and what the prefill gives back
-    uocr-levers) uocr uocr-levers --pages 1024 --modes b --no-batch-encoder --variant "$BATCH_ENCODER" --variant "$ENC_GRAPHS" \
-                   --variant "$SAMPLER_BANS" --variant "$TORCH_SHM" ;;
+    uocr-levers) uocr uocr-levers --pages 1024 --modes b --no-batch-encoder --variant "$BATCH_ENCODER" \
+                   --variant "$ENC_GRAPHS" --variant "$SAMPLER_BANS" --variant "$TORCH_SHM" ;;
     # the decode share of a page (256 sequences' steps, 61 ms of its ~123): b with the batched encoder
     # at 256, 512 and 1,024 sequences (the KV holds ~1,900 of R-SWA's requests)
     uocr-seqs-be) uocr uocr-seqs-be --pages 2048 --modes b --batch-encoder --variant "seqs512=--max-num-seqs 512" \
@@ -189,19 +189,19 @@ run() {  # one named run of the suite
     # same pages and output tokens (a group's max_tokens is its pages' lengths): the issue's mode goal
     uocr-doc-be) uocr uocr-doc-be --mode document --pages 1024 --modes a,b --batch-encoder \
                    --variant "pagemode=--mode page" ;;
-    # one run for both goals (5 engines; the fifth lease measured 5-8 min each: too long for one lease): page b (processor, V1, admit 16)
-    # against page b with the batched encoder, document mode a and b (with it, where uocr-encoder did
+    # one run for both goals (5 engines; the fifth lease measured 5-8 min each: too long for one lease):
+    # page b (processor, V1, admit 16) against page b with the batched encoder, document mode a and b (with it, where uocr-encoder did
     # not find it unequal on the GPU: then without), page b with it at 512 sequences (the decode
     # share), and page b with vLLM's encoder CUDA graphs
     uocr-modes) local be=--batch-encoder; said uocr-encoder "d['same'] is False" && be=""
-                TP_TIMEOUT=2700 uocr uocr-modes --pages 1024 --modes b --no-batch-encoder --variant "$BATCH_ENCODER" \
-                  --variant "doc${be:+be}=--mode document --modes a,b $be" \
+                TP_TIMEOUT=2700 uocr uocr-modes --pages 1024 --modes b --no-batch-encoder \
+                  --variant "$BATCH_ENCODER" --variant "doc${be:+be}=--mode document --modes a,b $be" \
                   --variant "seqs512${be:+be}=--max-num-seqs 512 $be" --variant "$ENC_GRAPHS" ;;
     # the sixth lease's run (3 engines, ~17 min): page b (processor, V1, admit 16) against page b with the
     # batched encoder at equal work, then document mode a and b with it in groups of 4 pages (1,024 pages in
     # 256 requests fill the 256 sequences; in groups of 8, 128 requests filled half: the fifth lease's a)
-    uocr-be-doc) TP_TIMEOUT=1700 uocr uocr-be-doc --pages 1024 --modes b --no-batch-encoder --variant "$BATCH_ENCODER" \
-                   --variant "docbe4=--mode document --group-pages 4 --modes a,b --batch-encoder" ;;
+    uocr-be-doc) TP_TIMEOUT=1700 uocr uocr-be-doc --pages 1024 --modes b --no-batch-encoder \
+                   --variant "$BATCH_ENCODER" --variant "docbe4=--mode document --group-pages 4 --modes a,b --batch-encoder" ;;
     # document mode against page mode over several waves (the sixth lease's 256 groups were one wave that
     # drained): 4,096 pages, page b and document b in groups of 4 (1,024 requests), both with the
     # batched encoder (the default); equal output tokens (2 engines, ~17 min)
