@@ -63,6 +63,24 @@ def patch_source(src: str) -> str:
     return head + _SETUP + _LOOP + _GUARD + body + _EPILOGUE + tail
 
 
+def kernel_file() -> Path | None:
+    """Where this process's vLLM keeps the kernel's module (None: no vLLM that has it here)."""
+    try:
+        spec = importlib.util.find_spec(MODULE)
+    except (ImportError, AttributeError, ValueError):  # no vLLM, or a stand-in without the module
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def check_source(path: Path | None = None) -> None:
+    """Before vLLM is built: ValueError where its kernel (at `path`, or where this process's vLLM
+    has it) is not the one the rewrite was written against, so that the run stops with the key
+    named rather than inside vLLM's engine core."""
+    path = path or kernel_file()
+    if path is not None:
+        patch_source(path.read_text())
+
+
 def patched_module(original):
     """The rewritten copy of vLLM's kernel module `original`, loaded beside it."""
     src = patch_source(Path(original.__file__).read_text())

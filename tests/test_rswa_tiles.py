@@ -88,3 +88,35 @@ def test_rswa_tiles_names_one_extension_with_the_other_patches_asked(monkeypatch
 def test_rswa_tiles_on_a_model_without_r_swa_is_a_config_error_naming_the_key():
     with pytest.raises(ConfigError, match=r"^engines\.vllm\.rswa_tiles: .*qwen2\.5-vl"):
         VLLMOptions(model="/m", preset="qwen2.5-vl", rswa_tiles=True)
+
+
+def test_a_vllm_whose_kernel_moved_stops_the_run_naming_the_key_before_vllm_starts(tmp_path, monkeypatch):
+    moved = tmp_path / "triton_unified_attention.py"
+    moved.write_text(KERNEL.read_text().replace("    for j in range(loop_lo, loop_hi):\n", "    for j in range(lo, hi):\n"))
+    rswa_tiles.check_source(KERNEL)  # vLLM 0.26.0's: fine
+    with pytest.raises(ValueError):
+        rswa_tiles.check_source(moved)
+    monkeypatch.setattr(rswa_tiles, "kernel_file", lambda: moved)
+    with pytest.raises(ConfigError, match=r"^engines\.vllm\.rswa_tiles: .*set it false"):
+        VLLMOptions(model="/m", preset="unlimited-ocr", rswa_tiles=True).check_patches()
+    VLLMOptions(model="/m", preset="unlimited-ocr").check_patches()  # not asked: not checked
+    monkeypatch.setattr(rswa_tiles, "kernel_file", lambda: None)  # no vLLM with that module here: the worker's to say
+    VLLMOptions(model="/m", preset="unlimited-ocr", rswa_tiles=True).check_patches()
+
+
+def test_the_kernel_is_found_where_vllm_keeps_it(tmp_path):
+    """kernel_file finds the module as vLLM's package holds it (a package tree of vLLM's layout with
+    the 0.26.0 kernel file; in a process of its own, away from the stand-in vLLM other tests install)."""
+    import subprocess
+    import sys
+
+    ops = tmp_path / "vllm" / "v1" / "attention" / "ops"
+    ops.mkdir(parents=True)
+    for d in (tmp_path / "vllm", ops.parents[1], ops.parent, ops):
+        (d / "__init__.py").write_text("")
+    (ops / "triton_unified_attention.py").write_text(KERNEL.read_text())
+    code = "from batchocr import rswa_tiles; p = rswa_tiles.kernel_file(); rswa_tiles.check_source(); print(p)"
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": f"{tmp_path}:{root}", "PATH": "/usr/bin:/bin"}).stdout.strip()
+    assert out == str(ops / "triton_unified_attention.py")

@@ -168,6 +168,15 @@ class VLLMOptions:
             except ValueError as exc:
                 raise ConfigError(f"engines.vllm.ngram_bans: sampler: {exc}") from None
 
+    def check_patches(self) -> None:
+        """Before vLLM is built: the vLLM here has what the asked patches rewrite (ConfigError
+        naming the key where not)."""
+        if self.rswa_tiles:
+            try:
+                rswa_tiles.check_source()
+            except ValueError as exc:
+                raise ConfigError(f"engines.vllm.rswa_tiles: {exc}; set it false for this vLLM") from None
+
     def llm_args(self, preset: Preset) -> dict[str, Any]:
         args = {
             "model": self.model,
@@ -262,6 +271,7 @@ class VLLMEngine:
         self._SamplingParams = SamplingParams
         self._delta = RequestOutputKind.DELTA
         options.set_runner_env()
+        options.check_patches()
         if llm is None:
             from vllm import LLM
 

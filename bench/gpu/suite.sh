@@ -23,7 +23,8 @@
 # uocr-engines (b on one engine process against two on the one GPU), uocr-be-doc (page b against the
 # batched encoder, document mode a and b with it in groups of 4), uocr-ban-sync (the n-gram processor's
 # write of a step's bans, bench/gpu/check_ban_sync.py), uocr-waves (page b against document b over
-# several waves of groups), uocr-rswa-check and uocr-tiles (R-SWA's attention over the tiles it sees);
+# several waves of groups), uocr-rswa-check, uocr-tiles and uocr-tiles-doc (R-SWA's attention over the
+# tiles it sees);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
@@ -207,11 +208,12 @@ run() {  # one named run of the suite
     # batched encoder (the default); equal output tokens (2 engines, ~17 min)
     uocr-waves) TP_TIMEOUT=1700 uocr uocr-waves --pages 4096 --modes b --variant "doc4=--mode document --group-pages 4" ;;
     # R-SWA's attention reading only the tiles it can see (batchocr.rswa_tiles): the kernels compared on the
-    # GPU (seconds, no model), then page b against page b with it and document b with it in groups of 4
-    # (1,024 pages; document b without it: the sixth lease's uocr-be-doc, the same pages and tokens)
+    # GPU (seconds, no model); page b against page b with it, 1,024 pages (2 engines, ~9 min); document b
+    # in groups of 4 against the same with it (2 engines, ~7 min; longer outputs: more tiles skipped)
     uocr-rswa-check) py uocr-rswa-check bench/gpu/check_rswa_tiles.py --time 20 ;;
-    uocr-tiles) TP_TIMEOUT=1700 uocr uocr-tiles --pages 1024 --modes b --variant "tiles=--rswa-tiles" \
-                  --variant "doc4tiles=--mode document --group-pages 4 --rswa-tiles" ;;
+    uocr-tiles) uocr uocr-tiles --pages 1024 --modes b --variant "tiles=--rswa-tiles" ;;
+    uocr-tiles-doc) uocr uocr-tiles-doc --mode document --group-pages 4 --pages 1024 --modes b \
+                      --variant "tiles=--rswa-tiles" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
