@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -88,7 +89,7 @@ def patched_module(original):
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / f"batchocr_rswa_{digest}.py"
     if not path.exists() or path.read_text() != src:
-        tmp = path.with_suffix(f".{id(src)}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # engine processes may write it at once
         tmp.write_text(src)
         tmp.replace(path)
     spec = importlib.util.spec_from_file_location(PATCHED, path)
@@ -103,7 +104,7 @@ def install() -> None:
     looks its kernel up in its module's globals when it launches, so rebinding the name is enough,
     before any kernel is compiled or captured into a CUDA graph (the worker resolves its extension
     before it loads the model)."""
-    original = sys.modules.get(MODULE) or importlib.import_module(MODULE)
+    original = importlib.import_module(MODULE)
     if getattr(original, "_batchocr_rswa_tiles", False):
         return
     original.kernel_unified_attention = patched_module(original).kernel_unified_attention

@@ -184,7 +184,7 @@ def main() -> None:
     a3, b3 = attend(ops, torch, xd, original, True), attend(ops, torch, xd, patched, True)
     report["3d_max_abs_diff"] = float((a3.float() - b3.float()).abs().max())
     report["3d_vs_reference_max_abs"] = float((b3.float().cpu() - reference(torch, xd)).abs().max())
-    tile = 16 if x["q"].element_size() >= 2 else 32
+    tile = ops._get_tile_size(HEAD_SIZE, 0, x["q"].element_size(), is_prefill=False)  # the decode tiles vLLM uses
     report["tiles_read_decode"] = {"vllm": sum(-(-n // tile) for n in lens),
                                    "patched": sum(rswa_tiles.tiles_read(n, args.prompt, n - 1, WINDOW, tile)
                                                   for n in lens)}
