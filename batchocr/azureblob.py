@@ -5,7 +5,8 @@ What adlfs leaves to us, and why each piece is here:
 - credentials in batchocr's documented order (adlfs lets AZURE_STORAGE_CONNECTION_STRING
   override a key given explicitly, and hands unknown options to DefaultAzureCredential);
 - the SDK's own retry policy, configured (adlfs keeps the SDK default: 15 s before the
-  first retry, 3 retries);
+  first retry, 3 retries), and downloads whose reply broke off mid-body read again as
+  often as it says (the SDK's downloader tries such a reply 3 times, whatever the policy);
 - a listing that streams page by page (adlfs lists a whole folder into a list);
 - errors that say what to change and never carry a secret;
 - polars' own Azure client (object_store) wants account_name/account_key/endpoint,
@@ -14,6 +15,7 @@ What adlfs leaves to us, and why each piece is here:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import os
@@ -21,8 +23,11 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Iterator, Mapping
 
 from adlfs import AzureBlobFileSystem
+from adlfs.spec import AzureBlobFile
 from annotated_types import Ge
-from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError
+from azure.core.exceptions import (AzureError, ClientAuthenticationError, DecodeError, HttpResponseError,
+                                   IncompleteReadError, ServiceResponseError)
+from fsspec.asyn import sync_wrapper
 from fsspec.asyn import sync
 
 from batchocr import __version__
@@ -187,12 +192,13 @@ class BlobFileSystem(AzureBlobFileSystem):
 
         creds, r = self._credentials, self._retry
         total = int(r["retry_total"])
+        self._retry_policy = ExponentialRetry(
+            initial_backoff=r["retry_backoff"], increment_base=r["retry_backoff_base"],
+            random_jitter_range=r["retry_jitter"], retry_total=total,
+            retry_connect=total, retry_read=total, retry_status=total,
+        )
         client_kwargs: dict[str, Any] = {
-            "retry_policy": ExponentialRetry(
-                initial_backoff=r["retry_backoff"], increment_base=r["retry_backoff_base"],
-                random_jitter_range=r["retry_jitter"], retry_total=total,
-                retry_connect=total, retry_read=total, retry_status=total,
-            ),
+            "retry_policy": self._retry_policy,
             "connection_timeout": r["connection_timeout"],
             "read_timeout": r["read_timeout"],
             "user_agent": f"batchocr/{__version__}",
@@ -212,6 +218,46 @@ class BlobFileSystem(AzureBlobFileSystem):
             # AZURE_FEDERATED_TOKEN_FILE, injected by the webhook, are all it needs.
             credential = self.credential = DefaultAzureCredential()
         self.service_client = BlobServiceClient(url, credential=credential, **client_kwargs)
+
+    async def read_again(self, download):
+        """await download() again while its reply breaks off mid-body, up to retry_total
+        times, waiting as the retry policy does between requests. The SDK's downloader
+        reads a broken reply's range 3 times and then gives up (azure-storage-blob
+        12.31 aio/_download_async.py, a fixed `retry_total = 3`), so on a network that
+        resets connections, one blob among thousands fails while `retry_total` (10,
+        say) promised more: seen in CI, a quarter of requests reset."""
+        for count in range(int(self._retry["retry_total"]) + 1):
+            try:
+                return await download()
+            except HttpResponseError as err:
+                if not _cut_off(err) or count == int(self._retry["retry_total"]):
+                    raise
+            await asyncio.sleep(self._retry_policy.get_backoff_time({"count": count + 1}))
+
+    async def _cat_file(self, path, start=None, end=None, max_concurrency=None, **kwargs):
+        cat_file = super()._cat_file
+        return await self.read_again(lambda: cat_file(path, start, end, max_concurrency, **kwargs))
+
+    def _open(self, path: str, mode: str = "rb", block_size: int | None = None, **kwargs):
+        """adlfs's file, its ranged reads (Store.read_parquet) read again like _cat_file.
+        (adlfs's _open also refuses version_id on a filesystem not version aware:
+        batchocr names no versions.)"""
+        return _BlobFile(fs=self, path=path, mode=mode, block_size=block_size or self.blocksize, **kwargs)
+
+
+class _BlobFile(AzureBlobFile):
+    async def _async_fetch_range(self, start: int, end: int | None = None, **kwargs):
+        fetch = super()._async_fetch_range
+        return await self.fs.read_again(lambda: fetch(start, end, **kwargs))
+
+    _fetch_range = sync_wrapper(_async_fetch_range)
+
+
+def _cut_off(err: HttpResponseError) -> bool:
+    """The downloader's own give-up: a reply whose body broke off (or would not decode),
+    wrapped with no status code. An answer with a status is the retry policy's business."""
+    return err.status_code is None and isinstance(err.__cause__, (IncompleteReadError, DecodeError,
+                                                                   ServiceResponseError))
 
 
 @dataclass
@@ -276,8 +322,9 @@ class AzureBackend:
             return StorageError(f"{where}: Azure answered HTTP {err.status_code} {code}")
         if isinstance(err, AzureError):
             reason = str(err.message).splitlines()[0][:200] if err.message else type(err).__name__
-            return StorageError(f"{where}: Azure Blob storage unreachable after {int(self.fs._retry['retry_total'])} "
-                                f"retries ({type(err).__name__}: {reason})")
+            total = int(self.fs._retry["retry_total"])
+            return StorageError(f"{where}: Azure Blob storage unreachable after {total} "
+                                f"retr{'y' if total == 1 else 'ies'} ({type(err).__name__}: {reason})")
         reason = str(exc).splitlines()[0][:200] if str(exc) else ""
         return StorageError(f"{where}: {type(exc).__name__}: {reason}")
 

@@ -3,6 +3,9 @@ resets the connection (RST, both sides) after a random number of bytes of that
 exchange, so faults land anywhere: before a request is sent, halfway through an
 upload, after the server committed it but before the reply arrived, in the middle
 of a listing page. `set_down(True)` resets every connection, open or new (an outage).
+`cut_reply`, if given, is asked about every request (its first bytes: the request
+line) and may name how many bytes of the reply pass before the reset: faults aimed
+at one blob's downloads, say, cut mid-body.
 
 Per request, not per connection: HTTP clients keep connections alive, so a whole
 run may use a handful of them. A new request is the client sending after the
@@ -20,6 +23,7 @@ import selectors
 import socket
 import struct
 import threading
+from typing import Callable
 
 
 def _reset(sock: socket.socket) -> None:
@@ -34,6 +38,7 @@ class _Link:
     def __init__(self, client: socket.socket, server: socket.socket):
         self.client, self.server = client, server
         self.budget: int | None = None  # bytes of this exchange (both ways) before the reset; None: never
+        self.reply_budget: int | None = None  # bytes of the reply before the reset (cut_reply); None: never
         self.last_from_client = False
         self.half_closed: set[socket.socket] = set()
 
@@ -42,8 +47,10 @@ class _Link:
 
 
 class FaultProxy:
-    def __init__(self, target_port: int, reset_share: float, seed: int = 0, max_bytes: int = 16_000):
+    def __init__(self, target_port: int, reset_share: float, seed: int = 0, max_bytes: int = 16_000,
+                 cut_reply: Callable[[bytes], int | None] | None = None):
         self.target_port = target_port
+        self.cut_reply = cut_reply
         self.reset_share = reset_share
         self.max_bytes = max_bytes
         self.random = random.Random(seed)
@@ -134,11 +141,16 @@ class FaultProxy:
             self.requests += 1
             hit = self.random.random() < self.reset_share
             link.budget = self.random.randint(0, self.max_bytes) if hit else None
+            link.reply_budget = self.cut_reply(data) if self.cut_reply else None
         link.last_from_client = from_client
         reset = link.budget is not None and len(data) >= link.budget
         if link.budget is not None:
             data = data[: link.budget]
             link.budget -= len(data)
+        if not from_client and link.reply_budget is not None:
+            reset = reset or len(data) >= link.reply_budget
+            data = data[: link.reply_budget]
+            link.reply_budget -= len(data)
         try:
             dst.sendall(data)
         except OSError:

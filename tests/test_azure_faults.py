@@ -76,6 +76,54 @@ def test_connection_resets_are_retried_nothing_lost_no_duplicate_parts(azurite, 
     assert set(rows["run_id"]) == {record["run_id"]}
 
 
+def test_downloads_cut_mid_body_more_often_than_the_sdk_retries_are_read_again(azurite, tmp_path):
+    """The proxy cuts the replies to GETs of one blob 2,000 bytes in (headers pass, the
+    body breaks off): 7 times, more than the SDK's downloader reads a broken reply (3).
+    Store.read_bytes and read_parquet (ranged reads through a file) get every byte under
+    retry_total 6; a blob cut every time fails after the retries as one StorageError line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from batchocr.errors import StorageError
+
+    table_ = pa.table({"text": [f"line {i} " * 40 for i in range(400)]})
+    pq.write_table(table_, tmp_path / "part.parquet", compression="none")
+    blob = tmp_path / "scan.bin"
+    blob.write_bytes(random.Random(3).randbytes(60_000))
+    azurite.container("cut")
+    azurite.upload("cut", [blob, tmp_path / "part.parquet"])
+    cuts = {"left": 0, "done": 0}
+
+    def cut_reply(request: bytes) -> int | None:
+        if request.startswith(b"GET ") and b"comp=" not in request.split(b"\r\n", 1)[0] and cuts["left"]:
+            cuts["left"] -= 1
+            cuts["done"] += 1
+            return 2_000
+        return None
+
+    proxy = FaultProxy(azurite.port, reset_share=0.0, cut_reply=cut_reply)
+    try:
+        store = Store("az://cut", {"connection_string": connection_string(proxy.port), "retry_total": "6",
+                                   **QUICK_RETRY})
+        cuts["left"] = 7
+        assert store.read_bytes("scan.bin") == blob.read_bytes()
+        assert cuts == {"left": 0, "done": 7}
+        cuts["left"] = 7
+        assert store.read_parquet("part.parquet", ["text"]).equals(table_)
+        assert cuts == {"left": 0, "done": 14}
+
+        quick = Store("az://cut", {"connection_string": connection_string(proxy.port), "retry_total": "1",
+                                   **QUICK_RETRY})
+        cuts["left"] = 100
+        with pytest.raises(StorageError) as raised:
+            quick.read_bytes("scan.bin")
+    finally:
+        proxy.stop()
+    assert cuts["done"] == 14 + 2 * 3, cuts  # 2 downloads (1 retry) of the SDK's 3 reads each
+    message = str(raised.value)
+    assert "\n" not in message and "scan.bin: reading" in message and "after 1 retry " in message, message
+
+
 def test_an_outage_stops_the_run_with_committed_work_intact(azurite, corpus):
     """Storage goes away mid-run for good: after the SDK's retries the run stops with
     one clear line and exit 1; every part committed before is still there, byte for
