@@ -14,7 +14,8 @@ processor over them: the same request arguments (`extra_args` ngram_size, window
 whitelist_token_ids) and validation as vLLM's, and one indexed write for the whole batch, only
 on the steps where something is banned (sound text: few; the looping text of random weights:
 nearly every step). On the H200's host, 256 requests: 1.9-2.8 ms a step against vLLM's 12-217
-(docs/BENCHMARKS.md). Register it in vLLM's place (the presets do):
+(docs/BENCHMARKS.md); a decode step's one token since takes a path of its own, 0.57-0.67x of that
+on this project's VM (bench/ngram_host.py). Register it in vLLM's place (the presets do):
 
     LLM(..., logits_processors=["batchocr.ngram:NoRepeatNGramLogitsProcessor"])
 
@@ -39,7 +40,7 @@ class NGramBan:
     a step. If it is not (shorter, or its last known token changed: vLLM discards tokens
     after a KV-load failure), the index is built again from it."""
 
-    __slots__ = ("n", "window", "whitelist", "follow", "keys", "lo", "hi", "last")
+    __slots__ = ("n", "window", "whitelist", "follow", "keys", "lo", "hi", "known", "last_tok", "tail", "next_len")
 
     def __init__(self, ngram_size: int, window_size: int, whitelist_token_ids: Iterable[int] | None = None):
         self.n, self.window = ngram_size, window_size
@@ -50,15 +51,47 @@ class NGramBan:
         self.follow: dict[tuple, dict[int, int]] = {}
         self.keys: deque[tuple[tuple, int]] = deque()  # the window's n-grams, oldest first
         self.lo = self.hi = lo  # the n-grams starting in [lo, hi) are indexed
-        self.last = None  # (length, last token) at the last call
+        self.known = -1  # the length at the last call that indexed (-1: none since the reset)
+        self.last_tok = None  # its last token
+        self.tail = None  # its last n-1 tokens: the prefix of the n-gram that the next token ends
+        self.next_len = -1  # the length at which one more token takes the step's path (-1: none)
 
     def banned(self, ids: list[int]) -> set[int]:
         length, n = len(ids), self.n
-        if length < n:
-            if self.hi:  # the list shrank below one n-gram
-                self._reset(0)
-            return set()
-        if self.last is not None and (length < self.last[0] or ids[self.last[0] - 1] != self.last[1]):
+        if length == self.next_len and ids[-2] == self.last_tok:
+            # One token since the last call, what a decode step gives: the newest n-gram is the
+            # last call's tail and that token, at most one n-gram leaves the window, and the new
+            # tail is looked up. The state the general path below would leave, at ~0.7 of its
+            # cost (bench/ngram_host.py).
+            follow, tok, key = self.follow, ids[-1], self.tail
+            self.keys.append((key, tok))
+            nxt = follow.get(key)
+            if nxt is None:
+                follow[key] = {tok: 1}
+            else:
+                nxt[tok] = nxt.get(tok, 0) + 1
+            self.hi += 1
+            if self.lo < length - self.window:  # the window moved past its oldest n-gram
+                self._drop_oldest()
+                self.lo += 1
+            self.known, self.next_len, self.last_tok = length, length + 1, tok
+        else:
+            if length < n:
+                if self.hi:  # the list shrank below one n-gram
+                    self._reset(0)
+                return _NONE
+            self._catch_up(ids, length)
+        self.tail = tail = tuple(ids[length - n + 1:])
+        nxt = self.follow.get(tail)
+        if not nxt:
+            return _NONE
+        return set(nxt) - self.whitelist if self.whitelist else set(nxt)
+
+    def _catch_up(self, ids: list[int], length: int) -> None:
+        """Index the n-grams since the last call, however many tokens came (or build the index
+        again if ids is not the list it was), and drop those the window left."""
+        n, known = self.n, self.known
+        if known >= 0 and (length < known or ids[known - 1] != self.last_tok):
             self._reset(0)
         lo, hi = max(0, length - self.window), length - n + 1
         if lo > self.hi:  # more tokens than the window since the last call: skip what left it
@@ -73,20 +106,24 @@ class NGramBan:
             else:
                 nxt[tok] = nxt.get(tok, 0) + 1
         for _ in range(self.lo, min(lo, hi)):
-            key, tok = keys.popleft()
-            nxt = follow[key]
-            if nxt[tok] == 1:
-                del nxt[tok]
-                if not nxt:
-                    del follow[key]
-            else:
-                nxt[tok] -= 1
+            self._drop_oldest()
         self.lo, self.hi = max(self.lo, min(lo, hi)), max(self.hi, hi)
-        self.last = (length, ids[-1])
-        nxt = follow.get(tuple(ids[length - n + 1:]))
-        if not nxt:
-            return set()
-        return set(nxt) - self.whitelist if self.whitelist else set(nxt)
+        self.known, self.last_tok = length, ids[-1]
+        # The step's path needs the window to hold an n-gram (vLLM's range is empty otherwise).
+        self.next_len = length + 1 if self.window >= n else -1
+
+    def _drop_oldest(self) -> None:
+        key, tok = self.keys.popleft()
+        nxt = self.follow[key]
+        if nxt[tok] == 1:
+            del nxt[tok]
+            if not nxt:
+                del self.follow[key]
+        else:
+            nxt[tok] -= 1
+
+
+_NONE: frozenset[int] = frozenset()  # nothing banned (most steps of sound text): no set made
 
 
 def check_params(extra_args: dict | None) -> tuple[int, int, frozenset[int]] | None:
