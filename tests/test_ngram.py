@@ -114,3 +114,21 @@ def test_arguments_as_the_presets_send_them():
     assert check_params({"ngram_size": 35, "window_size": 128}) == (35, 128, frozenset())
     assert check_params({"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}) == (
         30, 90, frozenset({128821, 128822}))
+
+
+def test_the_host_benchmark_runs_and_checks_its_bans(tmp_path):
+    """bench/ngram_host.py against this checkout itself: it finishes, equal bans on both sides."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "ngram.json"
+    done = subprocess.run([sys.executable, str(root / "bench" / "ngram_host.py"), "--baseline", str(root),
+                           "--requests", "6", "--steps", "40", "--repeats", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4 and all(r["same_bans"] for r in rows)
+    assert [r["banned_a_step"] > 0 for r in rows] == [False, True, False, True]  # looping histories ban
