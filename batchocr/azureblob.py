@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Iterator, Mapping
@@ -52,6 +53,11 @@ CREDENTIAL_KEYS = ("connection_string", "account_key", "sas_token")
 
 # Blobs per listing request: one page is all the listing ever holds (Azure allows 5,000).
 LIST_PAGE = 1000
+
+# The SDK's transport logs a bare "Incomplete download." each time a reply breaks off, which
+# batchocr reads again (BlobFileSystem.read_again) and reports itself if it stays broken: with no
+# logging configured, Python would print each one on stderr with no blob named.
+logging.getLogger("azure.core.pipeline.transport").setLevel(logging.ERROR)
 
 
 @dataclass(frozen=True, repr=False)

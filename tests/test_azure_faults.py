@@ -5,6 +5,8 @@ an outage (the run stops, committed work intact, the rerun completes)."""
 import json
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -112,6 +114,15 @@ def test_downloads_cut_mid_body_more_often_than_the_sdk_retries_are_read_again(a
         assert store.read_parquet("part.parquet", ["text"]).equals(table_)
         assert cuts == {"left": 0, "done": 14}
 
+        cuts["left"] = 4  # in a process of its own, no logging set up (as the CLI): stderr stays quiet
+        script = ("import sys; from batchocr.storage import Store; "
+                  "print(len(Store('az://cut', {'connection_string': sys.argv[1], 'retry_total': '6', "
+                  "'retry_backoff': '0.05', 'retry_backoff_base': '0.3'}).read_bytes('scan.bin')))")
+        alone = subprocess.run([sys.executable, "-c", script, connection_string(proxy.port)],
+                               capture_output=True, text=True, timeout=120)
+        assert (alone.returncode, alone.stdout.strip(), cuts["left"]) == (0, "60000", 0), alone.stderr
+        assert alone.stderr == "", alone.stderr  # not the SDK's bare "Incomplete download." a cut
+
         quick = Store("az://cut", {"connection_string": connection_string(proxy.port), "retry_total": "1",
                                    **QUICK_RETRY})
         cuts["left"] = 100
@@ -119,7 +130,7 @@ def test_downloads_cut_mid_body_more_often_than_the_sdk_retries_are_read_again(a
             quick.read_bytes("scan.bin")
     finally:
         proxy.stop()
-    assert cuts["done"] == 14 + 2 * 3, cuts  # 2 downloads (1 retry) of the SDK's 3 reads each
+    assert cuts["done"] == 14 + 4 + 2 * 3, cuts  # then 2 downloads (1 retry) of the SDK's 3 reads each
     message = str(raised.value)
     assert "\n" not in message and "scan.bin: reading" in message and "after 1 retry " in message, message
 
