@@ -24,7 +24,7 @@
 # batched encoder, document mode a and b with it in groups of 4), uocr-ban-sync (the n-gram processor's
 # write of a step's bans, bench/gpu/check_ban_sync.py), uocr-waves (page b against document b over
 # several waves of groups), uocr-rswa-check, uocr-tiles and uocr-tiles-doc (R-SWA's attention over the
-# tiles it sees);
+# tiles it sees), uocr-v2be (page b on V1 against the sampler's bans on V2, both with the batched encoder);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
@@ -214,6 +214,10 @@ run() {  # one named run of the suite
     uocr-tiles) uocr uocr-tiles --pages 1024 --modes b --variant "tiles=--rswa-tiles" ;;
     uocr-tiles-doc) uocr uocr-tiles-doc --mode document --group-pages 4 --pages 1024 --modes b \
                       --variant "tiles=--rswa-tiles" ;;
+    # which runner now that the batched encoder is the default (the fourth lease's V2 b was faster across
+    # machines, with vLLM's encoder): page b (batchocr's processor, V1) against b with the sampler's bans on
+    # V2, both with the batched encoder, 1,024 pages (2 engines, ~9 min)
+    uocr-v2be) uocr uocr-v2be --pages 1024 --modes b --variant "$SAMPLER_BANS" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
