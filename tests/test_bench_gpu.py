@@ -125,3 +125,31 @@ def test_doc_counts_and_kv_accounting(tmp_path):
     # R-SWA: the prefix's 57 blocks, the window's 8 (or 4 for 50 tokens), one being filled
     assert kv["mean_tokens_held_per_request"] == ((57 + 8 + 1) + (57 + 4 + 1)) * 16 / 2
     assert kv["max_num_seqs_by_kv"] == 1_600_000 // 1024
+
+
+def test_a_profile_s_python_functions_are_summed_by_their_own_time(tmp_path):
+    """--profile-stack's summary: a Python function's own time excludes what it called (functions
+    and ops), per thread; two threads do not nest into each other."""
+    import gzip
+
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    from throughput import trace_summary
+
+    def span(name, cat, ts, dur, tid=1):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+    events = [span("step", "python_function", 0, 1000), span("schedule", "python_function", 100, 300),
+              span("aten::copy_", "cpu_op", 150, 100), span("apply", "python_function", 500, 400),
+              span("banned", "python_function", 550, 50), span("banned", "python_function", 700, 50),
+              span("<built-in method sum of Tensor object at 0x7fb3dca44500>", "python_function", 800, 40),
+              span("<built-in method sum of Tensor object at 0x7fb3dca44aa0>", "python_function", 860, 20),
+              span("step", "python_function", 0, 500, tid=2),  # another thread at the same instants
+              span("kernel_x", "kernel", 200, 600, tid=9)]
+    trace = tmp_path / "t.pt.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = trace_summary(trace)
+    own = {name: (self_ms, total_ms, calls) for name, self_ms, total_ms, calls in got["python_by_self_ms"]}
+    assert own == {"step": (0.8, 1.5, 2), "schedule": (0.2, 0.3, 1), "apply": (0.24, 0.4, 1),
+                   "banned": (0.1, 0.1, 2), "<built-in method sum of Tensor object>": (0.06, 0.06, 2)}
+    assert [row[0] for row in got["python_by_total_ms"]][:2] == ["step", "apply"]

@@ -16,7 +16,7 @@
 # (b against batchocr's batched encoder, vLLM's encoder CUDA graphs, torch_shm pixels and the
 # sampler's bans), uocr-encoder (the batched encoder against vLLM's, bench/gpu/check_encoder_batch.py),
 # uocr-seqs-be (b with the batched encoder at 256, 512 and 1,024 sequences), uocr-prof, uocr-prof-be
-# (torch profiles of b's steps, without and with it), uocr-doc-be (document mode a and b with it),
+# (torch profiles of b's steps, without and with it), uocr-prof-stack (the host's time by Python function), uocr-doc-be (document mode a and b with it),
 # uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
 # uocr-doc-sampler (document mode a, b and b with the sampler's bans), uocr-modes (page b against the
 # batched encoder, document mode a and b, vLLM's encoder CUDA graphs: both of issue 20's open goals),
@@ -181,6 +181,9 @@ run() {  # one named run of the suite
     # (1,024 pages: the sixth lease's 512 with a delay of 1,500 steps profiled the tail, 120-144 running)
     uocr-prof) uocr uocr-prof --pages 1024 --modes b --no-batch-encoder --profile 1000,150 ;;
     uocr-prof-be) uocr uocr-prof-be --pages 1024 --modes b --batch-encoder --profile 1000,150 ;;
+    # the decode step's host time by Python function (the sixth lease's profile: 12.6 ms of host work a step
+    # against 6.5 ms of kernels, unattributed): Python calls traced too, 30 steps (the tracer slows the host)
+    uocr-prof-stack) uocr uocr-prof-stack --pages 1024 --modes b --profile 1000,30 --profile-stack ;;
     # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
     uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
     # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)

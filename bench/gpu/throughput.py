@@ -50,6 +50,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -353,9 +354,43 @@ def trace_summary(path: Path, top: int = 40) -> dict:
     rows = sorted(((cat, name[:120], round(dur / 1000, 2), n) for (cat, name), (dur, n) in sums.items()
                    if cat in ("cpu_op", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation")),
                   key=lambda r: -r[2])
-    return {"file": path.name, "events": len(spans), "span_ms": round((t1 - t0) / 1000, 1),
-            "ms_by_category": {k: round(v / 1000, 1) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
-            "top_ms": rows[:top]}
+    out = {"file": path.name, "events": len(spans), "span_ms": round((t1 - t0) / 1000, 1),
+           "ms_by_category": {k: round(v / 1000, 1) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+           "top_ms": rows[:top]}
+    if by_cat.get("python_function"):  # --profile-stack: the host's time by Python function
+        own = self_times(spans)
+        python = collections.defaultdict(lambda: [0.0, 0.0, 0])  # name -> [self us, total us, calls]
+        for e in spans:
+            if e.get("cat") == "python_function":
+                row = python[re.sub(r" at 0x[0-9a-f]+", "", e.get("name", ""))[:160]]  # one row a method, not an object
+                row[0] += own[id(e)]
+                row[1] += e["dur"]
+                row[2] += 1
+        ranked = lambda i: [(name, round(v[0] / 1000, 2), round(v[1] / 1000, 2), v[2])  # noqa: E731
+                            for name, v in sorted(python.items(), key=lambda kv: -kv[1][i])[:top]]
+        out["python_by_self_ms"] = ranked(0)  # (function, self ms, total ms, calls)
+        out["python_by_total_ms"] = ranked(1)
+    return out
+
+
+def self_times(spans: list[dict]) -> dict[int, float]:
+    """Each span's own time (us): its duration less that of the spans nested in it on its
+    thread (a Python function's less the functions and ops it called), by id(span)."""
+    own: dict[int, float] = {}
+    threads: dict = collections.defaultdict(list)
+    for e in spans:
+        threads[(e.get("pid"), e.get("tid"))].append(e)
+    for events in threads.values():
+        events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[dict] = []  # the spans open at this instant, outermost first
+        for e in events:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            own[id(e)] = e["dur"]
+            if stack and e["ts"] + e["dur"] <= stack[-1]["ts"] + stack[-1]["dur"]:
+                own[id(stack[-1])] -= e["dur"]  # a direct child: its parent's own time excludes it
+            stack.append(e)
+    return own
 
 
 def work_of_outputs(outs, units: list) -> dict:
@@ -505,6 +540,10 @@ def main() -> None:
     ap.add_argument("--profile", default="",
                     help="DELAY,STEPS: torch-profile STEPS engine steps of b from its DELAY-th (vLLM's profiler_config); "
                          "its tables (self CUDA and CPU time by op) go into the JSON. Perturbs b: a run of its own")
+    ap.add_argument("--profile-stack", action="store_true",
+                    help="with --profile: trace Python calls too (torch_profiler_with_stack), so that the JSON says "
+                         "which functions the engine core's host time went to (python_by_self_ms); slows the host, "
+                         "so profile few steps (30)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     for item in args.env:  # before vLLM is imported; a variant's process inherits the parent's
@@ -557,7 +596,7 @@ def main() -> None:
         delay, steps = (int(x) for x in args.profile.split(","))
         profile_dir = Path(tempfile.mkdtemp(prefix="tp-profile-"))
         llm_args["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
-                                       "torch_profiler_with_stack": False, "ignore_frontend": True,
+                                       "torch_profiler_with_stack": args.profile_stack, "ignore_frontend": True,
                                        "delay_iterations": delay, "max_iterations": steps}
     report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
