@@ -567,6 +567,9 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="tp-"))
     counts = doc_counts(args.pages, [int(x) for x in args.per_doc.split(",")])
+    if args.engines > len(counts):  # a process would get no document, and no table
+        raise SystemExit(f"--engines {args.engines}: {args.pages} pages make {len(counts)} documents "
+                         "(--per-doc); give each engine one at least")
     a4_documents(work / "src", counts)
     if args.part:  # one of several engines: every N-th document
         i, n = map(int, args.part.split("/"))
