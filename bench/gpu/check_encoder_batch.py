@@ -3,7 +3,14 @@ vLLM's real modules (SAM ViT-B, DeepSeek's CLIP-L, the projector) with random we
 embeddings for every image, and what each costs a page.
 
     python3 bench/gpu/check_encoder_batch.py --pages 16 --json enc.json        # on the GPU (bf16)
+    python3 bench/gpu/check_encoder_batch.py --pages 16 --profile --compile    # + where it goes, compiled
     PYTHONPATH=/tmp/vsite python bench/gpu/check_encoder_batch.py --pages 3    # CPU, float32: slow
+
+`--profile`: one batched call under torch's profiler, summed as throughput.py sums a run's
+profile (its kernels by name, the device's busy share of the call): whether a page's ~20 ms is
+arithmetic or launches. `--compile`: the batched encoder again with SAM, CLIP and the projector
+under torch.compile (dynamic batch), its embeddings checked against vLLM's too, its ms a page and
+its first call's seconds (the compile, paid once at an engine's start).
 
 The pages mix tilings as A4 pages and small images do: (2 x 3) crops mostly, some (1 x 1) (no
 crops), one (3 x 2) and one (2 x 2). Exit 1 where an image's embedding differs (beyond
@@ -18,6 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batchocr import deepencoder  # noqa: E402
 
@@ -94,10 +102,48 @@ def timed(fn, device: str, repeats: int) -> float:
     return best
 
 
+def profiled(fn, device: str) -> dict:
+    """One call of fn under torch's profiler, its trace summed by trace_summary (throughput.py's)."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from throughput import trace_summary
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    fn()  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "encoder.pt.trace.json"
+        prof.export_chrome_trace(str(trace))
+        summary = trace_summary(trace, top=25)
+    kernel_ms = summary.get("ms_by_category", {}).get("kernel", 0.0)
+    summary["device_busy_share"] = round(kernel_ms / summary["span_ms"], 3) if summary.get("span_ms") else None
+    return summary
+
+
+def compare(ref, got, tol: float) -> tuple[list, bool]:
+    errors = []
+    for r, o in zip(ref, got):
+        if r.shape != o.shape:
+            errors.append(f"shape {tuple(o.shape)} != {tuple(r.shape)}")
+            continue
+        errors.append(round(float((r.float() - o.float()).abs().max() / r.float().abs().max()), 6))
+    return errors, len(ref) == len(got) and all(isinstance(e, float) and e <= tol for e in errors)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="one batched call profiled: its kernels, the device's busy share")
+    ap.add_argument("--compile", action="store_true", help="the batched encoder under torch.compile too")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -115,26 +161,38 @@ def main() -> int:
         ref = model.vllm_embedding(pixel_values, images_crop, images_spatial_crop)
         got = model.batched_embedding(pixel_values, images_crop, images_spatial_crop)
         tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
-        errors = []
-        for r, o in zip(ref, got):
-            if r.shape != o.shape:
-                errors.append(f"shape {tuple(o.shape)} != {tuple(r.shape)}")
-                continue
-            errors.append(round(float((r.float() - o.float()).abs().max() / r.float().abs().max()), 6))
-        same = len(ref) == len(got) and all(isinstance(e, float) and e <= tol for e in errors)
+        errors, same = compare(ref, got, tol)
         repeats = args.repeats if device == "cuda" else 1
+        batched = lambda: model.batched_embedding(pixel_values, images_crop, images_spatial_crop)  # noqa: E731
         vllm_s = timed(lambda: model.vllm_embedding(pixel_values, images_crop, images_spatial_crop), device, repeats)
-        batched_s = timed(lambda: model.batched_embedding(pixel_values, images_crop, images_spatial_crop),
-                          device, repeats)
-    report = {"device": device, "dtype": str(dtype), "pages": args.pages, "crops": crops, "tilings": spatial,
-              "tokens": [int(r.shape[0]) for r in ref], "relative_error_max": errors, "tolerance": tol,
-              "same": same, "vllm_ms_a_page": round(vllm_s * 1000 / args.pages, 2),
-              "batched_ms_a_page": round(batched_s * 1000 / args.pages, 2),
-              "speedup": round(vllm_s / batched_s, 3), "repeats": repeats}
+        batched_s = timed(batched, device, repeats)
+        report = {"device": device, "dtype": str(dtype), "pages": args.pages, "crops": crops, "tilings": spatial,
+                  "tokens": [int(r.shape[0]) for r in ref], "relative_error_max": errors, "tolerance": tol,
+                  "same": same, "vllm_ms_a_page": round(vllm_s * 1000 / args.pages, 2),
+                  "batched_ms_a_page": round(batched_s * 1000 / args.pages, 2),
+                  "speedup": round(vllm_s / batched_s, 3), "repeats": repeats}
+        if args.profile:
+            report["batched_profile"] = profiled(batched, device)
+        if args.compile:
+            for name in ("sam_model", "vision_model", "projector"):  # the same weights, compiled forwards
+                setattr(model, name, torch.compile(getattr(model, name), dynamic=True))
+            t0 = time.perf_counter()
+            compiled = batched()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            c_errors, c_same = compare(ref, compiled, tol)
+            compiled_s = timed(batched, device, repeats)
+            report |= {"compiled_relative_error_max": c_errors, "compiled_same": c_same,
+                       "compiled_first_call_s": round(first_s, 1),
+                       "compiled_ms_a_page": round(compiled_s * 1000 / args.pages, 2),
+                       "compiled_speedup": round(batched_s / compiled_s, 3)}
+            if args.profile:
+                report["compiled_profile"] = profiled(batched, device)
     print(json.dumps(report), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
-    return 0 if same else 1
+    return 0 if same and report.get("compiled_same", True) else 1
 
 
 if __name__ == "__main__":

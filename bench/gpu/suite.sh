@@ -14,7 +14,8 @@
 # model runner, without on V1), uocr-page-s, uocr-doc-s, uocr-seqs-s (the sampler's bans in a and
 # b), uocr-admit-s (b with them, admitting 16 pages at a time against as vLLM admits), uocr-levers
 # (b against batchocr's batched encoder, vLLM's encoder CUDA graphs, torch_shm pixels and the
-# sampler's bans), uocr-encoder (the batched encoder against vLLM's, bench/gpu/check_encoder_batch.py),
+# sampler's bans), uocr-encoder (the batched encoder against vLLM's, bench/gpu/check_encoder_batch.py; uocr-encoder-prof
+# with its profile and torch.compile),
 # uocr-seqs-be (b with the batched encoder at 256, 512 and 1,024 sequences), uocr-prof, uocr-prof-be
 # (torch profiles of b's steps, without and with it), uocr-prof-stack (the host's time by Python function), uocr-doc-be (document mode a and b with it),
 # uocr-bans (the sampler's bans checked end to end, bench/gpu/check_sampler_bans.py),
@@ -187,6 +188,9 @@ run() {  # one named run of the suite
     uocr-prof-stack) uocr uocr-prof-stack --pages 1024 --modes b --profile 1000,30 --profile-stack ;;
     # the batched encoder against vLLM's, on the real modules (random weights): equal embeddings, ms a page
     uocr-encoder) py uocr-encoder bench/gpu/check_encoder_batch.py --pages 16 ;;
+    # where the batched encoder's ~20 ms a page go (its kernels, the GPU's busy share of a call), and the same
+    # under torch.compile (equal embeddings, ms a page, the compile's seconds): a prefill is ~28 ms a page
+    uocr-encoder-prof) py uocr-encoder-prof bench/gpu/check_encoder_batch.py --pages 16 --profile --compile ;;
     # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)
     uocr-ban-sync) py uocr-ban-sync bench/gpu/check_ban_sync.py ;;
     # document mode sends 8 pages' base views a request, which vLLM's encoder takes one at a time: a and b
