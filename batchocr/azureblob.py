@@ -28,8 +28,7 @@ from adlfs.spec import AzureBlobFile
 from annotated_types import Ge
 from azure.core.exceptions import (AzureError, ClientAuthenticationError, DecodeError, HttpResponseError,
                                    IncompleteReadError, ServiceResponseError)
-from fsspec.asyn import sync_wrapper
-from fsspec.asyn import sync
+from fsspec.asyn import sync, sync_wrapper
 
 from batchocr import __version__
 from batchocr.config import FORBID, convert

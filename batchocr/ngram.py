@@ -56,13 +56,13 @@ class NGramBan:
         self.tail = None  # its last n-1 tokens: the prefix of the n-gram that the next token ends
         self.next_len = -1  # the length at which one more token takes the step's path (-1: none)
 
-    def banned(self, ids: list[int]) -> set[int]:
+    def banned(self, ids: list[int]) -> set[int] | frozenset[int]:
         length, n = len(ids), self.n
         if length == self.next_len and ids[-2] == self.last_tok:
             # One token since the last call, what a decode step gives: the newest n-gram is the
             # last call's tail and that token, at most one n-gram leaves the window, and the new
-            # tail is looked up. The state the general path below would leave, at ~0.7 of its
-            # cost (bench/ngram_host.py).
+            # tail is looked up. The state the general path below would leave, at 0.57-0.67x of
+            # its cost (bench/ngram_host.py).
             follow, tok, key = self.follow, ids[-1], self.tail
             self.keys.append((key, tok))
             nxt = follow.get(key)
