@@ -231,11 +231,12 @@ class BlobFileSystem(AzureBlobFileSystem):
         12.31 aio/_download_async.py, a fixed `retry_total = 3`), so on a network that
         resets connections, one blob among thousands fails while `retry_total` (10,
         say) promised more: seen in CI, a quarter of requests reset."""
-        for count in range(int(self._retry["retry_total"]) + 1):
+        total = int(self._retry["retry_total"])
+        for count in range(total + 1):
             try:
                 return await download()
             except HttpResponseError as err:
-                if not _cut_off(err) or count == int(self._retry["retry_total"]):
+                if not _cut_off(err) or count == total:
                     raise
             await asyncio.sleep(self._retry_policy.get_backoff_time({"count": count + 1}))
 

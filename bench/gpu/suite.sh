@@ -25,8 +25,8 @@
 # batched encoder, document mode a and b with it in groups of 4), uocr-ban-sync (the n-gram processor's
 # write of a step's bans, bench/gpu/check_ban_sync.py), uocr-waves (page b against document b over
 # several waves of groups), uocr-rswa-check, uocr-tiles and uocr-tiles-doc (R-SWA's attention over the
-# tiles it sees), uocr-v2be (page b on V1 against the sampler's bans on V2, both with the batched encoder), uocr-decode
-# (page b against rswa_tiles, the sampler's bans on V2 and two engine processes, one run);
+# tiles it sees), uocr-decode (page b against rswa_tiles, the sampler's bans on V2 with the batched encoder
+# and two engine processes, one run);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
@@ -222,14 +222,11 @@ run() {  # one named run of the suite
     uocr-tiles) uocr uocr-tiles --pages 1024 --modes b --variant "tiles=--rswa-tiles" ;;
     uocr-tiles-doc) uocr uocr-tiles-doc --mode document --group-pages 4 --pages 1024 --modes b \
                       --variant "tiles=--rswa-tiles" ;;
-    # which runner now that the batched encoder is the default (the fourth lease's V2 b was faster across
-    # machines, with vLLM's encoder): page b (batchocr's processor, V1) against b with the sampler's bans on
-    # V2, both with the batched encoder, 1,024 pages (2 engines, ~9 min)
-    uocr-v2be) uocr uocr-v2be --pages 1024 --modes b --variant "$SAMPLER_BANS" ;;
     # the decode step's levers against one b (the defaults: processor on V1, batched encoder, admit 16),
-    # each its own engine, 1,024 pages, equal work: rswa_tiles, the sampler's bans on V2, and two engine
-    # processes sharing the GPU (host-bound steps: one's host work over the other's GPU work). uocr-tiles,
-    # uocr-v2be and uocr-engines in one run, one baseline (4 engines, ~18 min)
+    # each its own engine, 1,024 pages, equal work: rswa_tiles, the sampler's bans on V2 (which runner, now
+    # that the batched encoder is the default: the fourth lease's V2 b was faster across machines, with
+    # vLLM's encoder), and two engine processes sharing the GPU (host-bound steps: one's host work over the
+    # other's GPU work). uocr-tiles and uocr-engines in one run, one baseline (4 engines, ~18 min)
     uocr-decode) TP_TIMEOUT=1700 uocr uocr-decode --pages 1024 --modes b --variant "tiles=--rswa-tiles" \
                    --variant "$SAMPLER_BANS" \
                    --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" ;;
