@@ -26,13 +26,16 @@ def test_tiles_and_chunks():
 
 def test_batch_encoder_names_one_worker_extension_for_what_is_asked():
     p = get_preset("unlimited-ocr")
-    off = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=False).llm_args(p)
+    # rswa_tiles off: with it, one extension of batchocr.rswa_tiles installs both (its own test)
+    off = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=False, rswa_tiles=False).llm_args(p)
     assert "worker_extension_cls" not in off and off["logits_processors"] == [FQCN]
-    on = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=True).llm_args(p)
+    on = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=True, rswa_tiles=False).llm_args(p)
     assert on["worker_extension_cls"] == deepencoder.EXTENSION and on["logits_processors"] == [FQCN]
-    both = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=True, ngram_bans="sampler").llm_args(p)
+    both = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=True, ngram_bans="sampler",
+                       rswa_tiles=False).llm_args(p)
     assert both["worker_extension_cls"] == deepencoder.WITH_SAMPLER and "logits_processors" not in both
-    sampler = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=False, ngram_bans="sampler").llm_args(p)
+    sampler = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=False, ngram_bans="sampler",
+                          rswa_tiles=False).llm_args(p)
     assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION
     assert {k: v for k, v in on.items() if k != "worker_extension_cls"} == off
 
@@ -43,10 +46,10 @@ def test_batch_encoder_unset_is_the_preset_s_on_only_where_measured():
     def extension(preset, **options):
         return VLLMOptions(model="/m", preset=preset, **options).llm_args(get_preset(preset)).get("worker_extension_cls")
 
-    assert extension("unlimited-ocr") == deepencoder.EXTENSION
-    assert extension("unlimited-ocr", mode="document") == deepencoder.EXTENSION
-    assert extension("unlimited-ocr", ngram_bans="sampler") == deepencoder.WITH_SAMPLER
-    assert extension("unlimited-ocr", batch_encoder=False) is None
+    assert extension("unlimited-ocr", rswa_tiles=False) == deepencoder.EXTENSION
+    assert extension("unlimited-ocr", mode="document") == deepencoder.EXTENSION  # rswa_tiles: page mode's
+    assert extension("unlimited-ocr", ngram_bans="sampler", rswa_tiles=False) == deepencoder.WITH_SAMPLER
+    assert extension("unlimited-ocr", batch_encoder=False, rswa_tiles=False) is None
     assert extension("deepseek-ocr") is None and extension("deepseek-ocr", batch_encoder=True) == deepencoder.EXTENSION
     assert extension("qwen2.5-vl") is None and extension("olmocr-2") is None
 

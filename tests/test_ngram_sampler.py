@@ -182,15 +182,16 @@ def test_ngram_bans_sampler_names_the_extension_in_the_processors_place(preset):
     from batchocr.engines.vllm import VLLMOptions
     from batchocr.ngram import FQCN
 
-    p = get_preset(preset)  # the batched encoder (unlimited-ocr's default) off: its extension is another test's
-    default = VLLMOptions(model="/m", preset=preset, batch_encoder=False).llm_args(p)
+    p = get_preset(preset)  # the batched encoder and rswa_tiles (unlimited-ocr's defaults) off: their
+    off = {"batch_encoder": False, "rswa_tiles": False if preset == "unlimited-ocr" else None}  # extensions: other tests'
+    default = VLLMOptions(model="/m", preset=preset, **off).llm_args(p)
     assert default["logits_processors"] == [FQCN] and "worker_extension_cls" not in default
-    sampler = VLLMOptions(model="/m", preset=preset, batch_encoder=False, ngram_bans="sampler").llm_args(p)
+    sampler = VLLMOptions(model="/m", preset=preset, ngram_bans="sampler", **off).llm_args(p)
     assert "logits_processors" not in sampler
     assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION == "batchocr.ngram_sampler.NGramSamplerExtension"
     assert {k: v for k, v in sampler.items() if k != "worker_extension_cls"} == {
         k: v for k, v in default.items() if k != "logits_processors"}
-    mine = VLLMOptions(model="/m", preset=preset, batch_encoder=False, ngram_bans="sampler",
+    mine = VLLMOptions(model="/m", preset=preset, ngram_bans="sampler", **off,
                        engine_args={"worker_extension_cls": "my.ext:X"}).llm_args(p)
     assert mine["worker_extension_cls"] == "my.ext:X"
     plain = VLLMOptions(model="/m", preset="qwen2.5-vl", ngram_bans="sampler").llm_args(get_preset("qwen2.5-vl"))

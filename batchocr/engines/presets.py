@@ -67,6 +67,9 @@ class Preset:
     # engines.vllm.batch_encoder where the user sets none (unlimited-ocr, deepseek-ocr only):
     # batchocr.deepencoder's encoder over a step's pages at once. Set from GPU runs at equal work.
     batch_encoder: bool = False
+    # engines.vllm.rswa_tiles where the user sets none, in page mode (unlimited-ocr only):
+    # batchocr.rswa_tiles' attention over the KV tiles R-SWA can see. Set from GPU runs at equal work.
+    rswa_tiles: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
     sampling_args: dict[str, Any] = field(default_factory=dict)
     postprocess: Callable[[str], str] = _identity
@@ -178,6 +181,9 @@ def unlimited_ocr() -> Preset:
                   # the step's pages through SAM/CLIP together: 1.251x end to end, 1.307x in the steady
                   # state at equal work, the same embeddings in bf16 (docs/GPU.md, "Issue 20, sixth lease")
                   batch_encoder=True,
+                  # attention reading only the KV tiles R-SWA can see: 1.124x end to end, 1.03x in the
+                  # steady state at equal work, the same output (docs/GPU.md, "Issue 20, seventh lease")
+                  rswa_tiles=True,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
                   document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},

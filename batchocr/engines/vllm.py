@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import os
 import re
 import threading
@@ -38,6 +39,7 @@ from batchocr.schema import Needs
 INSTALL_HINT = "pip install 'batchocr[vllm]' (on a machine with an NVIDIA GPU)"
 CHECK_EVERY = 32  # tokens between two looks for runaway repetition
 WATCH_S = 0.5  # how often the engine core's death is looked for
+log = logging.getLogger(__name__)
 # Refusals alike before vLLM took any request that make the refusal the engine's (a
 # model that cannot take this input, a vLLM without the API batchocr calls), not the pages'.
 SYSTEMIC_REFUSALS = 8
@@ -112,8 +114,9 @@ class VLLMOptions:
     batch_encoder: bool | None = None
     # unlimited-ocr: R-SWA's attention reads only the KV tiles its window and prompt can see
     # (batchocr.rswa_tiles, vLLM's Triton kernel rewritten in its engine core; the same output).
-    # Off until it wins on the GPU at equal work.
-    rswa_tiles: bool = False
+    # None: the preset's in page mode (on for unlimited-ocr, where it won on the H200 at equal
+    # work), where this vLLM's kernel is the one the rewrite knows (else vLLM's own, with a warning).
+    rswa_tiles: bool | None = None
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -148,6 +151,20 @@ class VLLMOptions:
         """batch_encoder as the engine uses it: where unset, the preset's."""
         return preset.batch_encoder if self.batch_encoder is None else self.batch_encoder
 
+    def tiles_on(self, preset: Preset) -> bool:
+        """rswa_tiles as the engine uses it: where unset, the preset's in page mode (measured
+        there; document mode not yet), and only with the kernel the rewrite knows (vLLM 0.26.0's):
+        a default must not stop a run on another vLLM, which then attends with its own kernel."""
+        if self.rswa_tiles is not None:
+            return self.rswa_tiles
+        if self.mode != "page" or not preset.rswa_tiles:
+            return False
+        try:
+            rswa_tiles.check_source()
+        except ValueError:
+            return False
+        return True
+
     def admit_size(self, preset: Preset) -> int:
         """admit_pages as the engine uses it: where unset, the preset's in page mode (measured
         there), at most an eighth of max_num_seqs (a small batch is not held back to refill in
@@ -170,12 +187,17 @@ class VLLMOptions:
 
     def check_patches(self) -> None:
         """Before vLLM is built: the vLLM here has what the asked patches rewrite (ConfigError
-        naming the key where not)."""
-        if self.rswa_tiles:
+        naming the key where not); a preset's default that this vLLM cannot take is a warning."""
+        preset = get_preset(self.preset)
+        asked = self.rswa_tiles is True
+        if asked or (self.rswa_tiles is None and self.mode == "page" and preset.rswa_tiles):
             try:
                 rswa_tiles.check_source()
             except ValueError as exc:
-                raise ConfigError(f"engines.vllm.rswa_tiles: {exc}; set it false for this vLLM") from None
+                if asked:
+                    raise ConfigError(f"engines.vllm.rswa_tiles: {exc}; set it false for this vLLM") from None
+                log.warning("engines.vllm.rswa_tiles: the preset's default is off for this vLLM (%s): "
+                            "vLLM's own attention kernel runs, the same output, slower", exc)
 
     def llm_args(self, preset: Preset) -> dict[str, Any]:
         args = {
@@ -205,7 +227,7 @@ class VLLMOptions:
             if rest:
                 args["logits_processors"] = rest
         # one worker extension installs what is asked
-        if self.rswa_tiles:
+        if self.tiles_on(preset):
             args["worker_extension_cls"] = rswa_tiles.extension(self.encoder_batched(preset), sampler)
         elif self.encoder_batched(preset):
             args["worker_extension_cls"] = deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION

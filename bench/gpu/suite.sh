@@ -219,7 +219,8 @@ run() {  # one named run of the suite
     # GPU (seconds, no model); page b against page b with it, 1,024 pages (2 engines, ~9 min); document b
     # in groups of 4 against the same with it (2 engines, ~7 min; longer outputs: more tiles skipped)
     uocr-rswa-check) py uocr-rswa-check bench/gpu/check_rswa_tiles.py --time 20 ;;
-    uocr-tiles) uocr uocr-tiles --pages 1024 --modes b --variant "tiles=--rswa-tiles" ;;
+    # (page mode's default since the seventh lease: its b says --no-rswa-tiles)
+    uocr-tiles) uocr uocr-tiles --pages 1024 --modes b --no-rswa-tiles --variant "tiles=--rswa-tiles" ;;
     uocr-tiles-doc) uocr uocr-tiles-doc --mode document --group-pages 4 --pages 1024 --modes b \
                       --variant "tiles=--rswa-tiles" ;;
     # the decode step's levers against one b (the defaults: processor on V1, batched encoder, admit 16),
@@ -227,7 +228,8 @@ run() {  # one named run of the suite
     # that the batched encoder is the default: the fourth lease's V2 b was faster across machines, with
     # vLLM's encoder), and two engine processes sharing the GPU (host-bound steps: one's host work over the
     # other's GPU work). uocr-tiles and uocr-engines in one run, one baseline (4 engines, ~18 min)
-    uocr-decode) TP_TIMEOUT=1700 uocr uocr-decode --pages 1024 --modes b --variant "tiles=--rswa-tiles" \
+    # (ran in the seventh lease, before rswa_tiles was page mode's default: its b says --no-rswa-tiles)
+    uocr-decode) TP_TIMEOUT=1700 uocr uocr-decode --pages 1024 --modes b --no-rswa-tiles --variant "tiles=--rswa-tiles" \
                    --variant "$SAMPLER_BANS" \
                    --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;

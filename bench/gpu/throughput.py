@@ -449,8 +449,8 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
     if args.quantization:
         argv += ["--quantization", args.quantization]
-    if args.rswa_tiles:
-        argv += ["--rswa-tiles"]
+    if args.rswa_tiles is not None:
+        argv += ["--rswa-tiles" if args.rswa_tiles else "--no-rswa-tiles"]
     if args.batch_encoder is not None:
         argv += ["--batch-encoder" if args.batch_encoder else "--no-batch-encoder"]
     for item in args.engine_arg:
@@ -504,8 +504,11 @@ def main() -> None:
                          "(neither flag: the preset's, on for unlimited-ocr)")
     ap.add_argument("--no-batch-encoder", dest="batch_encoder", action="store_const", const=False,
                     help="engines.vllm.batch_encoder off: vLLM's encoder, a page at a time")
-    ap.add_argument("--rswa-tiles", action="store_true",
-                    help="engines.vllm.rswa_tiles: R-SWA's attention reads only the KV tiles it can see")
+    ap.add_argument("--rswa-tiles", action="store_const", const=True, default=None,
+                    help="engines.vllm.rswa_tiles on: R-SWA's attention reads only the KV tiles it can see "
+                         "(default: the preset's, on for unlimited-ocr in page mode)")
+    ap.add_argument("--no-rswa-tiles", dest="rswa_tiles", action="store_const", const=False,
+                    help="engines.vllm.rswa_tiles off: vLLM's kernel reads every tile")
     ap.add_argument("--group-pages", type=int, default=0,
                     help="document mode: pages a group holds at most (engines.vllm.group_pages; 0: as many as fit)")
     ap.add_argument("--max-model-len", type=int, default=0,
