@@ -403,3 +403,30 @@ def test_admission_in_groups_is_the_preset_s_default_in_page_mode(monkeypatch):
     rows = _run(engine, _pages(90))
     assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(90))
     assert llm.llm_engine.peak_waiting == 0 and engine.describe()["admit_pages"] == 4
+
+
+def test_the_first_requests_reach_vllm_before_the_whole_queue_is_pulled(monkeypatch):
+    """While the queue fills, prepared requests go to vLLM as soon as it can take them: at the
+    start, filling the whole queue first left the GPU idle while it was rendered and prepared
+    (the first step 20 s into a 1,024-page run on the H200, queue_pages 352). In the steady
+    state nothing changes: the queue is topped up as pages finish, and still fills."""
+    engine, fake = _engine(monkeypatch, queue_pages=40, max_tokens=50)
+    pulled, at_first_add = [], []
+    add = fake.add_request
+
+    def counting_add(*a, **k):
+        if not at_first_add:
+            at_first_add.append(len(pulled))
+        return add(*a, **k)
+
+    fake.add_request = counting_add
+
+    def batches():
+        for b in _pages(120):
+            pulled.append(b.num_rows)
+            yield b
+
+    rows = _run(engine, batches())
+    assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(120))
+    assert at_first_add and sum(pulled[:at_first_add[0]]) < 40, (at_first_add, pulled)  # before the queue was full
+    assert fake.peak_waiting >= 20  # and the queue still filled: vLLM's batch never ran short

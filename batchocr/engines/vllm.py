@@ -391,7 +391,9 @@ class VLLMEngine:
             while True:
                 if stop.is_set():
                     return
-                # 1. Keep the queue full: pull rendered pages, start preparing them.
+                # 1. Keep the queue full: pull rendered pages, start preparing them; but not while
+                #    vLLM could take a prepared request (at the start, filling the whole queue first
+                #    held the GPU idle for the time it takes to render and prepare it).
                 while not exhausted and held() < self.queue_pages:
                     batch = next(pages, None)
                     if batch is None:
@@ -404,6 +406,8 @@ class VLLMEngine:
                     else:
                         for page in group:
                             self._start(_Request([page]), preparing)
+                    if self._admit(preparing, running, exhausted):
+                        break
                 # 2. Hand prepared requests to vLLM, oldest first, as many as admit() says.
                 rows = []
                 for _ in range(self._admit(preparing, running, exhausted)):
