@@ -89,17 +89,20 @@ def test_throughput_document_mode_dry_run(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--model", str(model),
                     "--pages", "36", "--per-doc", "8,12,16", "--mode", "document", "--preset", "unlimited-ocr",
                     "--max-num-seqs", "4", "--chunk", "2", "--render-workers", "1", "--modes", "a,c,b",
-                    "--variant", "nongram=--ngram off", "--json", str(report)],
+                    "--variant", "nongram=--ngram off", "--variant", "inst2=--instances 2", "--json", str(report)],
                    check=True, capture_output=True, text=True, timeout=300)
     r = json.loads(report.read_text())
     assert r["pages"] == 36 and r["requests"] == 4
-    for mode in ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_nongram"):
+    for mode in ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_nongram", "b_inst2"):
         work = r[mode]["work"]
         assert work["requests"] == 4 and work["pages"] == 36 and work["client_tokens"] == r["output_tokens_total"]
         assert sum(work["finish_reasons"].values()) == 36, mode  # a row's reason a page, a's too
     assert r["equal_work"]["equal"] and set(r["equal_work"]["requests"].values()) == {4}
     assert r["b_batchocr"]["extra_args"]["ngram_size"] == 35 and r["b_batchocr"]["extra_args"]["window_size"] == 1024
     assert not (r["b_nongram"]["extra_args"] or {}).get("ngram_size")
+    # engines.vllm.instances 2: two engines in b's one process, each half of the GPU's memory, every page once
+    assert r["b_inst2"]["instances"] == 2 and r["b_inst2"]["rows"] == 36 and len(r["b_inst2"]["timeline"]) == 36
+    assert r["b_inst2"]["llm_args"]["gpu_memory_utilization"] == 0.45 and r["ratio_b_inst2/b_batchocr"] > 0
     # the stand-in's prompt: 20 + 273 a page of a group; KV held: the prefix's blocks, R-SWA's 128, one more
     kv = r["kv"]
     assert kv["mean_prompt_tokens"] == (4 * 20 + 36 * 273) / 4 and kv["kv_bytes_per_token"] == 61_440

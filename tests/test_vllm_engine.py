@@ -10,7 +10,7 @@ import pytest
 
 import fake_vllm
 from batchocr import schema
-from batchocr.engines import create
+from batchocr.engines import create, parse_options
 from batchocr.engines.presets import PRESETS, get_preset, strip_front_matter
 from batchocr.engines.repetition import RepetitionCheck
 from batchocr.engines.vllm import CHECK_EVERY, VLLMEngine, VLLMOptions
@@ -430,3 +430,87 @@ def test_the_first_requests_reach_vllm_before_the_whole_queue_is_pulled(monkeypa
     assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(120))
     assert at_first_add and sum(pulled[:at_first_add[0]]) < 40, (at_first_add, pulled)  # before the queue was full
     assert fake.peak_waiting >= 20  # and the queue still filled: vLLM's batch never ran short
+
+
+def _instances(monkeypatch, n=2, **options):
+    fake_vllm.install(monkeypatch)
+    llms = [fake_vllm.LLM(max_num_seqs=options.get("max_num_seqs", 4)) for _ in range(n)]
+    options.setdefault("max_num_seqs", 4)
+    engine = VLLMEngine(VLLMOptions(model="/models/fake", instances=n, **options), llm=llms)
+    return engine, [llm.llm_engine for llm in llms]
+
+
+def test_several_instances_share_the_pages_each_page_once(monkeypatch):
+    """engines.vllm.instances 2: two engines (each its own engine core on the GPU) take the pages
+    as each has room; every page comes back once, both did part of the work, and each was built
+    with half of gpu_memory_utilization."""
+    engine, fakes = _instances(monkeypatch, queue_pages=6, max_tokens=50)
+    rows = _run(engine, _pages(90))
+    assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(90))
+    assert all(r["finish_reason"] == "stop" and r["attempts"] == 1 for r in rows)
+    assert sum(f.added for f in fakes) == 90 and min(f.added for f in fakes) >= 20, [f.added for f in fakes]
+    assert [e.options.gpu_memory_utilization for e in engine.instances] == [0.45, 0.45]
+    assert engine.options.llm_args(engine.preset)["gpu_memory_utilization"] == 0.45
+    assert engine.queue_pages == 12
+    engine.close()
+    assert all(f.engine_core.shut for f in fakes)
+
+
+def test_a_looping_page_is_stopped_and_retried_with_several_instances_too(monkeypatch):
+    engine, fakes = _instances(monkeypatch, repetition_span=30, repetition_max_period=5, max_tokens=500)
+    rows = {(r["doc_id"], r["page_index"]): r for r in _run(engine, _pages(12, dark={1, 7}))}
+    assert len(rows) == 12 and sum(len(f.aborted) for f in fakes) == 2
+    assert all((r["attempts"], r["finish_reason"]) == ((2, "stop") if key in {("d0", 1), ("d2", 1)} else (1, "stop"))
+               for key, r in rows.items())
+
+
+def test_one_instance_failing_stops_the_run_and_the_other(monkeypatch):
+    engine, fakes = _instances(monkeypatch, queue_pages=4, max_tokens=50)
+    steps = {"n": 0}
+    step = fakes[1].step
+
+    def dying():
+        steps["n"] += 1
+        if steps["n"] > 3:
+            raise RuntimeError("EngineCore died")
+        return step()
+
+    fakes[1].step = dying
+    with pytest.raises(BatchocrError, match="vLLM engine failed"):
+        _run(engine, _pages(200))
+    assert not fakes[0].order  # the other's requests aborted, none left running
+    assert fakes[0].added < 200
+
+
+def test_stop_aborts_what_every_instance_has_in_flight(monkeypatch):
+    engine, fakes = _instances(monkeypatch, queue_pages=8, max_tokens=50)
+    stop = threading.Event()
+    seen = []
+    for out in engine.run(iter(_pages(80)), stop):
+        seen.extend(out.to_pylist())
+        stop.set()
+    assert 1 <= len(seen) < 80
+    assert not any(f.order for f in fakes)  # the instances' threads were joined, their requests aborted
+    # every request came back, was aborted, or finished after the stop, not yet handed back (not
+    # committed either: the next run reads it again, as a single engine's unfinished pages)
+    assert len(seen) + sum(len(f.aborted) for f in fakes) <= sum(f.added for f in fakes) <= len(seen) + sum(
+        len(f.aborted) for f in fakes) + 2 * 4
+
+
+def test_the_pipeline_with_two_instances_writes_one_row_a_page(monkeypatch, tmp_path):
+    engine, fakes = _instances(monkeypatch, preset="olmocr-2", queue_pages=3, max_tokens=40)
+    spec = load_job(None, source=str(SAMPLES), out=str(tmp_path / "out"), engine="vllm", route="model",
+                    engine_options={"model": "/models/fake", "preset": "olmocr-2", "instances": 2})
+    summary = run_job(spec, progress=False, engine=engine)
+    table = read_table(tmp_path / "out")
+    keys = list(zip(table.column("doc_id").to_pylist(), table.column("page_index").to_pylist()))
+    assert summary.pages == table.num_rows == len(set(keys)) == sum(count_pages(p) for p in sample_documents())
+    assert sum(f.added for f in fakes) == table.num_rows and all(f.added for f in fakes)
+    assert all(f.engine_core.shut for f in fakes)
+
+
+def test_instances_with_tensor_parallelism_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^engines\.vllm\.instances: "):
+        VLLMOptions(model="/m", instances=2, tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match=r"instances"):
+        parse_options(VLLMOptions, {"model": "/m", "instances": 0}, "vllm")

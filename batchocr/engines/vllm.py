@@ -13,10 +13,12 @@ size (render workers resize them), so the processor has nothing to resize.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
 import os
+import queue
 import re
 import threading
 import time
@@ -117,6 +119,11 @@ class VLLMOptions:
     # None: the preset's in page mode (on for unlimited-ocr, where it won on the H200 at equal
     # work), where this vLLM's kernel is the one the rewrite knows (else vLLM's own, with a warning).
     rswa_tiles: bool | None = None
+    # vLLM engines this run drives on its GPU, each its own engine core process with
+    # gpu_memory_utilization / instances of the GPU's memory and max_num_seqs sequences, the
+    # pages shared between them: one engine's host work (scheduling, a step's outputs) runs
+    # while the other's forward pass keeps the GPU busy (docs/GPU.md, "Issue 20, seventh lease").
+    instances: Annotated[int, Ge(1), Le(8)] = 1
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -133,6 +140,9 @@ class VLLMOptions:
         if self.rswa_tiles and preset.name not in rswa_tiles.PRESETS:
             raise ConfigError(f"engines.vllm.rswa_tiles: skips the KV tiles R-SWA hides "
                               f"({', '.join(rswa_tiles.PRESETS)}); preset {preset.name} attends without R-SWA")
+        if self.instances > 1 and self.tensor_parallel_size > 1:
+            raise ConfigError(f"engines.vllm.instances: {self.instances} engines share one GPU; with "
+                              f"tensor_parallel_size {self.tensor_parallel_size} use instances: 1")
         if self.mode == "document" and self.group_size(preset) < 2:
             raise ConfigError(f"engines.vllm.group_pages: a group of {self.group_size(preset)} page does not fit "
                               f"max_model_len {self.max_model_len or preset.max_model_len} with group_page_tokens "
@@ -204,7 +214,7 @@ class VLLMOptions:
             "model": self.model,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "gpu_memory_utilization": round(self.gpu_memory_utilization / self.instances, 4),
             "max_model_len": self.max_model_len or preset.max_model_len,
             "enable_prefix_caching": self.enable_prefix_caching,
             "mm_processor_cache_gb": self.mm_processor_cache_gb,
@@ -278,13 +288,28 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, options: VLLMOptions, llm: Any | None = None):
-        """`llm` is a vllm.LLM already built (tests pass a stand-in); else one is built."""
+        """`llm` is a vllm.LLM already built (tests pass a stand-in; with instances N, a list of
+        N); else one is built, or N, one after the other (each sizes its KV from what is left)."""
         self.options = options
         self.preset = get_preset(options.preset)
         self.needs = Needs(image=True)
         self.model = options.model
         self.group_pages = options.group_size(self.preset)
         self.admit_pages = options.admit_size(self.preset)
+        self.instances: list[VLLMEngine] = []
+        if options.instances > 1:
+            llms = list(llm) if llm is not None else [None] * options.instances
+            if len(llms) != options.instances:
+                raise ValueError(f"instances {options.instances}: {len(llms)} engines given")
+            one = dataclasses.replace(options, instances=1,
+                                      gpu_memory_utilization=options.gpu_memory_utilization / options.instances)
+            try:
+                for each in llms:
+                    self.instances.append(type(self)(one, llm=each))
+            except BaseException:
+                self.close()
+                raise
+            return
         try:
             from vllm import SamplingParams
             from vllm.sampling_params import RequestOutputKind
@@ -332,6 +357,8 @@ class VLLMEngine:
         """Requests kept in flight (preparing, or inside vLLM): a page each, or in document mode
         a group of up to group_pages pages each, so that a group mode fills max_num_seqs too (on
         the H200, a cap in pages held document mode at 44 groups of 8 running of 256)."""
+        if self.instances:
+            return sum(each.queue_pages for each in self.instances)
         n = self.options.max_num_seqs
         return self.options.queue_pages or n + n // 4 + 32
 
@@ -381,8 +408,12 @@ class VLLMEngine:
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
         """Page mode: each page of each batch is a request. Document mode (group_pages > 1):
         each batch is one group, consecutive pages of one document (the pipeline groups
-        them), sent as one request when it holds more than one page."""
+        them), sent as one request when it holds more than one page. With several instances,
+        each batch goes to the one that asks for more first."""
         stop = stop or threading.Event()
+        if self.instances:
+            yield from _shared(self.instances, pages, stop)
+            return
         preparing: deque[tuple[_Request, Future]] = deque()
         running: dict[str, _Request] = {}
         exhausted = False
@@ -622,6 +653,10 @@ class VLLMEngine:
     def describe(self) -> dict[str, Any]:
         import vllm
 
+        if self.instances:
+            first = self.instances[0].describe()
+            groups = {k: sum(each.groups[k] for each in self.instances) for k in first["groups"]}
+            return first | {"instances": len(self.instances), "groups": groups, "queue_pages": self.queue_pages}
         return {"vllm": vllm.__version__, "preset": self.preset.name, "prompt": _prompt_setting(self.options, self.preset),
                 "mode": self.options.mode, "group_pages": self.group_pages, "groups": self.groups,
                 "document_fallback": self.options.document_fallback,
@@ -633,6 +668,10 @@ class VLLMEngine:
     def close(self) -> None:
         """Shut vLLM down explicitly: a process that finished its LLM work was seen
         to hang at exit until killed."""
+        if self.instances or not hasattr(self, "_pool"):  # several, or one that failed to build
+            for each in self.instances:
+                each.close()
+            return
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._watching.set()  # our own shutdown is no death
         core = getattr(self.engine, "engine_core", None)
@@ -640,6 +679,85 @@ class VLLMEngine:
             core.shutdown()
         self.llm = self.engine = None
         gc.collect()
+
+
+class _Feed:
+    """One instance's page batches, handed over by the thread that reads the pipeline's
+    (the pipeline's iterator writes rows of its own: it stays in one thread)."""
+
+    def __init__(self, halt: threading.Event):
+        self.slot: queue.Queue = queue.Queue(maxsize=1)
+        self.halt = halt
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        while True:
+            try:
+                batch = self.slot.get(timeout=0.1)
+            except queue.Empty:
+                if self.halt.is_set():
+                    raise StopIteration from None
+                continue
+            if batch is None:
+                raise StopIteration
+            return batch
+
+
+def _shared(instances: list["VLLMEngine"], pages: Iterator[pa.RecordBatch],
+            stop: threading.Event) -> Iterator[pa.RecordBatch]:
+    """Several instances over one stream of pages: each runs its own loop in a thread of its own
+    (vLLM's step blocks), taking the next batch when its queue has room, and what they finish
+    comes back here, in this thread. A failure in one stops the others and is raised here."""
+    halt = threading.Event()  # the others stop when one fails, or when the pipeline stops
+    feeds = [_Feed(halt) for _ in instances]
+    results: queue.Queue = queue.Queue()
+
+    def work(engine: "VLLMEngine", feed: _Feed) -> None:
+        try:
+            for out in engine.run(feed, halt):
+                results.put(("rows", out))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the pipeline's thread
+            results.put(("error", exc))
+        else:
+            results.put(("end", None))
+
+    threads = [threading.Thread(target=work, args=(e, f), name=f"batchocr-vllm-{i}", daemon=True)
+               for i, (e, f) in enumerate(zip(instances, feeds))]
+    for t in threads:
+        t.start()
+    batch, exhausted, ended, turn = None, False, 0, 0
+    try:
+        while ended < len(instances):
+            if stop.is_set():
+                return
+            if not exhausted and batch is None:
+                batch = next(pages, None)
+                if batch is None:
+                    exhausted = True
+                    for feed in feeds:
+                        feed.slot.put(None)  # its end of input
+            if batch is not None:  # to the next instance with room, in turn
+                free = next((i % len(feeds) for i in range(turn, turn + len(feeds))
+                             if feeds[i % len(feeds)].slot.empty()), None)
+                if free is not None:
+                    feeds[free].slot.put(batch)
+                    batch, turn = None, free + 1
+            try:  # what is finished, waiting a little only where nothing else can move
+                kind, value = results.get(timeout=0.05 if batch is not None or exhausted else 0)
+            except queue.Empty:
+                continue
+            if kind == "error":
+                raise value
+            if kind == "end":
+                ended += 1
+            else:  # an instance's rows come before its "end": none is left after the last
+                yield value
+    finally:
+        halt.set()
+        for t in threads:
+            t.join(timeout=30)
 
 
 def split_pages(raw: str, separator: str, pages: int) -> list[str] | None:

@@ -451,6 +451,8 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
         argv += ["--quantization", args.quantization]
     if args.rswa_tiles is not None:
         argv += ["--rswa-tiles" if args.rswa_tiles else "--no-rswa-tiles"]
+    if args.instances > 1:
+        argv += ["--instances", str(args.instances)]
     if args.batch_encoder is not None:
         argv += ["--batch-encoder" if args.batch_encoder else "--no-batch-encoder"]
     for item in args.engine_arg:
@@ -534,6 +536,8 @@ def main() -> None:
                     help="NAME=ARGS: b again in its own process with its own engine, ARGS on top of this run's "
                          "(e.g. 'seqs512=--max-num-seqs 512'); recorded as b_NAME")
     ap.add_argument("--engines", type=int, default=1, help="b with N engine processes on the one GPU, pages split")
+    ap.add_argument("--instances", type=int, default=1,
+                    help="b with engines.vllm.instances N: N vLLM engines in batchocr's one process (mode b only)")
     ap.add_argument("--llm", choices=["batchocr", "defaults"], default="batchocr", help=argparse.SUPPRESS)
     ap.add_argument("--part", default="", help=argparse.SUPPRESS)  # I/N: this process's share of the documents
     ap.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)
@@ -594,6 +598,7 @@ def main() -> None:
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           prepare_threads=args.prepare_threads, queue_pages=args.queue_pages,
+                          instances=args.instances,
                           engine_args={"disable_log_stats": False, **engine_args(args)}, **guard)
     preset = get_preset(options.preset)
     llm_args = vllm_defaults(args) if args.llm == "defaults" else options.llm_args(preset)
@@ -624,6 +629,8 @@ def main() -> None:
             args.json.write_text(json.dumps(report | {"gpu_samples": sampler.gpu, "cpu_samples": sampler.cpu,
                                                       "engine_steps": timeline.steps}, indent=None))
 
+    if args.instances > 1 and modes != ["b"]:
+        raise SystemExit("--instances > 1 runs mode b only (--modes b)")
     if args.engines > 1:  # several engine processes on the one GPU, each b over its share of the documents
         assert modes == ["b"], "--engines > 1 runs mode b only"
         barrier = work / "barrier"
@@ -694,7 +701,7 @@ def main() -> None:
             futures = ex.map(_render_doc, [(d, preset.max_side, preset.size_multiple) for d in docs]
                              if need_images else [])
             options.set_runner_env()  # as VLLMEngine does (ngram_bans: sampler asks for V2)
-            llm = LLM(**llm_args)
+            llm = LLM(**llm_args) if args.instances == 1 else None  # --instances: b builds its own
             report["llm_init_s"] = round(time.monotonic() - t0, 1)
             pages = [row for rows in futures for row in rows][: args.pages]
         report["gpu_memory_used_gb_after_init"] = sampler.gpu_memory_used_gb()
@@ -745,6 +752,8 @@ def main() -> None:
         return [SamplingParams(max_tokens=sum(lengths[p[0]] for p in unit), ignore_eos=True, detokenize=False,
                                temperature=0.0, **extra(unit)) for unit in chunk]
 
+    instance_timelines: list[Timeline] = []  # --instances: one a b engine
+
     def record(name, start, end, finishes=None, extra=None):
         wall = end - start
         r = report[name] = {"wall_s": round(wall, 2), "pages_per_s": round(len(keys) / wall, 3),
@@ -759,7 +768,16 @@ def main() -> None:
         kv = [s[3] for s in timeline.between(start, end) if s[3] >= 0]
         r["kv_usage_max"] = max(kv) if kv else None  # vLLM's kv_cache_usage, 0..1, every step
         r["kv_usage_mean"] = round(sum(kv) / len(kv), 3) if kv else None
-        steady = timeline.steady(start, end, llm_args.get("max_num_seqs") or 1024)
+        if instance_timelines:  # several engines in one process: where every one is in its steady state
+            parts = []
+            for tl in instance_timelines:
+                got = tl.steady(start, end, llm_args.get("max_num_seqs") or 1024)
+                parts.append({"steady": got[0] | {"window_start_abs": got[1][0], "window_end_abs": got[1][1]}}
+                             if got else {})
+            merged = merge_steady(parts, timeline.between(start, end))
+            steady = (merged, (merged["window_start_abs"], merged["window_end_abs"])) if merged else None
+        else:
+            steady = timeline.steady(start, end, llm_args.get("max_num_seqs") or 1024)
         if steady:
             st, (w0, w1) = steady
             st["window_start_abs"], st["window_end_abs"] = w0, w1
@@ -792,11 +810,24 @@ def main() -> None:
             self.tokens += sum(len(o.outputs[0].token_ids) for o in outs if o.outputs)
             return outs
 
+    class Together:
+        """Several instances' counts as one engine's (--instances)."""
+
+        def __init__(self, parts):
+            self.parts = parts
+
+        tokens = property(lambda self: sum(p.tokens for p in self.parts))
+        requests = property(lambda self: sum(p.requests for p in self.parts))
+        sizes = property(lambda self: [s for p in self.parts for s in p.sizes])
+
     class Bench(VLLMEngine):
         """batchocr's engine with the benchmark's output lengths; notes when each page finishes."""
 
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
+            if self.instances:  # each instance (a Bench of its own) counts and notes its own pages
+                self.engine = Together([e.engine for e in self.instances])
+                return
             self.engine = Counting(self.engine)
             self.finishes: list[float] = []
 
@@ -812,8 +843,11 @@ def main() -> None:
             self.finishes.append(time.monotonic())
             return super()._common(request, page, output_tokens)
 
-        def close(self):  # the LLM serves the next mode
-            self._pool.shutdown(wait=False)
+        def close(self):  # the LLM serves the next mode (--instances: b's own engines, shut down)
+            for e in self.instances:
+                VLLMEngine.close(e)
+            if not self.instances and hasattr(self, "_pool"):  # (none: several, one failed to build)
+                self._pool.shutdown(wait=False)
 
     def chunks():
         start, finishes, outs = time.monotonic(), [], []
@@ -848,6 +882,8 @@ def main() -> None:
                 llm.start_profile()  # counts steps from here; stops by itself after --profile's STEPS
             for name, overrides in variants:
                 engine = Bench(VLLMOptions(**{**options.__dict__, **overrides}), llm=llm)
+                if engine.instances:  # each engine's steps on a timeline of its own, and all on the run's
+                    instance_timelines[:] = [Timeline(e.llm) for e in engine.instances]
                 # route model: the corpus is born-digital, and every page must reach the model
                 job = load_job(None, source=str(work / "src"), out=str(work / f"out-{name}"), engine="vllm",
                                route="model", engine_options={"model": options.model},
@@ -855,17 +891,21 @@ def main() -> None:
                 start = time.monotonic()
                 summary = run_job(job, progress=False, engine=engine)
                 end = time.monotonic()
-                record(name, start, end, engine.finishes, {
+                if engine.instances:
+                    timeline.steps = sorted(timeline.steps + [s for tl in instance_timelines for s in tl.steps])
+                finishes = sorted(t for e in engine.instances or [engine] for t in e.finishes)
+                record(name, start, end, finishes, {
                     "rows": summary.pages, "timings": summary.timings, "overrides": overrides,
-                    "queue_pages": engine.queue_pages, "guard": args.guard,
-                    "extra_args": getattr(engine, "extra_args", None),
+                    "queue_pages": engine.queue_pages, "guard": args.guard, "instances": args.instances,
+                    "extra_args": getattr((engine.instances or [engine])[0], "extra_args", None),
                     "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
                 if profile_dir is not None and "profile_tables" not in report:
                     report["profile_tables"] = {f.name: f.read_text()[-60000:]
                                                 for f in sorted(profile_dir.glob("profiler_out_*.txt"))}
                     report["profile_summary"] = [trace_summary(f) for f in sorted(profile_dir.glob("*.json*"))]
                 if "kv" not in report and engine.engine.sizes:  # no a in this run: b's requests
-                    report["kv"] = kv_accounting(llm, args.model, *map(list, zip(*engine.engine.sizes)),
+                    report["kv"] = kv_accounting(engine.instances[0].llm if engine.instances else llm, args.model,
+                                                 *map(list, zip(*engine.engine.sizes)),
                                                  args.max_num_seqs)
                     print("kv", json.dumps(report["kv"]), flush=True)
         stacks.running = False
