@@ -1,6 +1,7 @@
 """The vLLM engine on the CPU: vLLM absent, or stood in for at its API boundary
 (tests/fake_vllm.py). The real thing runs on the GPU: bench/gpu/."""
 
+import queue
 import threading
 
 import numpy as np
@@ -514,3 +515,27 @@ def test_instances_with_tensor_parallelism_is_a_config_error_naming_the_key():
         VLLMOptions(model="/m", instances=2, tensor_parallel_size=2)
     with pytest.raises(ConfigError, match=r"instances"):
         parse_options(VLLMOptions, {"model": "/m", "instances": 0}, "vllm")
+
+
+def test_an_instance_s_feed_ends_only_after_its_last_batch():
+    """The end of input is set after the last batch went in: a feed that looked at an empty slot
+    just before still hands that batch out before it ends."""
+    from batchocr.engines.vllm import _Feed
+
+    class Late(queue.Queue):  # its first wait times out just as the last batch goes in
+        late = True
+
+        def get(self, block=True, timeout=None):
+            if self.late:
+                self.late = False
+                raise queue.Empty
+            return super().get(block, timeout)
+
+    feed = _Feed(threading.Event())
+    feed.slot = Late(maxsize=1)
+    feed.slot.put("last")
+    feed.ended.set()
+    assert list(feed) == ["last"]
+    halted = _Feed(threading.Event())
+    halted.halt.set()
+    assert list(halted) == []

@@ -686,8 +686,9 @@ class _Feed:
     (the pipeline's iterator writes rows of its own: it stays in one thread)."""
 
     def __init__(self, halt: threading.Event):
-        self.slot: queue.Queue = queue.Queue(maxsize=1)
+        self.slot: queue.Queue = queue.Queue(maxsize=1)  # a batch at most waits for the instance
         self.halt = halt
+        self.ended = threading.Event()  # no more batches: once the slot is empty, the end of input
 
     def __iter__(self):
         return self
@@ -695,14 +696,15 @@ class _Feed:
     def __next__(self) -> pa.RecordBatch:
         while True:
             try:
-                batch = self.slot.get(timeout=0.1)
+                return self.slot.get(timeout=0.1)
             except queue.Empty:
                 if self.halt.is_set():
                     raise StopIteration from None
-                continue
-            if batch is None:
-                raise StopIteration
-            return batch
+                if self.ended.is_set():  # set after the last batch went in: look once more
+                    try:
+                        return self.slot.get_nowait()
+                    except queue.Empty:
+                        raise StopIteration from None
 
 
 def _shared(instances: list["VLLMEngine"], pages: Iterator[pa.RecordBatch],
@@ -737,7 +739,7 @@ def _shared(instances: list["VLLMEngine"], pages: Iterator[pa.RecordBatch],
                 if batch is None:
                     exhausted = True
                     for feed in feeds:
-                        feed.slot.put(None)  # its end of input
+                        feed.ended.set()
             if batch is not None:  # to the next instance with room, in turn
                 free = next((i % len(feeds) for i in range(turn, turn + len(feeds))
                              if feeds[i % len(feeds)].slot.empty()), None)
