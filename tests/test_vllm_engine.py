@@ -539,3 +539,39 @@ def test_an_instance_s_feed_ends_only_after_its_last_batch():
     halted = _Feed(threading.Event())
     halted.halt.set()
     assert list(halted) == []
+
+
+def test_batchocr_run_with_two_instances_from_a_job_spec(monkeypatch, tmp_path):
+    """`engines.vllm.instances: 2` in a job spec: `batchocr run` builds two engines, each with
+    half of gpu_memory_utilization, every page one row, the run record says 2; 0 is exit 2
+    naming the key, before any engine is built."""
+    import json
+
+    from conftest import run_cli
+
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(fake_vllm.LLM, "built", 0)
+    kwargs = []
+    init = fake_vllm.LLM.__init__
+
+    def noting(self, *a, **kw):
+        kwargs.append(kw)
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(fake_vllm.LLM, "__init__", noting)
+    job = tmp_path / "job.yaml"
+    job.write_text("engines:\n  vllm:\n    instances: 2\n    gpu_memory_utilization: 0.8\n")
+    out = tmp_path / "out"
+    run_cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+            "--job", str(job), "-q", check=True)
+    assert fake_vllm.LLM.built == 2 and [k["gpu_memory_utilization"] for k in kwargs] == [0.4, 0.4]
+    table = read_table(out)
+    keys = list(zip(table.column("doc_id").to_pylist(), table.column("page_index").to_pylist()))
+    assert table.num_rows == len(set(keys)) == sum(count_pages(p) for p in sample_documents())
+    (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    assert record["status"] == "done" and record["engine_params"]["instances"] == 2, record["status"]
+    job.write_text("engines:\n  vllm:\n    instances: 0\n")
+    proc = run_cli("run", str(SAMPLES), str(tmp_path / "out2"), "--engine", "vllm", "--model", "fake-model",
+                   "--job", str(job), "-q")
+    assert proc.returncode == 2 and "instances" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert fake_vllm.LLM.built == 2
