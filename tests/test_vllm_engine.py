@@ -134,13 +134,19 @@ def test_hitting_max_tokens_is_length(monkeypatch):
     assert all(r["output_tokens"] <= 3 for r in rows)
 
 
-def test_stop_aborts_what_is_in_flight(monkeypatch):
-    engine, fake = _engine(monkeypatch, queue_pages=8, max_tokens=50)
+def _stopped_after_the_first_rows(engine, pages: int) -> list[dict]:
+    """The rows a run hands out before it sees the stop set on its first rows."""
     stop = threading.Event()
     seen = []
-    for out in engine.run(iter(_pages(40)), stop):
+    for out in engine.run(iter(_pages(pages)), stop):
         seen.extend(out.to_pylist())
         stop.set()
+    return seen
+
+
+def test_stop_aborts_what_is_in_flight(monkeypatch):
+    engine, fake = _engine(monkeypatch, queue_pages=8, max_tokens=50)
+    seen = _stopped_after_the_first_rows(engine, 40)
     assert 1 <= len(seen) < 40
     assert not fake.order  # nothing left running inside vLLM
     # every request vLLM was given either came back or was aborted (none leaked)
@@ -485,11 +491,7 @@ def test_one_instance_failing_stops_the_run_and_the_other(monkeypatch):
 
 def test_stop_aborts_what_every_instance_has_in_flight(monkeypatch):
     engine, fakes = _instances(monkeypatch, queue_pages=8, max_tokens=50)
-    stop = threading.Event()
-    seen = []
-    for out in engine.run(iter(_pages(80)), stop):
-        seen.extend(out.to_pylist())
-        stop.set()
+    seen = _stopped_after_the_first_rows(engine, 80)
     assert 1 <= len(seen) < 80
     assert not any(f.order for f in fakes)  # the instances' threads were joined, their requests aborted
     # every request came back, was aborted, or finished after the stop, not yet handed back (not

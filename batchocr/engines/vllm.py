@@ -161,13 +161,17 @@ class VLLMOptions:
         """batch_encoder as the engine uses it: where unset, the preset's."""
         return preset.batch_encoder if self.batch_encoder is None else self.batch_encoder
 
+    def _tiles_by_default(self, preset: Preset) -> bool:
+        """rswa_tiles unset, and the preset's on in this mode (page mode: measured there)."""
+        return self.rswa_tiles is None and self.mode == "page" and preset.rswa_tiles
+
     def tiles_on(self, preset: Preset) -> bool:
-        """rswa_tiles as the engine uses it: where unset, the preset's in page mode (measured
-        there; document mode not yet), and only with the kernel the rewrite knows (vLLM 0.26.0's):
-        a default must not stop a run on another vLLM, which then attends with its own kernel."""
+        """rswa_tiles as the engine uses it: where unset, the preset's in page mode (document mode
+        not measured yet), and only with the kernel the rewrite knows (vLLM 0.26.0's): a default
+        must not stop a run on another vLLM, which then attends with its own kernel."""
         if self.rswa_tiles is not None:
             return self.rswa_tiles
-        if self.mode != "page" or not preset.rswa_tiles:
+        if not self._tiles_by_default(preset):
             return False
         try:
             rswa_tiles.check_source()
@@ -198,9 +202,8 @@ class VLLMOptions:
     def check_patches(self) -> None:
         """Before vLLM is built: the vLLM here has what the asked patches rewrite (ConfigError
         naming the key where not); a preset's default that this vLLM cannot take is a warning."""
-        preset = get_preset(self.preset)
         asked = self.rswa_tiles is True
-        if asked or (self.rswa_tiles is None and self.mode == "page" and preset.rswa_tiles):
+        if asked or self._tiles_by_default(get_preset(self.preset)):
             try:
                 rswa_tiles.check_source()
             except ValueError as exc:
