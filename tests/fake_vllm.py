@@ -15,9 +15,11 @@ whose answer is parsed: grounding tags), cut where max_tokens cuts it.
 from __future__ import annotations
 
 import enum
+import json
 import sys
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 class RequestOutputKind(enum.Enum):
@@ -218,6 +220,16 @@ class LLM:
         LLM.built += 1
         self.kwargs = kwargs
         self.llm_engine = FakeEngine(max_num_seqs, max_model_len)
+
+    def start_profile(self):
+        """As vllm.LLM.start_profile: only with profiler_config; the engine writes one trace of its
+        own into torch_profiler_dir (here at once, one span: enough to say which engines traced)."""
+        config = self.kwargs.get("profiler_config")
+        if not config:
+            raise RuntimeError("Profiling is not enabled: set profiler_config")
+        trace = Path(config["torch_profiler_dir"]) / f"fake-engine-{id(self)}.pt.trace.json"
+        trace.write_text(json.dumps({"traceEvents": [
+            {"ph": "X", "name": "execute_model", "cat": "cpu_op", "ts": 0, "dur": 1000, "pid": 1, "tid": 1}]}))
 
     def generate(self, prompts, sampling_params, use_tqdm=False):
         """One finite call, as vllm.LLM.generate: add everything, step until done."""

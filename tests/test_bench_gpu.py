@@ -156,3 +156,18 @@ def test_a_profile_s_python_functions_are_summed_by_their_own_time(tmp_path):
     assert own == {"step": (0.8, 1.5, 2), "schedule": (0.2, 0.3, 1), "apply": (0.24, 0.4, 1),
                    "banned": (0.1, 0.1, 2), "<built-in method sum of Tensor object>": (0.06, 0.06, 2)}
     assert [row[0] for row in got["python_by_total_ms"]][:2] == ["step", "apply"]
+
+
+def test_profile_traces_every_engine_b_builds(tmp_path):
+    """--profile with --instances 2: each of b's engines gets vLLM's profiler_config and is started
+    (it profiled nothing before: the profiler went only to an LLM that instances never build)."""
+    report = tmp_path / "tp.json"
+    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--pages", "16",
+                    "--max-num-seqs", "4", "--chunk", "8", "--render-workers", "1", "--modes", "b",
+                    "--instances", "2", "--profile", "2,3", "--json", str(report)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    r = json.loads(report.read_text())
+    assert r["b_batchocr"]["rows"] == 16 and r["b_batchocr"]["instances"] == 2
+    traces = r["profile_summary"]
+    assert len(traces) == 2 and len({t["file"] for t in traces}) == 2
+    assert all(t["ms_by_category"] == {"cpu_op": 1.0} for t in traces)

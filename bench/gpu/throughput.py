@@ -590,6 +590,14 @@ def main() -> None:
     context = args.max_model_len or (get_preset(args.preset).max_model_len if args.mode == "document" else 8192)
     # document_fallback off: random weights never write <page> (and every group ends at its length):
     # with it on, b would read every page again alone, other work than a's
+    # --profile: every engine b builds (one, or each of --instances') writes its trace into profile_dir
+    profile_dir, profiler = None, {}
+    if args.profile:
+        delay, steps = (int(x) for x in args.profile.split(","))
+        profile_dir = Path(tempfile.mkdtemp(prefix="tp-profile-"))
+        profiler = {"profiler_config": {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
+                                        "torch_profiler_with_stack": args.profile_stack, "ignore_frontend": True,
+                                        "delay_iterations": delay, "max_iterations": steps}}
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
                           group_pages=args.group_pages, rswa_tiles=args.rswa_tiles,
                           ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder,
@@ -599,16 +607,11 @@ def main() -> None:
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           prepare_threads=args.prepare_threads, queue_pages=args.queue_pages,
                           instances=args.instances,
-                          engine_args={"disable_log_stats": False, **engine_args(args)}, **guard)
+                          engine_args={"disable_log_stats": False, **engine_args(args), **profiler}, **guard)
     preset = get_preset(options.preset)
     llm_args = vllm_defaults(args) if args.llm == "defaults" else options.llm_args(preset)
-    profile_dir = None
-    if args.profile:
-        delay, steps = (int(x) for x in args.profile.split(","))
-        profile_dir = Path(tempfile.mkdtemp(prefix="tp-profile-"))
-        llm_args["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
-                                       "torch_profiler_with_stack": args.profile_stack, "ignore_frontend": True,
-                                       "delay_iterations": delay, "max_iterations": steps}
+    if profiler:  # (--llm defaults builds its own arguments: the profiler goes there too)
+        llm_args |= profiler
     report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
     keys = [f"{d.name}/{i}" for d, count in zip(docs, counts) for i in range(count)]
@@ -878,10 +881,14 @@ def main() -> None:
             variants = [("b_batchocr", {})] + [
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
                 for v in args.b_variants.split(";") if v.strip()]
-            if profile_dir is not None and hasattr(llm, "start_profile"):
-                llm.start_profile()  # counts steps from here; stops by itself after --profile's STEPS
+            profiling = profile_dir is not None
             for name, overrides in variants:
                 engine = Bench(VLLMOptions(**{**options.__dict__, **overrides}), llm=llm)
+                if profiling:  # the first b only; each engine counts its steps from here, stops after STEPS
+                    for each in [e.llm for e in engine.instances] or [llm]:
+                        if hasattr(each, "start_profile"):
+                            each.start_profile()
+                    profiling = False
                 if engine.instances:  # each engine's steps on a timeline of its own, and all on the run's
                     instance_timelines[:] = [Timeline(e.llm) for e in engine.instances]
                 # route model: the corpus is born-digital, and every page must reach the model
