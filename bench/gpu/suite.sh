@@ -234,10 +234,11 @@ run() {  # one named run of the suite
                    --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" ;;
     # the page-mode goal where a shard's start and drain weigh less: 4,096 pages, b at the defaults
     # (rswa_tiles on since the seventh lease) against two engine processes sharing the GPU and against
-    # batchocr's own engines.vllm.instances 2 (two engines in its one process; ~19 min)
+    # batchocr's own engines.vllm.instances 2 (two engines in its one process; ~22 min). inst2 first: the
+    # eighth lease measured b and engines2 (1.399x at 4,096 pages) and lost inst2 with the machine
     uocr-goal) TP_TIMEOUT=1700 uocr uocr-goal --pages 4096 --modes b \
-                 --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" \
-                 --variant "inst2=--instances 2" ;;
+                 --variant "inst2=--instances 2" \
+                 --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
