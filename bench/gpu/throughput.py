@@ -588,8 +588,6 @@ def main() -> None:
     counts = [counts[int(d.name[3:7])] for d in docs]  # docNNNN.pdf: its pages (--part keeps some)
     guard = {} if args.guard == "on" else {"repetition_span": 10**6}  # never reached: max_tokens <= 4000
     context = args.max_model_len or (get_preset(args.preset).max_model_len if args.mode == "document" else 8192)
-    # document_fallback off: random weights never write <page> (and every group ends at its length):
-    # with it on, b would read every page again alone, other work than a's
     # --profile: every engine b builds (one, or each of --instances') writes its trace into profile_dir
     profile_dir, profiler = None, {}
     if args.profile:
@@ -598,6 +596,8 @@ def main() -> None:
         profiler = {"profiler_config": {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
                                         "torch_profiler_with_stack": args.profile_stack, "ignore_frontend": True,
                                         "delay_iterations": delay, "max_iterations": steps}}
+    # document_fallback off: random weights never write <page> (and every group ends at its length):
+    # with it on, b would read every page again alone, other work than a's
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
                           group_pages=args.group_pages, rswa_tiles=args.rswa_tiles,
                           ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder,
