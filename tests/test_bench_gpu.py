@@ -10,14 +10,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_throughput_dry_run_and_plot(tmp_path):
+def dry_run(tmp_path, *argv) -> dict:
+    """throughput.py on the CPU (the vLLM stand-in), its JSON report."""
     report = tmp_path / "tp.json"
-    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--pages", "24",
-                    "--max-num-seqs", "4", "--chunk", "8", "--render-workers", "1", "--modes", "a,c,b,a0",
-                    "--b-variants", "queue_pages=2", "--variant", "seqs8=--max-num-seqs 8",
-                    "--variant", "engines2=--engines 2", "--json", str(report)],
+    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", *argv, "--json", str(report)],
                    check=True, capture_output=True, text=True, timeout=300)
-    r = json.loads(report.read_text())
+    return json.loads(report.read_text())
+
+
+def test_throughput_dry_run_and_plot(tmp_path):
+    r = dry_run(tmp_path, "--pages", "24", "--max-num-seqs", "4", "--chunk", "8", "--render-workers", "1",
+                "--modes", "a,c,b,a0", "--b-variants", "queue_pages=2", "--variant", "seqs8=--max-num-seqs 8",
+                "--variant", "engines2=--engines 2")
     assert r["pages"] == 24
     modes = ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_queue_pages_2", "a0_vllm_defaults", "b_seqs8",
              "b_engines2")
@@ -45,7 +49,8 @@ def test_throughput_dry_run_and_plot(tmp_path):
                 "ratio_b_batchocr/a0_vllm_defaults", "ratio_b_engines2/b_batchocr"):
         assert r[key] > 0, key
     png = tmp_path / "tp.png"
-    subprocess.run([sys.executable, str(ROOT / "bench/gpu/plot.py"), str(report), str(png)], check=True, timeout=120)
+    subprocess.run([sys.executable, str(ROOT / "bench/gpu/plot.py"), str(tmp_path / "tp.json"), str(png)],
+                   check=True, timeout=120)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -85,13 +90,9 @@ def test_throughput_document_mode_dry_run(tmp_path):
     model = tmp_path / "uocr"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(UNLIMITED_OCR_CONFIG))
-    report = tmp_path / "doc.json"
-    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--model", str(model),
-                    "--pages", "36", "--per-doc", "8,12,16", "--mode", "document", "--preset", "unlimited-ocr",
-                    "--max-num-seqs", "4", "--chunk", "2", "--render-workers", "1", "--modes", "a,c,b",
-                    "--variant", "nongram=--ngram off", "--variant", "inst2=--instances 2", "--json", str(report)],
-                   check=True, capture_output=True, text=True, timeout=300)
-    r = json.loads(report.read_text())
+    r = dry_run(tmp_path, "--model", str(model), "--pages", "36", "--per-doc", "8,12,16", "--mode", "document",
+                "--preset", "unlimited-ocr", "--max-num-seqs", "4", "--chunk", "2", "--render-workers", "1",
+                "--modes", "a,c,b", "--variant", "nongram=--ngram off", "--variant", "inst2=--instances 2")
     assert r["pages"] == 36 and r["requests"] == 4
     for mode in ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_nongram", "b_inst2"):
         work = r[mode]["work"]
@@ -161,12 +162,8 @@ def test_a_profile_s_python_functions_are_summed_by_their_own_time(tmp_path):
 def test_profile_traces_every_engine_b_builds(tmp_path):
     """--profile with --instances 2: each of b's engines gets vLLM's profiler_config and is started
     (it profiled nothing before: the profiler went only to an LLM that instances never build)."""
-    report = tmp_path / "tp.json"
-    subprocess.run([sys.executable, str(ROOT / "bench/gpu/throughput.py"), "--fake", "--pages", "16",
-                    "--max-num-seqs", "4", "--chunk", "8", "--render-workers", "1", "--modes", "b",
-                    "--instances", "2", "--profile", "2,3", "--json", str(report)],
-                   check=True, capture_output=True, text=True, timeout=300)
-    r = json.loads(report.read_text())
+    r = dry_run(tmp_path, "--pages", "16", "--max-num-seqs", "4", "--chunk", "8", "--render-workers", "1",
+                "--modes", "b", "--instances", "2", "--profile", "2,3")
     assert r["b_batchocr"]["rows"] == 16 and r["b_batchocr"]["instances"] == 2
     traces = r["profile_summary"]
     assert len(traces) == 2 and len({t["file"] for t in traces}) == 2

@@ -609,9 +609,8 @@ def main() -> None:
                           instances=args.instances,
                           engine_args={"disable_log_stats": False, **engine_args(args), **profiler}, **guard)
     preset = get_preset(options.preset)
-    llm_args = vllm_defaults(args) if args.llm == "defaults" else options.llm_args(preset)
-    if profiler:  # (--llm defaults builds its own arguments: the profiler goes there too)
-        llm_args |= profiler
+    # (vLLM's defaults are built from args, not options: the profiler goes there too)
+    llm_args = vllm_defaults(args) | profiler if args.llm == "defaults" else options.llm_args(preset)
     report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
     keys = [f"{d.name}/{i}" for d, count in zip(docs, counts) for i in range(count)]
@@ -881,14 +880,11 @@ def main() -> None:
             variants = [("b_batchocr", {})] + [
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
                 for v in args.b_variants.split(";") if v.strip()]
-            profiling = profile_dir is not None
             for name, overrides in variants:
                 engine = Bench(VLLMOptions(**{**options.__dict__, **overrides}), llm=llm)
-                if profiling:  # the first b only; each engine counts its steps from here, stops after STEPS
-                    for each in [e.llm for e in engine.instances] or [llm]:
-                        if hasattr(each, "start_profile"):
-                            each.start_profile()
-                    profiling = False
+                if profile_dir is not None and name == "b_batchocr":  # each engine counts steps from here
+                    for each in [e.llm for e in engine.instances] or [llm]:  # and stops after STEPS
+                        each.start_profile()
                 if engine.instances:  # each engine's steps on a timeline of its own, and all on the run's
                     instance_timelines[:] = [Timeline(e.llm) for e in engine.instances]
                 # route model: the corpus is born-digital, and every page must reach the model
