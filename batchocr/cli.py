@@ -81,12 +81,17 @@ def storage_option(what: str):
 @click.option("--max-side", type=int, help="scale pages down so the longest side is at most this many pixels")
 @click.option("--workers", type=int, help="render worker processes [default: one per usable CPU, at most 4]")
 @click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else 0/1]")
+@click.option("--processes", type=int,
+              help="run the shard as N processes side by side, each with its own render pool and engine over a "
+                   "share of the documents (vllm: 1/N of the GPU's memory each; two fill an H200 that one leaves "
+                   "half idle) [default: 1, or the job spec's]")
 @click.option("--reprocess", is_flag=True,
               help="OUT was made with another engine, model, preset, prompt, route or render settings: redo its "
                    "pages with these (without it, such a run stops with exit 2); compact keeps the new rows")
 @storage_option("SOURCE and OUT")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def run(source, out, engine, model, preset, mode, job, route, dpi, max_side, workers, shard, reprocess, storage, quiet):
+def run(source, out, engine, model, preset, mode, job, route, dpi, max_side, workers, shard, processes, reprocess, storage,
+        quiet):
     """OCR every document under SOURCE into a page table under OUT.
 
     SOURCE and OUT are folders or fsspec URLs. Every page gets exactly one row in
@@ -103,17 +108,18 @@ def run(source, out, engine, model, preset, mode, job, route, dpi, max_side, wor
         batchocr run samples/ out/demo --engine textlayer --reprocess
         batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr
         batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr --mode document
+        batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr --processes 2
         batchocr run az://scans/ az://results/ --engine vllm --model /models/olmOCR-2-7B-1025 --preset olmocr-2
     """
     from batchocr.signals import graceful_stop
 
     with graceful_stop() as stop:  # first: an eviction notice during start-up is honoured too
         _run(source, out, engine, {"model": model, "preset": preset, "mode": mode}, job, dpi, max_side, workers, shard,
-             storage, quiet, stop, route, reprocess)
+             storage, quiet, stop, route, reprocess, processes)
 
 
 def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard, storage, quiet, stop, route=None,
-         reprocess=None):
+         reprocess=None, processes=None):
     from batchocr.pipeline import run_job
     from batchocr.spec import load_job
 
@@ -125,6 +131,7 @@ def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard
         engine=engine,
         route=route,
         reprocess=reprocess or None,  # the flag sets it; without it, the job spec's
+        processes=processes,
         shard=shard_spec,
         storage_options=storage,
         engine_options={k: v for k, v in engine_options.items() if v is not None},

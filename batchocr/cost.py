@@ -78,7 +78,7 @@ def summarise(runs: Iterable[dict[str, Any]], pages: int, hourly_usd: float | No
             continue
         counted += 1
         seconds += float(acc["seconds"])
-        names[f"{acc.get('count', 1)} x {acc.get('name', '?')} ({acc.get('kind', '?')})"] = None
+        names[f"{acc.get('count', 1):g} x {acc.get('name', '?')} ({acc.get('kind', '?')})"] = None
         priced = run.get("spec", {}).get("gpu_hourly_usd") or priced  # the latest run that names one
         per_run.append({"run_id": run.get("run_id"), "started_at": run.get("started_at"),
                         "accelerator_seconds": round(float(acc["seconds"]), 3),

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 
@@ -31,9 +31,12 @@ from batchocr.signals import graceful_stop
 from batchocr.layout import done_marker, shard_dir
 from batchocr.sink import PartWriter, Resume, committed_keys, completed
 from batchocr.sources import DocRef, list_documents
-from batchocr.spec import JobSpec, RenderSpec
+from batchocr.spec import JobSpec, RenderSpec, Shard
 from batchocr.storage import Store
 from batchocr.words import plural
+
+if TYPE_CHECKING:
+    from batchocr.parts import Part
 
 
 @dataclass
@@ -58,7 +61,8 @@ class RunSummary:
     def line(self) -> str:
         if self.documents == 0 and not self.interrupted:
             return (f"batchocr: shard {self.shard}: nothing to do "
-                    f"({plural(self.documents_skipped, 'document')} already done) in {self.out} (run {self.run_id})")
+                    f"({plural(self.documents_skipped, 'document')} already done) in {self.out}"
+                    + (f" (run {self.run_id})" if self.run_id else ""))
         state = "interrupted after" if self.interrupted else "done:"
         skipped = f", {self.skipped_pages} skipped" if self.skipped_pages else ""
         skipped += f", {self.routed_pages} from the text layer" if self.routed_pages else ""
@@ -66,7 +70,7 @@ class RunSummary:
             f"batchocr: {state} {plural(self.documents, 'document')}, {plural(self.pages, 'page')} "
             f"({plural(self.error_pages, 'error')}{skipped}), {self.pages_per_s:.2f} pages/s, "
             f"{self.seconds:.1f} s -> {self.out}/{shard_dir(int(self.shard.split('/')[0]))} "
-            f"(run {self.run_id})"
+            f"({'runs' if ', ' in self.run_id else 'run'} {self.run_id})"
         )
 
 
@@ -75,15 +79,24 @@ def new_run_id() -> str:
 
 
 def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None = None,
-            stop: threading.Event | None = None) -> RunSummary:
+            stop: threading.Event | None = None, part: "Part | None" = None) -> RunSummary:
     """Run one shard of a job to completion, or until SIGTERM/SIGINT (or `stop`
     set): then commit what has finished and raise Interrupted. `engine` defaults
-    to the spec's."""
+    to the spec's. With spec.processes N > 1 the shard runs as N parts, each a
+    process (batchocr/parts.py); `part` is one of them (its documents, its turn to
+    build its engine), run in that process."""
     if stop is None:
         with graceful_stop() as stop:
-            return run_job(spec, progress, engine, stop)
+            return run_job(spec, progress, engine, stop, part)
     if stop.is_set():
         raise Interrupted("batchocr: interrupted before the run started (nothing done; rerun to resume)")
+    if spec.processes > 1:
+        if engine is not None:
+            raise ConfigError(f"processes: {spec.processes} builds an engine in each part's process: "
+                              "pass no engine (or processes: 1)")
+        from batchocr.parts import run_parts
+
+        return run_parts(spec, progress, stop)
     started = time.monotonic()
     started_at = dt.datetime.now(dt.UTC)
     run_id = new_run_id()
@@ -97,9 +110,13 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     if engine is None:
         expected = _producer_settings(spec)
         producer.check(out, expected, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
+        if part is not None:
+            part.wait_turn(stop)  # one engine starts at a time: vLLM measures the GPU's free memory
         engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
+        if part is not None:
+            part.built()
     try:
-        return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop, expected)
+        return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop, expected, part)
     except StorageError as exc:  # said here, not by the store: `status` and `report` resume nothing
         raise StorageError(f"{exc}; committed work is intact, rerun to resume") from None
     finally:
@@ -108,13 +125,15 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
 
 def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.datetime, summary: RunSummary,
          out: Store, source: Store, progress: bool, stop: threading.Event,
-         expected: dict[str, Any] | None = None) -> RunSummary:
+         expected: dict[str, Any] | None = None, part: "Part | None" = None) -> RunSummary:
     shard = spec.shard
     render = _render_spec(spec, getattr(engine, "render_hints", {}))
     # The render settings used: the worker count resolved (the spec's own, 0 for "one per CPU", is in "spec").
     used = dataclasses.asdict(dataclasses.replace(render, workers=render.worker_count))
     record = _run_record(spec, engine, run_id, started_at) | {"render": used}
     held = cost.accelerator(engine)  # what the run holds, priced by `report --gpu-hourly-usd`
+    if part is not None and part.count > 1:  # a part of a shard holds its share: `report` counts the GPU once
+        held["count"] = held["count"] / part.count
     settings = producer.of_record(record)
     if expected is not None and settings != expected:  # the check before the load was on other settings
         raise BoundaryError(f"engine {engine.name}: OUT was checked before it loaded against settings other than "
@@ -123,17 +142,16 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     producer.remember(out, settings, spec.reprocess, spec.out)  # checked again, then OUT takes them
     out.write_json(layout.run_record(run_id), record | {"status": "running"})
 
-    keys = committed_keys(out, shard.index)
-    stale = producer.other_runs(out, keys.column("run_id").to_pylist(), settings)
-    if stale:  # made with other settings (before a --reprocess): not done, redone now
-        keys = keys.filter(pa.compute.invert(pa.compute.is_in(keys.column("run_id"), pa.array(sorted(stale)))))
+    keys = current_keys(out, shard.index, settings)
     done = completed(keys)
-    documents = _documents(source, out, spec)
+    listed = (lambda: iter(part.documents)) if part is not None else (lambda: _documents(source, out, spec))
+    documents = listed()
     writer = PartWriter(out, shard.index, run_id, spec.commit)
     inflight: dict[tuple[str, int], dict] = {}
     timings = {"render_wait_s": 0.0, "engine_s": 0.0, "write_s": 0.0}
-    bar = Progress(f"shard {shard}", progress)
-    bar.count_documents(_documents(source, out, spec), lambda doc: _committed(done, doc))  # in the background
+    bar = Progress(f"shard {shard}" + (f" part {part}" if part is not None else ""), progress,
+                   position=part.index if part is not None else None)
+    bar.count_documents(listed(), lambda doc: _committed(done, doc))  # in the background
 
     def tasks() -> Iterator[RenderTask]:
         for doc in documents:
@@ -247,20 +265,62 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
                 raise flush_error
 
     if summary.interrupted:
-        raise Interrupted(summary.line() + " (finished pages committed; rerun to resume)")
+        exc = Interrupted(summary.line() + " (finished pages committed; rerun to resume)")
+        exc.summary = asdict(summary)  # a part's, for the parent's line (batchocr/parts.py)
+        raise exc
+    if part is not None:  # the shard is done when every part is: the parent marks it
+        return summary
     # Every page of the shard has a row now: only then is the marker written.
     before = keys.column("finish_reason").to_pylist()
+    _write_marker(out, shard, summary.documents + summary.documents_skipped, len(before) + summary.pages,
+                  before.count("error") + summary.error_pages, set(keys.column("run_id").to_pylist()) | {run_id},
+                  {"run_id": run_id, "seconds": round(summary.seconds, 3), "pages": summary.pages})
+    return summary
+
+
+def current_keys(out: Store, shard: int, settings: dict[str, Any]) -> pa.Table:
+    """The keys of a shard's committed rows, less those made with other settings (before
+    a --reprocess: not done, redone now)."""
+    keys = committed_keys(out, shard)
+    stale = producer.other_runs(out, keys.column("run_id").to_pylist(), settings)
+    if stale:
+        keys = keys.filter(pa.compute.invert(pa.compute.is_in(keys.column("run_id"), pa.array(sorted(stale)))))
+    return keys
+
+
+def pending(documents: Iterator[DocRef], done: dict) -> tuple[list[DocRef], int]:
+    """The documents with pages to do, and how many are done already."""
+    todo, finished = [], 0
+    for doc in documents:
+        if _committed(done, doc) is None:
+            finished += 1
+        else:
+            todo.append(doc)
+    return todo, finished
+
+
+def mark_done(out: Store, shard: Shard, documents: int, last_run: dict[str, Any],
+              settings: dict[str, Any]) -> None:
+    """The done-marker of a shard whose parts are all done (batchocr/parts.py), from
+    what is committed now (as a run alone counts it)."""
+    keys = current_keys(out, shard.index, settings)
+    reasons = keys.column("finish_reason").to_pylist()
+    _write_marker(out, shard, documents, len(reasons), reasons.count("error"),
+                  set(keys.column("run_id").to_pylist()), last_run)
+
+
+def _write_marker(out: Store, shard: Shard, documents: int, pages: int, error_pages: int, run_ids: set[str],
+                  last_run: dict[str, Any]) -> None:
     out.write_json(done_marker(shard.index), {
         "shard": shard.index,
         "shards": shard.count,
-        "documents": summary.documents + summary.documents_skipped,
-        "pages": len(before) + summary.pages,
-        "error_pages": before.count("error") + summary.error_pages,
-        "run_ids": sorted(set(keys.column("run_id").to_pylist()) | {run_id}),
-        "last_run": {"run_id": run_id, "seconds": round(summary.seconds, 3), "pages": summary.pages},
+        "documents": documents,
+        "pages": pages,
+        "error_pages": error_pages,
+        "run_ids": sorted(run_ids),
+        "last_run": last_run,
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
     })
-    return summary
 
 
 def _committed(done: dict, doc: DocRef) -> int | None:

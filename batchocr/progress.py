@@ -83,8 +83,10 @@ class _Counts:
 
 
 class Progress:
-    def __init__(self, desc: str, enabled: bool, file: TextIO | None = None, interval: float | None = None):
+    def __init__(self, desc: str, enabled: bool, file: TextIO | None = None, interval: float | None = None,
+                 position: int | None = None):
         self.desc = desc
+        self.position = position  # a terminal line of its own (a shard's parts, one process each)
         self.enabled = enabled
         self.file = file or sys.stderr
         self.terminal = _columns(self.file) > 0  # a terminal of no width (a pty never sized) shows no bar: a log then
@@ -178,8 +180,9 @@ class Progress:
 
     def _draw(self) -> None:
         make = tqdm if self.terminal else LogLines
+        where = {"position": self.position} if self.terminal and self.position is not None else {}
         self.bar = make(unit="page", file=self.file, dynamic_ncols=self.terminal, desc=self.desc, smoothing=0.1,
-                        mininterval=self.interval, miniters=1)
+                        mininterval=self.interval, miniters=1, **where)
         self._ticker = threading.Thread(target=self._tick, name="batchocr-progress", daemon=True)
         self._ticker.start()
 

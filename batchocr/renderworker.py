@@ -59,14 +59,17 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], prog
         progress[TICKS] += 1
 
     progress[STARTED] = 1
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        try:
-            for batch in render_document(task, spec, needs, storage_options, at_page):
-                conn.send(batch)
-        except BatchocrError as exc:  # SOURCE failed for good: the parent stops the run
-            conn.send(exc)
-            return
-        conn.send(None)  # end of this document
+    try:
+        while True:
+            task = conn.recv()
+            if task is None:
+                return
+            try:
+                for batch in render_document(task, spec, needs, storage_options, at_page):
+                    conn.send(batch)
+            except BatchocrError as exc:  # SOURCE failed for good: the parent stops the run
+                conn.send(exc)
+                return
+            conn.send(None)  # end of this document
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is gone (killed: its end of the pipe closed before
+        os._exit(1)  # PDEATHSIG lands): nothing to say, and no traceback on the run's stderr

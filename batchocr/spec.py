@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from annotated_types import Ge, Gt
+from annotated_types import Ge, Gt, Le
 
 from batchocr.config import FORBID, convert
 from batchocr.cpus import available_cpus
@@ -125,6 +125,10 @@ class JobSpec:
     # OUT remembers the settings that made its pages (batchocr/producer.py): a run
     # with others stops (exit 2) unless this is set; then their pages are redone.
     reprocess: bool = False
+    # The shard as N parts side by side, each a process of its own (render pool, engine,
+    # part files) over a share of its documents; vllm: each with 1/N of the GPU's memory
+    # (batchocr/parts.py says why: one process is host-bound before an H200 is).
+    processes: Annotated[int, Ge(1), Le(8)] = 1
 
     def __post_init__(self):
         if self.route not in ROUTES:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import sys
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,6 +192,8 @@ class FakeEngine:
                 self.order.remove(rid)
 
     def step(self):
+        if os.environ.get("BATCHOCR_FAKE_STEP_S"):  # a real engine's pace (a process of its own: no monkeypatch)
+            time.sleep(float(os.environ["BATCHOCR_FAKE_STEP_S"]))
         if self.engine_core.resources.engine_dead:
             self.engine_core.get_output()  # blocks, as vLLM's does, unless something wakes it
         outs = []
@@ -219,7 +223,15 @@ class LLM:
     def __init__(self, max_num_seqs: int = 8, max_model_len: int = 4096, **kwargs):
         LLM.built += 1
         self.kwargs = kwargs
+        builds = os.environ.get("BATCHOCR_FAKE_BUILDS")  # a file: each build's span and its memory share
+        t0 = time.time()
+        if builds:
+            time.sleep(0.5)  # a load that takes a while: two at once would overlap
         self.llm_engine = FakeEngine(max_num_seqs, max_model_len)
+        if builds:
+            with open(builds, "a") as f:
+                f.write(json.dumps({"pid": os.getpid(), "t0": t0, "t1": time.time(),
+                                    "gpu_memory_utilization": kwargs.get("gpu_memory_utilization")}) + "\n")
 
     def start_profile(self):
         """As vllm.LLM.start_profile: only with profiler_config; the engine writes one trace of its

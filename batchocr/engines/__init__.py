@@ -66,6 +66,14 @@ def settings(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return {"preset": None, "prompt": None, "render_hints": {}} | module.settings(options)
 
 
+def shared(name: str, options: Mapping[str, Any], n: int) -> Mapping[str, Any]:
+    """The options of one of n engines that share a machine's accelerator (a shard's
+    parts: batchocr/parts.py): the module's `shared(options, n)`, where it has one (vllm:
+    1/n of gpu_memory_utilization); else the options as they are."""
+    module = importlib.import_module(_MODULES[name])
+    return module.shared(options, n) if hasattr(module, "shared") else options
+
+
 # Each engine's options dataclass, in its module.
 _OPTIONS = {"rapidocr": "RapidOCROptions", "textlayer": "TextLayerOptions", "vllm": "VLLMOptions"}
 

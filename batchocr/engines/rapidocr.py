@@ -319,3 +319,10 @@ def _model(cfg) -> str:
     """The table's `model` for a rapidocr configuration (the engine's, or rapidocr's default)."""
     return "rapidocr {} det-{} rec-{}".format(
         *(getattr(v, "value", v) for v in (cfg.Det.ocr_version, cfg.Det.model_type, cfg.Rec.model_type)))
+
+
+def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """One of n processes on this machine (a shard's parts): 1/n of its onnxruntime threads
+    (threads 0, one per core, is the machine's), so that n parts do not oversubscribe it."""
+    o = parse_options(RapidOCROptions, options, "rapidocr")
+    return {**options, "threads": max(1, (o.threads or available_cpus()) // n)}

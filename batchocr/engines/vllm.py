@@ -859,6 +859,12 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
             "render_hints": _render_hints(preset)}
 
 
+def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """One of n processes on the GPU (a shard's parts): gpu_memory_utilization / n of it."""
+    o = parse_options(VLLMOptions, options, "vllm")
+    return {**options, "gpu_memory_utilization": round(o.gpu_memory_utilization / n, 4)}
+
+
 def _prompt_setting(o: VLLMOptions, preset: Preset) -> str:
     """What OUT remembers as the prompt: in document mode, the group's (OUT made in one
     mode refuses a rerun in the other without --reprocess: other prompts, other text)."""

@@ -27,7 +27,7 @@
 # several waves of groups), uocr-rswa-check, uocr-tiles and uocr-tiles-doc (R-SWA's attention over the
 # tiles it sees), uocr-decode (page b against rswa_tiles, the sampler's bans on V2 with the batched encoder
 # and two engine processes, one run), uocr-goal (4,096 pages: b against two engine processes and instances 2),
-# uocr-inst2 (b against instances 2 at 3,072 pages);
+# uocr-inst2 (b against instances 2 at 2,048 pages);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
@@ -241,8 +241,8 @@ run() {  # one named run of the suite
                  --variant "inst2=--instances 2" \
                  --variant "engines2=--engines 2 --gpu-memory-utilization 0.44 --render-workers 4" ;;
     # the half of uocr-goal that two leases lost (each machine went back mid-run): b against instances 2,
-    # 3,072 pages, to fit what device time a session has left (~13 min)
-    uocr-inst2) TP_TIMEOUT=1100 uocr uocr-inst2 --pages 3072 --modes b --variant "inst2=--instances 2" ;;
+    # 2,048 pages, to fit what device time a session has left (~11 min)
+    uocr-inst2) TP_TIMEOUT=1100 uocr uocr-inst2 --pages 2048 --modes b --variant "inst2=--instances 2" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;

@@ -1,0 +1,194 @@
+"""A shard as several processes side by side (`--processes N`, batchocr/parts.py): every
+page one row, the engines built one after the other with 1/N of the GPU each, SIGTERM
+and a dead part handled as a run alone handles them. The parts are real processes; the
+vLLM stand-in (tests/fake_vllm.py) reaches them as a `vllm` package on their path."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from batchocr.parts import shares
+from batchocr.sources import DocRef
+from conftest import ROOT, SAMPLES, count_pages, read_table, sample_documents
+
+TESTS = Path(__file__).parent
+TOTAL = sum(count_pages(p) for p in sample_documents())
+
+
+def test_shares_balance_bytes_and_keep_the_listing_order():
+    docs = [DocRef(f"file:///d/{i}.pdf", size, f"e{i}") for i, size in enumerate([900, 100, 100, 500, 400, 50])]
+    a, b = shares(docs, 2)
+    assert sorted(d.uri for d in a + b) == sorted(d.uri for d in docs)  # each document once
+    assert {sum(d.size for d in a), sum(d.size for d in b)} == {1000, 1050}
+    for share in (a, b):
+        assert [docs.index(d) for d in share] == sorted(docs.index(d) for d in share)
+    assert len(shares(docs[:1], 3)) == 1  # no empty part: one document, one process
+
+
+def test_each_engine_takes_its_share_of_the_machine():
+    from batchocr import engines
+    from batchocr.cpus import available_cpus
+
+    assert engines.shared("vllm", {"model": "m", "gpu_memory_utilization": 0.8}, 2)["gpu_memory_utilization"] == 0.4
+    assert engines.shared("rapidocr", {}, 2)["threads"] == max(1, available_cpus() // 2)
+    assert engines.shared("rapidocr", {"threads": 8}, 4)["threads"] == 2
+    assert engines.shared("textlayer", {}, 2) == {}
+
+
+def _stand_in(tmp_path: Path) -> dict:
+    """The environment under which a spawned process imports the vLLM stand-in as `vllm`."""
+    pkg = tmp_path / "shim" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import fake_vllm\n__version__ = 'fake'\n"
+                                     "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
+    (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "shim"), str(TESTS), str(ROOT)])}
+
+
+def _cli(*args: str, env: dict, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "batchocr.cli", *args], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _rows(out: Path) -> list[dict]:
+    return read_table(out).to_pylist()
+
+
+def test_two_parts_give_every_page_one_row_and_the_text_of_one_process(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, n in ((one, "1"), (two, "2")):
+        proc = _cli("run", str(SAMPLES), str(out), "--engine", "textlayer", "--processes", n, "-q", env={})
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    rows = _rows(two)
+    keys = Counter((r["doc_id"], r["page_index"]) for r in rows)
+    assert len(rows) == TOTAL and set(keys.values()) == {1}
+    assert {k: r["text"] for r in _rows(one) for k in [(r["doc_id"], r["page_index"])]} == \
+           {k: r["text"] for r in rows for k in [(r["doc_id"], r["page_index"])]}
+    records = [json.loads(p.read_text()) for p in (two / "_runs").glob("*.json")]
+    assert len(records) == 2 and {r["status"] for r in records} == {"done"}
+    assert {r["run_id"] for r in records} == {r["run_id"] for r in rows}  # each part wrote its own pages
+    assert [r["accelerator"]["count"] for r in records] == [0.5, 0.5]  # the machine counted once
+    marker = json.loads((two / "_done" / "shard-00000.json").read_text())
+    assert marker["pages"] == TOTAL and marker["documents"] == len(sample_documents())
+    assert sorted(marker["run_ids"]) == sorted(r["run_id"] for r in records)
+    # A rerun over a done shard starts no part (no engine loads); one over a shard with a
+    # part file lost deals only its documents: the work is dealt, not the listing.
+    again = _cli("run", str(SAMPLES), str(two), "--engine", "textlayer", "--processes", "2", "-q", env={})
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0 and out.startswith("batchocr: shard 0/1: nothing to do (5 documents already done)")
+    assert len(list((two / "_runs").glob("*.json"))) == 2
+    lost = sorted((two / "pages").glob("**/*.parquet"))[0]
+    gone = {r["doc_id"] for r in pq.read_table(lost).to_pylist()}
+    lost.unlink()
+    again = _cli("run", str(SAMPLES), str(two), "--engine", "textlayer", "--processes", "2", "-q", env={})
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    new = [json.loads(p.read_text()) for p in (two / "_runs").glob("*.json")]
+    later = [r for r in new if r["run_id"] not in {r["run_id"] for r in records}]
+    assert sum(r["counts"]["documents"] for r in later) == len(gone) and len(later) == min(2, len(gone))
+    assert {r["accelerator"]["count"] for r in later} == {1 / len(later)}  # one part alone holds the machine
+    rows = _rows(two)
+    assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
+
+
+def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory_each(tmp_path):
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")}
+    out = tmp_path / "out"
+    proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+                "--processes", "2", "-q", env=env)
+    stdout, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    builds = sorted((json.loads(x) for x in (tmp_path / "builds.jsonl").read_text().splitlines()),
+                    key=lambda b: b["t0"])
+    assert len(builds) == 2 and builds[0]["pid"] != builds[1]["pid"]
+    assert builds[1]["t0"] >= builds[0]["t1"], builds  # the second waits for the first: no overlap
+    assert [b["gpu_memory_utilization"] for b in builds] == [0.45, 0.45]  # 0.9 shared
+    rows = _rows(out)
+    assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
+    assert {r["engine"] for r in rows} == {"vllm"} and all(r["output_tokens"] > 0 for r in rows)
+    assert stdout.startswith(f"batchocr: done: {len(sample_documents())} documents, {TOTAL} pages") and "(runs " in stdout
+
+
+def _wait_for_parts(out: Path, deadline_s: float = 60) -> None:
+    """Until both parts have committed a page (a part file's name holds its run id)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if len({p.name.rsplit("-", 1)[0] for p in out.glob("pages/**/*.parquet")}) >= 2:
+            return
+        time.sleep(0.05)
+    raise AssertionError("not both parts committed a page")
+
+
+def _copies(tmp_path: Path, n: int = 3) -> tuple[Path, int]:
+    """The samples n times over, under other names: documents enough for two parts to be busy."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(n):
+        for doc in sample_documents():
+            (src / f"{k}-{doc.name}").write_bytes(doc.read_bytes())
+    return src, n * TOTAL
+
+
+def _part_pids(parent: int) -> list[int]:
+    import psutil
+
+    return [c.pid for c in psutil.Process(parent).children() if "spawn_main" in " ".join(c.cmdline())
+            and "resource_tracker" not in " ".join(c.cmdline())]
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill_one_part"])
+def test_a_stopped_or_broken_part_ends_the_run_in_one_line_and_the_rerun_completes_once(tmp_path, how):
+    """SIGTERM to the parent (an eviction: Kubernetes signals the container's first process)
+    reaches every part: each commits what finished, exit 75. A part killed outright (out of
+    memory) stops the others: exit 1, one line. Either way the rerun completes every page once."""
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_STEP_S": "0.05"}
+    src, total = _copies(tmp_path)
+    out, job = tmp_path / "out", tmp_path / "job.yaml"
+    job.write_text("commit:\n  every_pages: 1\n")
+    args = ("run", str(src), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+            "--job", str(job), "--processes", "2", "-q")
+    proc = _cli(*args, env=env)
+    _wait_for_parts(out)
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.kill(_part_pids(proc.pid)[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    if how == "sigterm":
+        assert proc.returncode == 75, err
+        assert lines[-1].startswith("Error: batchocr: interrupted after") and "2 parts" in lines[-1], err
+        records = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+        assert sorted(r["status"] for r in records) == ["interrupted", "interrupted"]
+    else:
+        assert proc.returncode == 1, err
+        assert lines == [lines[-1]] and "its process died (exit code -9)" in lines[-1], err
+    assert "Traceback" not in err
+    kept = _rows(out)
+    assert 0 < len(kept) < total and not (out / "_done").exists()
+    assert max(Counter((r["doc_id"], r["page_index"]) for r in kept).values()) == 1
+    rerun = _cli(*args, env=env)
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    rows = _rows(out)
+    assert len(rows) == total and len({(r["doc_id"], r["page_index"]) for r in rows}) == total
+    assert json.loads((out / "_done" / "shard-00000.json").read_text())["pages"] == total
+
+
+def test_processes_out_of_range_is_exit_2_naming_the_key(tmp_path):
+    from conftest import run_cli
+
+    proc = run_cli("run", str(SAMPLES), str(tmp_path / "out"), "--processes", "0")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "Error: configuration: processes: got 0, expected greater than or equal to 1"], proc.stderr
