@@ -168,3 +168,20 @@ def test_profile_traces_every_engine_b_builds(tmp_path):
     traces = r["profile_summary"]
     assert len(traces) == 2 and len({t["file"] for t in traces}) == 2
     assert all(t["ms_by_category"] == {"cpu_op": 1.0} for t in traces)
+
+
+def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
+    """bench/gpu/processes.py on the CPU (the vLLM stand-in): `batchocr run --processes 2`
+    against 1 over the same pages, every page exactly --max-tokens tokens, one attempt."""
+    out = tmp_path / "p.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "32",
+                           "--per-doc", "8", "--max-tokens", "12", "--work", str(tmp_path / "w"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    one, two = report["runs"]["1"], report["runs"]["2"]
+    assert one["rc"] == two["rc"] == 0, (one["stderr_tail"], two["stderr_tail"])
+    assert report["equal_work"]["equal"] and one["rows"] == two["rows"] == one["unique_pages"] == 32
+    assert one["output_tokens"] == two["output_tokens"] == 32 * 12 and one["attempts"] == {"1": 32}
+    assert len(two["runs"]) == 2 and {r["accelerator"]["count"] for r in two["runs"]} == {0.5}
+    assert report["ratio_2/1"] == round(one["wall_s"] / two["wall_s"], 3)

@@ -32,6 +32,7 @@ summary() {
     echo "== $(basename "$f")"
     case $(basename "$f") in
       route-*) grep -E '^\[|^ +[0-9]+ +(auto|model)' "$f" | cut -c1-330; tail -6 "$f" | cut -c1-400 ;;
+      uocr-processes*) grep -E '^[0-9]+ \{|^\{' "$f" | cut -c1-400; tail -2 "$f" | cut -c1-300 ;;
       uocr-check*) grep -E '"(image_tokens|expected_image_tokens|failures)"' "$f" | head -12; tail -3 "$f" ;;
       *) grep -E '^(a_|a0_|b_|c_|kv |\{)| child ' "$f" | cut -c1-330; tail -2 "$f" | cut -c1-300 ;;
     esac

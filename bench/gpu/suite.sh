@@ -27,7 +27,7 @@
 # several waves of groups), uocr-rswa-check, uocr-tiles and uocr-tiles-doc (R-SWA's attention over the
 # tiles it sees), uocr-decode (page b against rswa_tiles, the sampler's bans on V2 with the batched encoder
 # and two engine processes, one run), uocr-goal (4,096 pages: b against two engine processes and instances 2),
-# uocr-inst2 (b against instances 2 at 2,048 pages);
+# uocr-inst2 (b against instances 2 at 2,048 pages), uocr-processes (batchocr run --processes 2 against 1);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
@@ -99,7 +99,7 @@ uocr_v2() {  # NAME ARGS...: uocr, and once more with piecewise graphs where it 
 py() {  # NAME SCRIPT ARGS...: a script's run, its JSON and log
   local name=$1; shift
   echo "$(date +%T) start $name" >>"$RES/suite.log"
-  timeout 600 python3 "$@" --json "$RES/$name.json" >"$RES/$name.log" 2>&1
+  timeout "${PY_TIMEOUT:-600}" python3 "$@" --json "$RES/$name.json" >"$RES/$name.log" 2>&1
   local rc=$?  # before $(date) sets its own
   echo "$(date +%T) end $name rc=$rc" >>"$RES/suite.log"
 }
@@ -244,6 +244,10 @@ run() {  # one named run of the suite
     # 2,048 pages, to fit what device time a session has left (~11 min)
     uocr-inst2) TP_TIMEOUT=1100 uocr uocr-inst2 --pages 2048 --modes b --variant "inst2=--instances 2" ;;
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
+    # batchocr run --processes 2 against 1, the whole command at equal work (bench/gpu/processes.py):
+    # the product form of uocr-goal's engines2 (~17 min: two loads, 4,096 pages twice)
+    uocr-processes) PY_TIMEOUT=1700 py uocr-processes bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
+                      --pages 4096 --timeout 900 ${PROC_ARGS:-} ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;

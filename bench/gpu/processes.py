@@ -1,0 +1,139 @@
+"""`batchocr run --processes N` against N = 1 on one GPU, at equal work: the whole command
+(listing, render pools, engines, part files), Unlimited-OCR's layout with random weights.
+
+    python bench/gpu/processes.py --models /tmp/models --work /tmp/proc --json $OUT/processes.json
+    python bench/gpu/processes.py --fake --pages 64 --max-tokens 16 --work /tmp/procdry   # a dry run on the CPU
+
+Every page generates exactly --max-tokens tokens (ignore_eos; the repetition guard out of
+reach, one attempt), so each N does the same work: the same pages, the same prompt and
+output tokens, one attempt each; the JSON records them and says whether they are equal.
+Two figures a run: the command's wall time (the engines' loads included: N > 1 builds
+its engines one after the other) and its rows' span (first committed row to last), each
+as pages/s and as a ratio against N = 1 of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def job(path: Path, src: Path, out: Path, model: str, args) -> Path:
+    attention = "" if args.fake else "    engine_args: {attention_config: {backend: TRITON_ATTN}}\n"  # the kit's R-SWA
+    path.write_text(
+        f"source: {src}\nout: {out}\nengine: vllm\nroute: model\n"  # born-digital pages: the model reads them all
+        f"engines:\n  vllm:\n    model: {model}\n    preset: unlimited-ocr\n    load_format: dummy\n"
+        f"    ignore_eos: true\n    max_tokens: {args.max_tokens}\n    max_attempts: 1\n"
+        f"    repetition_span: 1000000\n    repetition_max_period: 1\n"  # never reached: random weights loop
+        f"    gpu_memory_utilization: {args.gpu_memory_utilization}\n{attention}"
+        f"commit: {{every_pages: 256, every_seconds: 30}}\n"
+    )
+    return path
+
+
+def stand_in(work: Path) -> str:
+    """A `vllm` package on the path that is tests/fake_vllm.py (for --fake)."""
+    pkg = work / "shim" / "vllm"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("import fake_vllm\n__version__ = 'fake'\n"
+                                     "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
+    (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
+    return str(work / "shim")
+
+
+def work_of(out: Path) -> dict:
+    """What a run did, from its table and run records."""
+    table = pq.read_table(out / "pages", partitioning=None)
+    rows = table.to_pylist()
+    at = sorted(r["processed_at"] for r in rows)
+    records = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    attempts: dict[str, int] = {}
+    for r in rows:
+        attempts[str(r["attempts"])] = attempts.get(str(r["attempts"]), 0) + 1
+    return {
+        "rows": len(rows), "unique_pages": len({(r["doc_id"], r["page_index"]) for r in rows}),
+        "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
+        "output_tokens": sum(r["output_tokens"] or 0 for r in rows),
+        "attempts": attempts, "finish_reasons": sorted({r["finish_reason"] for r in rows}),
+        "first_error": next((r["error_message"] for r in rows if r["error_message"]), None),
+        "rows_span_s": (at[-1] - at[0]).total_seconds() if at else None,
+        "runs": [{k: r.get(k) for k in ("run_id", "status", "timings", "accelerator")} for r in records],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", type=Path, default=Path("/tmp/models"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/proc"))
+    ap.add_argument("--pages", type=int, default=4096)
+    ap.add_argument("--per-doc", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=1000)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--processes", default="1,2", help="the N to run, in order; the first is the baseline")
+    ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
+    ap.add_argument("--fake", action="store_true", help="tests/fake_vllm.py for vLLM (a dry run on the CPU)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    from e2e import a4_documents
+
+    src = args.work / "src"
+    if not src.exists():
+        a4_documents(src, [args.per_doc] * (args.pages // args.per_doc))
+    pages = (args.pages // args.per_doc) * args.per_doc
+    path = [str(ROOT)] + ([stand_in(args.work), str(ROOT / "tests")] if args.fake else []) + [os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    model = "fake-model" if args.fake else str(args.models / "unlimited-ocr")
+    report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "pages": pages,
+                    "started": dt.datetime.now(dt.UTC).isoformat(), "runs": {}}
+
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2, default=str))
+
+    for n in [int(x) for x in args.processes.split(",")]:
+        out = args.work / f"out-{n}"
+        spec = job(args.work / f"job-{n}.yaml", src, out, model, args)
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", "--job", str(spec), "--processes", str(n),
+                               "--quiet"], capture_output=True, text=True, env=env, timeout=args.timeout)
+        wall = time.monotonic() - t0
+        rec = {"rc": proc.returncode, "wall_s": round(wall, 2), "stdout": proc.stdout.strip()[-400:],
+               "stderr_tail": proc.stderr.strip()[-1500:]}
+        if proc.returncode == 0:
+            rec |= work_of(out)
+            rec["pages_per_s"] = round(pages / wall, 3)
+            rec["rows_pages_per_s"] = round(pages / rec["rows_span_s"], 3) if rec["rows_span_s"] else None
+            rec["output_tokens_per_s"] = round(rec["output_tokens"] / wall, 1)
+        report["runs"][str(n)] = rec
+        print(n, json.dumps({k: v for k, v in rec.items() if k not in ("runs", "stderr_tail")}), flush=True)
+        save()
+    done = {n: r for n, r in report["runs"].items() if r["rc"] == 0}
+    if len(done) > 1:
+        base_n = next(iter(done))
+        base = done[base_n]
+        keys = ("rows", "unique_pages", "prompt_tokens", "output_tokens", "attempts")
+        report["equal_work"] = {"equal": all(all(r[k] == base[k] for k in keys) for r in done.values()),
+                                **{k: {n: r[k] for n, r in done.items()} for k in keys}}
+        for n, r in done.items():
+            if n != base_n:
+                report[f"ratio_{n}/{base_n}"] = round(base["wall_s"] / r["wall_s"], 3)
+                if r["rows_span_s"] and base["rows_span_s"]:
+                    report[f"rows_ratio_{n}/{base_n}"] = round(base["rows_span_s"] / r["rows_span_s"], 3)
+        print({k: v for k, v in report.items() if k.startswith(("ratio", "rows_ratio", "equal"))}, flush=True)
+    save()
+
+
+if __name__ == "__main__":
+    main()
