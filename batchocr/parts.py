@@ -114,7 +114,8 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
     for j in range(n):
         part = Part(j, n, dealt[j], built[j - 1] if j else None, built[j])
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_part_main, args=(one, part, progress, send), name=f"batchocr-part-{j + 1}")
+        p = ctx.Process(target=_part_main, args=(one, part, progress, send, os.getpid()),
+                        name=f"batchocr-part-{j + 1}")
         p.start()
         send.close()
         procs.append(p)
@@ -188,9 +189,14 @@ def _error(name: str, message: str, code: int) -> BatchocrError:
     return exc
 
 
-def _part_main(spec: JobSpec, part: Part, progress: bool, conn) -> None:
-    """A part's process: run_job over its share; its summary, or its error, to the parent."""
+def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int) -> None:
+    """A part's process: run_job over its share; its summary, or its error, to the parent.
+    It dies with the parent (kill -9 of the run must not leave parts writing on, to meet a
+    rerun's parts over the same pages), as render workers do."""
     from batchocr import pipeline
+    from batchocr.renderworker import die_with_parent
+
+    die_with_parent(parent_pid)
 
     code = errors.EXIT_OK
     try:

@@ -147,6 +147,32 @@ def _part_pids(parent: int) -> list[int]:
             and "resource_tracker" not in " ".join(c.cmdline())]
 
 
+def test_the_parts_die_with_the_run(tmp_path):
+    """kill -9 of the run's process: its parts go too (none writes on to meet a rerun's)."""
+    import psutil
+
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_STEP_S": "0.5"}  # a run of minutes: only a kill ends it soon
+    src, _ = _copies(tmp_path)
+    out = tmp_path / "out"
+    log = open(tmp_path / "run.log", "w")  # a file, as a pod's log is (not a pipe someone reads)
+    proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(out), "--engine", "vllm",
+                             "--model", "fake-model", "--route", "model", "--processes", "2", "-q"],
+                            env={**os.environ, **env}, stdout=log, stderr=log)
+    deadline = time.monotonic() + 60
+    while len(_part_pids(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    parts = [psutil.Process(p) for p in _part_pids(proc.pid)]
+    assert len(parts) == 2
+    time.sleep(2)  # both at work
+    proc.kill()
+    proc.wait(timeout=60)
+    log.close()
+    gone, alive = psutil.wait_procs(parts, timeout=5)
+    for p in alive:
+        p.kill()
+    assert not alive, [p.pid for p in alive]
+
+
 @pytest.mark.parametrize("how", ["sigterm", "sigkill_one_part"])
 def test_a_stopped_or_broken_part_ends_the_run_in_one_line_and_the_rerun_completes_once(tmp_path, how):
     """SIGTERM to the parent (an eviction: Kubernetes signals the container's first process)
