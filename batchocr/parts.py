@@ -152,7 +152,8 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
                 if results[j][0] == "error":
                     stop_parts()  # the others commit what finished and stop: the run ends with this one's error
     finally:
-        stop_parts() if len(results) < n else None
+        if len(results) < n:  # the parent's own failure (a bug, a second Ctrl-C): the parts stop too
+            stop_parts()
         for p in procs:
             p.join(STOP_S)
             if p.is_alive():
@@ -167,8 +168,9 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
         _, name, message, code = failed[0]
         raise _error(name, message, code)
     summaries = [results[j][1] for j in range(n)]
-    summary = pipeline.RunSummary(run_id=", ".join(s["run_id"] for s in summaries), shard=str(spec.shard),
-                                  out=spec.out, seconds=time.monotonic() - started,
+    run_ids = [s["run_id"] for s in summaries if s["run_id"]]  # none: interrupted before its engine
+    summary = pipeline.RunSummary(run_id=", ".join(run_ids), shard=str(spec.shard), out=spec.out,
+                                  seconds=time.monotonic() - started,
                                   interrupted=any(r[0] == "interrupted" for r in results.values()))
     summary.documents_skipped = finished  # done before this run: no part saw them
     for s in summaries:
@@ -177,7 +179,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
     if summary.interrupted:
         raise Interrupted(summary.line() + f" ({plural(n, 'part')}; finished pages committed; rerun to resume)")
     pipeline.mark_done(out, spec.shard, summary.documents + summary.documents_skipped,
-                       {"run_ids": [s["run_id"] for s in summaries], "seconds": round(summary.seconds, 3),
+                       {"run_ids": run_ids, "seconds": round(summary.seconds, 3),
                         "pages": summary.pages}, settings)
     return summary
 
@@ -225,4 +227,3 @@ def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int)
             except (OSError, ValueError):
                 pass
     os._exit(code)  # as the console script does (batchocr.cli.entry): no interpreter teardown
-

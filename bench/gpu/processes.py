@@ -92,7 +92,8 @@ def main() -> None:
     if not src.exists():
         a4_documents(src, [args.per_doc] * (args.pages // args.per_doc))
     pages = (args.pages // args.per_doc) * args.per_doc
-    path = [str(ROOT)] + ([stand_in(args.work), str(ROOT / "tests")] if args.fake else []) + [os.environ.get("PYTHONPATH", "")]
+    fake = [stand_in(args.work), str(ROOT / "tests")] if args.fake else []
+    path = [str(ROOT), *fake, os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     model = "fake-model" if args.fake else str(args.models / "unlimited-ocr")
     report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "pages": pages,
