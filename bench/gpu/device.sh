@@ -12,7 +12,11 @@
 # Wheels too large to travel with the last chunk (polars' runtime, for bench/route.py) can come in
 # a call of their own into /tmp/whl: they are installed with .whl/'s.
 #
-# Each call must come within 30 s of the last (the machine goes back when idle).
+# Each call must come within 30 s of the last (the machine goes back when idle): make them all in
+# one batch of tool calls (copies, start, then the waits), so that nothing comes between them; twice a
+# machine was lost to a pause between separate calls (docs/GPU.md, eighth and ninth leases). The start
+# call refuses to go on with a part of the kit missing ("kit incomplete"): a machine that went back
+# between the copies is a fresh one.
 set -u
 RES=${RES:-/tmp/res}
 REPO=/tmp/repo
@@ -42,6 +46,11 @@ summary() {
 case "${1:-}" in
   start)
     set -e
+    parts=$(sed -n 's/^parts=//p' /tmp/kit/MANIFEST 2>/dev/null)
+    for i in $(seq 0 $(( ${parts:-1} - 1 ))); do
+      f=$(printf '/tmp/kit/part.%02d' "$i")
+      [ -f "$f" ] || { echo "kit incomplete: no $f (the machine went back between the copies?)"; exit 3; }
+    done
     bash /tmp/kit/device_install.sh /tmp/kit /tmp/site >/tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl $(ls /tmp/whl/*.whl 2>/dev/null)
     rm -rf "$REPO" && mkdir -p "$REPO" && cp -r batchocr bench tests "$REPO"/  # a copy the next call cannot touch
