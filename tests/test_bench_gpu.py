@@ -185,3 +185,5 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert one["output_tokens"] == two["output_tokens"] == 32 * 12 and one["attempts"] == {"1": 32}
     assert len(two["runs"]) == 2 and {r["accelerator"]["count"] for r in two["runs"]} == {0.5}
     assert report["ratio_2/1"] == round(one["wall_s"] / two["wall_s"], 3)
+    assert report["steady_ratio_2/1"] == round(two["steady_pages_per_s"] / one["steady_pages_per_s"], 3)
+    assert one["host_rss_peak_gb"] > 0.05 and two["host_rss_peak_gb"] > one["host_rss_peak_gb"] * 1.2  # two parts

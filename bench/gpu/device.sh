@@ -36,7 +36,16 @@ summary() {
     echo "== $(basename "$f")"
     case $(basename "$f") in
       route-*) grep -E '^\[|^ +[0-9]+ +(auto|model)' "$f" | cut -c1-330; tail -6 "$f" | cut -c1-400 ;;
-      uocr-processes*) grep -E '^[0-9]+ \{|^\{' "$f" | cut -c1-400; tail -2 "$f" | cut -c1-300 ;;
+      uocr-processes*) python3 - "${f%.log}.json" <<'PY' 2>&1 || tail -3 "$f" | cut -c1-300
+import json, sys
+r = json.load(open(sys.argv[1]))
+keep = ("rc", "wall_s", "rows", "output_tokens", "attempts", "pages_per_s", "rows_pages_per_s", "steady_pages_per_s",
+        "output_tokens_per_s", "gpu_busy_pct_rows", "gpu_busy_pct_steady", "host_rss_peak_gb")
+for n, run in r["runs"].items():
+    print(n, {k: run.get(k) for k in keep}, (run.get("stderr_tail") or "")[-200:] if run["rc"] else "")
+print({k: v for k, v in r.items() if k.startswith(("ratio", "rows_ratio", "steady_ratio"))}, r.get("equal_work", {}).get("equal"))
+PY
+        ;;
       uocr-check*) grep -E '"(image_tokens|expected_image_tokens|failures)"' "$f" | head -12; tail -3 "$f" ;;
       *) grep -E '^(a_|a0_|b_|c_|kv |\{)| child ' "$f" | cut -c1-330; tail -2 "$f" | cut -c1-300 ;;
     esac

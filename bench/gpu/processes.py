@@ -7,9 +7,11 @@
 Every page generates exactly --max-tokens tokens (ignore_eos; the repetition guard out of
 reach, one attempt), so each N does the same work: the same pages, the same prompt and
 output tokens, one attempt each; the JSON records them and says whether they are equal.
-Two figures a run: the command's wall time (the engines' loads included: N > 1 builds
-its engines one after the other) and its rows' span (first committed row to last), each
-as pages/s and as a ratio against N = 1 of the same run.
+Three figures a run, each as pages/s and as a ratio against the first N of the same run:
+the command's wall time (the engines' loads included: N > 1 builds its engines one after
+the other), its rows' span (first committed row to last), and its steady window (the 20th
+to the 80th percentile row). With them the GPU busy (NVML, every 100 ms) over the span and
+the window, and the host memory peak of the whole process tree.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ def stand_in(work: Path) -> str:
     return str(work / "shim")
 
 
-def work_of(out: Path) -> dict:
-    """What a run did, from its table and run records."""
+def work_of(out: Path, sampler=None, clock: float = 0.0) -> dict:
+    """What a run did, from its table and run records; with a sampler (throughput.Sampler),
+    the GPU busy and host memory over the rows' span and their steady window (the 20th to the
+    80th percentile finish). clock: time.time() - time.monotonic() when the run started."""
     table = pq.read_table(out / "pages", partitioning=None)
     rows = table.to_pylist()
     at = sorted(r["processed_at"] for r in rows)
@@ -70,7 +74,21 @@ def work_of(out: Path) -> dict:
         "first_error": next((r["error_message"] for r in rows if r["error_message"]), None),
         "rows_span_s": (at[-1] - at[0]).total_seconds() if at else None,
         "runs": [{k: r.get(k) for k in ("run_id", "status", "timings", "accelerator")} for r in records],
+        **(window_of(at, sampler, clock) if at else {}),
     }
+
+
+def window_of(at: list, sampler, clock: float) -> dict:
+    """Pages/s between the 20th and 80th percentile finish, and what the sampler saw then."""
+    t = [a.timestamp() - clock for a in at]  # on the monotonic clock
+    i, j = int(len(t) * 0.2), int(len(t) * 0.8)
+    out: dict = {"steady_pages_per_s": round((j - i) / (t[j] - t[i]), 3) if t[j] > t[i] else None}
+    if sampler is not None:
+        out |= {"gpu_busy_pct_rows": sampler.gpu_between(t[0], t[-1]),
+                "gpu_busy_pct_steady": sampler.gpu_between(t[i], t[j]),
+                "host_rss_peak_gb": sampler.rss_peak(t[0] - 3600, t[-1] + 5).get("all"),
+                "cpu_cores_steady": sampler.cpu_between(t[i], t[j])}
+    return out
 
 
 def main() -> None:
@@ -106,14 +124,21 @@ def main() -> None:
     for n in [int(x) for x in args.processes.split(",")]:
         out = args.work / f"out-{n}"
         spec = job(args.work / f"job-{n}.yaml", src, out, model, args)
+        from throughput import Sampler
+
+        sampler = Sampler()  # GPU busy (NVML) and this process's tree: the run and its parts
+        sampler.start()
+        clock = time.time() - time.monotonic()
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", "--job", str(spec), "--processes", str(n),
                                "--quiet"], capture_output=True, text=True, env=env, timeout=args.timeout)
         wall = time.monotonic() - t0
+        sampler.running = False
+        sampler.join()
         rec = {"rc": proc.returncode, "wall_s": round(wall, 2), "stdout": proc.stdout.strip()[-400:],
                "stderr_tail": proc.stderr.strip()[-1500:]}
         if proc.returncode == 0:
-            rec |= work_of(out)
+            rec |= work_of(out, sampler, clock)
             rec["pages_per_s"] = round(pages / wall, 3)
             rec["rows_pages_per_s"] = round(pages / rec["rows_span_s"], 3) if rec["rows_span_s"] else None
             rec["output_tokens_per_s"] = round(rec["output_tokens"] / wall, 1)
@@ -132,7 +157,9 @@ def main() -> None:
                 report[f"ratio_{n}/{base_n}"] = round(base["wall_s"] / r["wall_s"], 3)
                 if r["rows_span_s"] and base["rows_span_s"]:
                     report[f"rows_ratio_{n}/{base_n}"] = round(base["rows_span_s"] / r["rows_span_s"], 3)
-        print({k: v for k, v in report.items() if k.startswith(("ratio", "rows_ratio", "equal"))}, flush=True)
+                if r.get("steady_pages_per_s") and base.get("steady_pages_per_s"):
+                    report[f"steady_ratio_{n}/{base_n}"] = round(r["steady_pages_per_s"] / base["steady_pages_per_s"], 3)
+        print({k: v for k, v in report.items() if k.startswith(("ratio", "rows_ratio", "steady_ratio", "equal"))}, flush=True)
     save()
 
 
