@@ -47,7 +47,7 @@ def test_batch_encoder_unset_is_the_preset_s_on_only_where_measured():
         return VLLMOptions(model="/m", preset=preset, **options).llm_args(get_preset(preset)).get("worker_extension_cls")
 
     assert extension("unlimited-ocr", rswa_tiles=False) == deepencoder.EXTENSION
-    assert extension("unlimited-ocr", mode="document") == deepencoder.EXTENSION  # rswa_tiles: page mode's
+    assert extension("unlimited-ocr", mode="document", rswa_tiles=False) == deepencoder.EXTENSION
     assert extension("unlimited-ocr", ngram_bans="sampler", rswa_tiles=False) == deepencoder.WITH_SAMPLER
     assert extension("unlimited-ocr", batch_encoder=False, rswa_tiles=False) is None
     assert extension("deepseek-ocr") is None and extension("deepseek-ocr", batch_encoder=True) == deepencoder.EXTENSION

@@ -104,10 +104,10 @@ def test_a_vllm_whose_kernel_moved_stops_the_run_naming_the_key_before_vllm_star
     VLLMOptions(model="/m", preset="unlimited-ocr", rswa_tiles=True).check_patches()
 
 
-def test_rswa_tiles_unset_is_the_preset_s_in_page_mode_and_only_with_the_kernel_it_rewrites(
+def test_rswa_tiles_unset_is_the_preset_s_in_both_modes_and_only_with_the_kernel_it_rewrites(
         tmp_path, monkeypatch, caplog):
-    """Unset: on for unlimited-ocr in page mode (it won on the H200 at equal work, docs/GPU.md seventh
-    lease); off in document mode (not measured there). A vLLM whose kernel moved runs its own kernel
+    """Unset: on for unlimited-ocr in both modes (each won on the H200 at equal work, docs/GPU.md:
+    page mode in the seventh lease, document mode in the tenth). A vLLM whose kernel moved runs its own kernel
     with one warning: a default never stops a run; asked for, it is exit 2 (the test above)."""
     p = get_preset("unlimited-ocr")
 
@@ -117,8 +117,8 @@ def test_rswa_tiles_unset_is_the_preset_s_in_page_mode_and_only_with_the_kernel_
     monkeypatch.setattr(rswa_tiles, "kernel_file", lambda: KERNEL)  # vLLM 0.26.0's kernel
     assert ext() == "batchocr.rswa_tiles.RswaTilesEncoderExtension"
     assert ext(batch_encoder=False) == "batchocr.rswa_tiles.RswaTilesExtension"
-    assert ext(mode="document") == deepencoder.EXTENSION
-    assert ext(mode="document", rswa_tiles=True) == "batchocr.rswa_tiles.RswaTilesEncoderExtension"
+    assert ext(mode="document") == "batchocr.rswa_tiles.RswaTilesEncoderExtension"
+    assert ext(mode="document", rswa_tiles=False) == deepencoder.EXTENSION
     assert get_preset("deepseek-ocr").rswa_tiles is False and VLLMOptions(model="/m", preset="deepseek-ocr").llm_args(
         get_preset("deepseek-ocr")).get("worker_extension_cls") is None
     with caplog.at_level("WARNING", logger="batchocr.engines.vllm"):
@@ -130,9 +130,10 @@ def test_rswa_tiles_unset_is_the_preset_s_in_page_mode_and_only_with_the_kernel_
     assert ext() == deepencoder.EXTENSION  # vLLM's own kernel, the batched encoder still
     with caplog.at_level("WARNING", logger="batchocr.engines.vllm"):
         VLLMOptions(model="/m", preset="unlimited-ocr").check_patches()  # no ConfigError
-        VLLMOptions(model="/m", preset="unlimited-ocr", mode="document").check_patches()  # not on there: no word
+        VLLMOptions(model="/m", preset="unlimited-ocr", mode="document").check_patches()  # its default too
+        VLLMOptions(model="/m", preset="unlimited-ocr", rswa_tiles=False).check_patches()  # off: no word
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
-        "engines.vllm.rswa_tiles: the preset's default is off for this vLLM"]
+        "engines.vllm.rswa_tiles: the preset's default is off for this vLLM"] * 2
 
 
 def test_the_kernel_is_found_where_vllm_keeps_it(tmp_path):

@@ -67,7 +67,7 @@ class Preset:
     # engines.vllm.batch_encoder where the user sets none (unlimited-ocr, deepseek-ocr only):
     # batchocr.deepencoder's encoder over a step's pages at once. Set from GPU runs at equal work.
     batch_encoder: bool = False
-    # engines.vllm.rswa_tiles where the user sets none, in page mode (unlimited-ocr only):
+    # engines.vllm.rswa_tiles where the user sets none, in either mode (unlimited-ocr only):
     # batchocr.rswa_tiles' attention over the KV tiles R-SWA can see. Set from GPU runs at equal work.
     rswa_tiles: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
