@@ -178,10 +178,12 @@ def test_a_stopped_or_broken_part_ends_the_run_in_one_line_and_the_rerun_complet
     """SIGTERM to the parent (an eviction: Kubernetes signals the container's first process)
     reaches every part: each commits what finished, exit 75. A part killed outright (out of
     memory) stops the others: exit 1, one line. Either way the rerun completes every page once."""
-    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_STEP_S": "0.05"}
+    # Two sequences at a time, 0.1 s a step: a part takes ~6 s, so one that starts late (a
+    # loaded machine) still finds the other at work when both have committed a page.
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_STEP_S": "0.1"}
     src, total = _copies(tmp_path)
     out, job = tmp_path / "out", tmp_path / "job.yaml"
-    job.write_text("commit:\n  every_pages: 1\n")
+    job.write_text("commit:\n  every_pages: 1\nengines:\n  vllm:\n    max_num_seqs: 2\n")
     args = ("run", str(src), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
             "--job", str(job), "--processes", "2", "-q")
     proc = _cli(*args, env=env)
