@@ -4,9 +4,13 @@
     python bench/gpu/processes.py --models /tmp/models --work /tmp/proc --json $OUT/processes.json
     python bench/gpu/processes.py --fake --pages 64 --max-tokens 16 --work /tmp/procdry   # a dry run on the CPU
 
-Every page generates exactly --max-tokens tokens (ignore_eos; the repetition guard out of
-reach, one attempt), so each N does the same work: the same pages, the same prompt and
-output tokens, one attempt each; the JSON records them and says whether they are equal.
+Every page generates exactly its length (ignore_eos; the repetition guard out of reach, one
+attempt): --lengths A, --max-tokens for every page; B, throughput.py's lognormal (sigma 1,
+mean ~1000, clipped to [50, 4000]) drawn from a hash of the page's doc_id and index, set by
+a `sitecustomize` on the runs' path that wraps VLLMEngine.sampling in every process (the
+parts are processes of their own). So each N does the same work: the same pages, the same
+prompt and output tokens, one attempt each; the JSON records them and says whether they
+are equal.
 Three figures a run, each as pages/s and as a ratio against the first N of the same run:
 the command's wall time (the engines' loads included: N > 1 builds its engines one after
 the other), its rows' span (first committed row to last), and its steady window (the 20th
@@ -43,6 +47,52 @@ def job(path: Path, src: Path, out: Path, model: str, args) -> Path:
         f"commit: {{every_pages: 256, every_seconds: 30}}\n"
     )
     return path
+
+
+LENGTHS = '''"""bench/gpu/processes.py --lengths B: each page's output length, in every process."""
+import importlib.abc
+import importlib.util
+import sys
+
+
+class _Lengths(importlib.abc.MetaPathFinder):
+    """Wraps batchocr.engines.vllm.VLLMEngine.sampling once that module is imported."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "batchocr.engines.vllm":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            sys.path.insert(0, {gpu!r})
+            from throughput import length_of
+
+            sampling = module.VLLMEngine.sampling
+
+            def with_lengths(self, request):
+                sp = sampling(self, request)
+                sp.max_tokens = sum(length_of(f"{{p.doc_id}}/{{p.page_index}}", "B", 0) for p in request.pages)
+                return sp
+
+            module.VLLMEngine.sampling = with_lengths
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Lengths())
+'''
+
+
+def lengths_shim(work: Path) -> str:
+    """A folder whose sitecustomize.py gives each page its lognormal length (--lengths B)."""
+    d = work / "lengths"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "sitecustomize.py").write_text(LENGTHS.format(gpu=str(Path(__file__).parent)))
+    return str(d)
 
 
 def stand_in(work: Path) -> str:
@@ -97,7 +147,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/proc"))
     ap.add_argument("--pages", type=int, default=4096)
     ap.add_argument("--per-doc", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=1000)
+    ap.add_argument("--max-tokens", type=int, default=1000, help="--lengths A: every page's length")
+    ap.add_argument("--lengths", choices=["A", "B"], default="A",
+                    help="A: --max-tokens a page; B: lognormal, mean ~1000, in [50, 4000] (throughput.py's)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--processes", default="1,2", help="the N to run, in order; the first is the baseline")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
@@ -111,7 +163,10 @@ def main() -> None:
         a4_documents(src, [args.per_doc] * (args.pages // args.per_doc))
     pages = (args.pages // args.per_doc) * args.per_doc
     fake = [stand_in(args.work), str(ROOT / "tests")] if args.fake else []
-    path = [str(ROOT), *fake, os.environ.get("PYTHONPATH", "")]
+    shim = [lengths_shim(args.work)] if args.lengths == "B" else []
+    if args.lengths == "B":
+        args.max_tokens = 4000  # the job's budget: the longest page (the shim sets each page's)
+    path = [*shim, str(ROOT), *fake, os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     model = "fake-model" if args.fake else str(args.models / "unlimited-ocr")
     report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "pages": pages,
