@@ -208,3 +208,15 @@ def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):
     want = {(r["doc_id"], r["page_index"]): length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows}
     assert {(r["doc_id"], r["page_index"]): r["output_tokens"] for r in rows} == want
     assert len(set(want.values())) > 8 and run["output_tokens"] == sum(want.values())
+
+
+def test_throughput_page_against_document_mode_is_equal_work_on_pages_and_tokens(tmp_path):
+    """uocr-waves' form: page b against a document-mode variant. The same pages and output
+    tokens make equal work; the prompts and requests differ by design (a group a request,
+    base-mode images), so they are compared only among runs of one mode."""
+    r = dry_run(tmp_path, "--pages", "32", "--per-doc", "16", "--preset", "unlimited-ocr", "--modes", "b",
+                "--render-workers", "1", "--variant", "doc4=--mode document --group-pages 4")
+    assert r["b_batchocr"]["mode"] == "page" and r["b_doc4"]["mode"] == "document"
+    eq = r["equal_work"]
+    assert eq["requests"] == {"b_batchocr": 32, "b_doc4": 8} and len(set(eq["prompt_tokens"].values())) == 2
+    assert eq["equal"] and set(eq["tokens"].values()) == {r["output_tokens_total"]}

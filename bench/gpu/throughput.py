@@ -759,7 +759,7 @@ def main() -> None:
     def record(name, start, end, finishes=None, extra=None):
         wall = end - start
         r = report[name] = {"wall_s": round(wall, 2), "pages_per_s": round(len(keys) / wall, 3),
-                            "start_abs": start, "end_abs": end,
+                            "start_abs": start, "end_abs": end, "mode": args.mode,
                             "output_tokens_per_s": round(report["output_tokens_total"] / wall, 1),
                             "gpu_busy_pct": sampler.gpu_between(start, end),
                             "host_cores": sampler.cpu_between(start, end),
@@ -783,6 +783,14 @@ def main() -> None:
         if steady:
             st, (w0, w1) = steady
             st["window_start_abs"], st["window_end_abs"] = w0, w1
+            # Pages, not the engine's finished requests (document mode: a group a request): b's
+            # rows as they finished; a mode without them, its requests times the mean group.
+            st["requests"] = st["pages"]
+            if finishes and name.startswith("b"):
+                st["pages"] = sum(w0 < t <= w1 for t in finishes)
+            elif args.mode == "document":
+                st["pages"] = round(st["requests"] * len(keys) / max(1, len(units)))
+            st["pages_per_s"] = round(st["pages"] / (w1 - w0), 3) if w1 > w0 else None
             st["gpu_busy_pct"] = sampler.gpu_between(w0, w1)
             st["host_cores"] = sampler.cpu_between(w0, w1)
             r["steady"] = st
@@ -964,10 +972,13 @@ def main() -> None:
                             "pages": {k: w["pages"] for k, w in done.items()},
                             "prompt_tokens": {k: w.get("prompt_tokens_rows") for k, w in done.items()},
                             "requests": {k: w.get("requests") for k, w in done.items()}}
+    # The same pages and output tokens in every mode; the same prompts and requests among the
+    # runs of one --mode (document mode's groups have a prompt of their own, base-mode images).
+    modes = {k: report[k].get("mode", args.mode) for k in done}
+    same = [all(len({report["equal_work"][f][k] for k in done if modes[k] == m}) <= 1 for m in set(modes.values()))
+            for f in ("prompt_tokens", "requests")]
     report["equal_work"]["equal"] = (len(set(report["equal_work"]["tokens"].values())) <= 1
-                                     and len(set(report["equal_work"]["pages"].values())) <= 1
-                                     and len(set(report["equal_work"]["prompt_tokens"].values())) <= 1
-                                     and len(set(report["equal_work"]["requests"].values())) <= 1)
+                                     and len(set(report["equal_work"]["pages"].values())) <= 1 and all(same))
     mean_out = report["output_tokens_total"] / max(1, len(keys))
     if args.model and not args.fake and args.preset != "unlimited-ocr":  # the ceiling knows Qwen2.5-VL's layout
         peak = PEAK_TFLOPS["fp8" if args.quantization == "fp8" else "bf16"]
