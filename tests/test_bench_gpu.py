@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,23 +192,28 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert one["host_rss_peak_gb"] > 0.05 and two["host_rss_peak_gb"] > one["host_rss_peak_gb"] * 1.2  # two parts
 
 
-def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):
+@pytest.mark.parametrize("mode", ["page", "document"])
+def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path, mode):
     """--lengths B: each page generates throughput.py's lognormal length for its (doc_id,
-    page), in the parts' own processes too (the sitecustomize on their path)."""
+    page), in the parts' own processes too (the sitecustomize on their path); a document
+    group the sum of its pages' (its rows share the group's tokens)."""
     sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     from throughput import length_of
 
     work = tmp_path / "w"
     proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "16",
-                           "--per-doc", "4", "--lengths", "B", "--processes", "2", "--work", str(work),
+                           "--per-doc", "4", "--lengths", "B", "--processes", "2", "--mode", mode, "--work", str(work),
                            "--json", str(tmp_path / "p.json")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     run = json.loads((tmp_path / "p.json").read_text())["runs"]["2"]
     assert run["rc"] == 0 and run["rows"] == 16 and len(run["runs"]) == 2, run["stderr_tail"]
     rows = pq.read_table(work / "out-2" / "pages", partitioning=None).to_pylist()
     want = {(r["doc_id"], r["page_index"]): length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows}
-    assert {(r["doc_id"], r["page_index"]): r["output_tokens"] for r in rows} == want
     assert len(set(want.values())) > 8 and run["output_tokens"] == sum(want.values())
+    if mode == "page":
+        assert {(r["doc_id"], r["page_index"]): r["output_tokens"] for r in rows} == want
+    else:  # a request a document of 4 (--group-pages 4), the split's fallback off: error rows
+        assert {r["mode"] for r in rows} == {"document"} and run["finish_reasons"] == ["error"]
 
 
 def test_throughput_page_against_document_mode_is_equal_work_on_pages_and_tokens(tmp_path):

@@ -43,6 +43,9 @@ def job(path: Path, src: Path, out: Path, model: str, args) -> Path:
         f"engines:\n  vllm:\n    model: {model}\n    preset: unlimited-ocr\n    load_format: dummy\n"
         f"    ignore_eos: true\n    max_tokens: {args.max_tokens}\n    max_attempts: 1\n"
         f"    repetition_span: 1000000\n    repetition_max_period: 1\n"  # never reached: random weights loop
+        f"    mode: {args.mode}\n"
+        + (f"    group_pages: {args.group_pages}\n    document_fallback: false\n"  # random weights write no <page>
+           if args.mode == "document" else "") +
         f"    gpu_memory_utilization: {args.gpu_memory_utilization}\n{attention}"
         f"commit: {{every_pages: 256, every_seconds: 30}}\n"
     )
@@ -150,6 +153,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=1000, help="--lengths A: every page's length")
     ap.add_argument("--lengths", choices=["A", "B"], default="A",
                     help="A: --max-tokens a page; B: lognormal, mean ~1000, in [50, 4000] (throughput.py's)")
+    ap.add_argument("--mode", choices=["page", "document"], default="page",
+                    help="document: groups of --group-pages a request, the split's fallback off (random weights "
+                         "never write <page>, so every row is a document_split error row with its group's tokens)")
+    ap.add_argument("--group-pages", type=int, default=4)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--processes", default="1,2", help="the N to run, in order; the first is the baseline")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")

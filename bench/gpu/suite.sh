@@ -246,6 +246,7 @@ run() {  # one named run of the suite
     uocr-doc-sampler) uocr uocr-doc-sampler --mode document --pages 1024 --modes a,b --variant "$SAMPLER_BANS" ;;
     # batchocr run --processes 2 against 1, the whole command at equal work (bench/gpu/processes.py):
     # the product form of uocr-goal's engines2 (~17 min: two loads, 4,096 pages twice)
+    # PROC_ARGS: e.g. "--processes 2 --lengths B" (lognormal lengths), "--mode document" (groups of 4)
     uocr-processes) PY_TIMEOUT=1700 py uocr-processes bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                       --pages 4096 --timeout 900 ${PROC_ARGS:-} ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
