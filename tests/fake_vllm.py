@@ -231,7 +231,8 @@ class LLM:
         if builds:
             with open(builds, "a") as f:
                 f.write(json.dumps({"pid": os.getpid(), "t0": t0, "t1": time.time(),
-                                    "gpu_memory_utilization": kwargs.get("gpu_memory_utilization")}) + "\n")
+                                    "gpu_memory_utilization": kwargs.get("gpu_memory_utilization"),
+                                    "kv_cache_memory_bytes": kwargs.get("kv_cache_memory_bytes")}) + "\n")
 
     def start_profile(self):
         """As vllm.LLM.start_profile: only with profiler_config; the engine writes one trace of its

@@ -190,6 +190,7 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert report["ratio_2/1"] == round(one["wall_s"] / two["wall_s"], 3)
     assert report["steady_ratio_2/1"] == round(two["steady_pages_per_s"] / one["steady_pages_per_s"], 3)
     assert one["host_rss_peak_gb"] > 0.05 and two["host_rss_peak_gb"] > one["host_rss_peak_gb"] * 1.2  # two parts
+    assert 0 < one["first_row_s"] < one["wall_s"] and 0 < two["first_row_s"] < two["wall_s"]
 
 
 @pytest.mark.parametrize("mode", ["page", "document"])
@@ -202,12 +203,13 @@ def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path, mode):
 
     work = tmp_path / "w"
     proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "16",
-                           "--per-doc", "4", "--lengths", "B", "--processes", "2", "--mode", mode, "--work", str(work),
+                           "--per-doc", "4", "--lengths", "B", "--processes", "2@8", "--mode", mode, "--work", str(work),
                            "--json", str(tmp_path / "p.json")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    run = json.loads((tmp_path / "p.json").read_text())["runs"]["2"]
+    run = json.loads((tmp_path / "p.json").read_text())["runs"]["2@8"]  # kv_cache_gib 8: the parts start at once
     assert run["rc"] == 0 and run["rows"] == 16 and len(run["runs"]) == 2, run["stderr_tail"]
-    rows = pq.read_table(work / "out-2" / "pages", partitioning=None).to_pylist()
+    assert "kv_cache_gib: 8.0" in (work / "job-2@8.yaml").read_text()
+    rows = pq.read_table(work / "out-2@8" / "pages", partitioning=None).to_pylist()
     want = {(r["doc_id"], r["page_index"]): length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows}
     assert len(set(want.values())) > 8 and run["output_tokens"] == sum(want.values())
     if mode == "page":

@@ -173,6 +173,26 @@ def test_the_parts_die_with_the_run(tmp_path):
     assert not alive, [p.pid for p in alive]
 
 
+def test_vllm_parts_with_the_kv_size_given_build_their_engines_at_once(tmp_path):
+    """kv_cache_gib set: vLLM measures no free memory, so the parts need not take turns; each
+    engine gets half the KV (and of gpu_memory_utilization, which vLLM still checks at start)."""
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")}
+    job = tmp_path / "job.yaml"
+    job.write_text("engines:\n  vllm:\n    kv_cache_gib: 20\n")
+    out = tmp_path / "out"
+    proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+                "--job", str(job), "--processes", "2", "-q", env=env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    builds = sorted((json.loads(x) for x in (tmp_path / "builds.jsonl").read_text().splitlines()),
+                    key=lambda b: b["t0"])
+    assert len(builds) == 2 and builds[1]["t0"] < builds[0]["t1"], builds  # they overlap
+    assert [b["kv_cache_memory_bytes"] for b in builds] == [10 * 2**30] * 2
+    assert [b["gpu_memory_utilization"] for b in builds] == [0.45, 0.45]
+    rows = _rows(out)
+    assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
+
+
 @pytest.mark.parametrize("how", ["sigterm", "sigkill_one_part"])
 def test_a_stopped_or_broken_part_ends_the_run_in_one_line_and_the_rerun_completes_once(tmp_path, how):
     """SIGTERM to the parent (an eviction: Kubernetes signals the container's first process)

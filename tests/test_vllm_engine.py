@@ -577,3 +577,23 @@ def test_batchocr_run_with_two_instances_from_a_job_spec(monkeypatch, tmp_path):
                    "--job", str(job), "-q")
     assert proc.returncode == 2 and "instances" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert fake_vllm.LLM.built == 2
+
+
+def test_kv_cache_gib_is_vllm_s_kv_bytes_shared_by_instances_and_parts():
+    """kv_cache_gib: vLLM's kv_cache_memory_bytes, split between an engine's instances and a
+    shard's parts like gpu_memory_utilization; set, an engine need not start alone."""
+    from batchocr.engines import vllm as vllm_engine
+
+    def args(**options):
+        o = VLLMOptions(model="/m", preset="qwen2.5-vl", **options)
+        return o.llm_args(get_preset("qwen2.5-vl"))
+
+    assert "kv_cache_memory_bytes" not in args()
+    assert args(kv_cache_gib=24)["kv_cache_memory_bytes"] == 24 * 2**30
+    assert args(kv_cache_gib=24, instances=2)["kv_cache_memory_bytes"] == 12 * 2**30
+    half = vllm_engine.shared({"model": "/m", "kv_cache_gib": 24}, 2)
+    assert half["kv_cache_gib"] == 12 and half["gpu_memory_utilization"] == 0.45
+    assert "kv_cache_gib" not in vllm_engine.shared({"model": "/m"}, 2)
+    assert vllm_engine.starts_alone({"model": "/m"})
+    assert not vllm_engine.starts_alone({"model": "/m", "kv_cache_gib": 8})
+    assert not vllm_engine.starts_alone({"model": "/m", "engine_args": {"kv_cache_memory_bytes": 2**33}})

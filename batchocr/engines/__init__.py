@@ -74,6 +74,13 @@ def shared(name: str, options: Mapping[str, Any], n: int) -> Mapping[str, Any]:
     return module.shared(options, n) if hasattr(module, "shared") else options
 
 
+def starts_alone(name: str, options: Mapping[str, Any]) -> bool:
+    """Whether the engine must be built while no other engine of the machine is being built
+    (the module's `starts_alone(options)`; without one, yes: the safe order)."""
+    module = importlib.import_module(_MODULES[name])
+    return module.starts_alone(options) if hasattr(module, "starts_alone") else True
+
+
 # Each engine's options dataclass, in its module.
 _OPTIONS = {"rapidocr": "RapidOCROptions", "textlayer": "TextLayerOptions", "vllm": "VLLMOptions"}
 

@@ -65,6 +65,12 @@ class VLLMOptions:
     max_num_batched_tokens: int = 16384
     max_num_seqs: int = 256
     gpu_memory_utilization: Annotated[float, Gt(0), Le(1)] = 0.9
+    # The KV cache's size in GiB (vLLM's kv_cache_memory_bytes); None: what gpu_memory_utilization
+    # leaves once vLLM has measured the model's use of the GPU's free memory. Set, no engine
+    # measures free memory, so the parts of --processes N build their engines at once (each
+    # kv_cache_gib / N) instead of one after the other. Only the GPU's check at start still
+    # reads gpu_memory_utilization (free memory at least that share).
+    kv_cache_gib: Annotated[float, Gt(0)] | None = None
     max_model_len: int | None = None  # None = the preset's
     # Every page image is new: prefix caching and the processor cache only cost
     # (vLLM's OCR recipes turn both off).
@@ -116,8 +122,8 @@ class VLLMOptions:
     batch_encoder: bool | None = None
     # unlimited-ocr: R-SWA's attention reads only the KV tiles its window and prompt can see
     # (batchocr.rswa_tiles, vLLM's Triton kernel rewritten in its engine core; the same output).
-    # None: the preset's in page mode (on for unlimited-ocr, where it won on the H200 at equal
-    # work), where this vLLM's kernel is the one the rewrite knows (else vLLM's own, with a warning).
+    # None: the preset's in either mode (on for unlimited-ocr, where it won on the H200 at equal
+    # work in each), where this vLLM's kernel is the one the rewrite knows (else vLLM's own, with a warning).
     rswa_tiles: bool | None = None
     # vLLM engines this run drives on its GPU, each its own engine core process with
     # gpu_memory_utilization / instances of the GPU's memory and max_num_seqs sequences, the
@@ -231,6 +237,8 @@ class VLLMOptions:
             "enforce_eager": self.enforce_eager,
             "mm_processor_kwargs": dict(preset.mm_processor_kwargs) or None,
         }
+        if self.kv_cache_gib is not None:
+            args["kv_cache_memory_bytes"] = int(self.kv_cache_gib / self.instances * 2**30)
         if self.mode == "document":  # a group's images in one prompt
             limit = args["limit_mm_per_prompt"]
             args["limit_mm_per_prompt"] = limit | {"image": max(limit.get("image", 1), self.group_size(preset))}
@@ -306,7 +314,8 @@ class VLLMEngine:
             if len(llms) != options.instances:
                 raise ValueError(f"instances {options.instances}: {len(llms)} engines given")
             one = dataclasses.replace(options, instances=1,
-                                      gpu_memory_utilization=options.gpu_memory_utilization / options.instances)
+                                      gpu_memory_utilization=options.gpu_memory_utilization / options.instances,
+                                      kv_cache_gib=options.kv_cache_gib and options.kv_cache_gib / options.instances)
             try:
                 for each in llms:
                     self.instances.append(type(self)(one, llm=each))
@@ -861,9 +870,22 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
-    """One of n processes on the GPU (a shard's parts): gpu_memory_utilization / n of it."""
+    """One of n processes on the GPU (a shard's parts): gpu_memory_utilization / n of it,
+    and kv_cache_gib / n where it is set."""
     o = parse_options(VLLMOptions, options, "vllm")
-    return {**options, "gpu_memory_utilization": round(o.gpu_memory_utilization / n, 4)}
+    out = {**options, "gpu_memory_utilization": round(o.gpu_memory_utilization / n, 4)}
+    if o.kv_cache_gib is not None:
+        out["kv_cache_gib"] = o.kv_cache_gib / n
+    return out
+
+
+def starts_alone(options: Mapping[str, Any]) -> bool:
+    """Whether this engine must start while no other starts on its GPU: vLLM sizes the KV
+    cache from the free memory it measures while it loads, and would count another engine's
+    load as its own use, unless the KV's size is given (kv_cache_gib, or kv_cache_memory_bytes
+    in engine_args)."""
+    o = parse_options(VLLMOptions, options, "vllm")
+    return o.kv_cache_gib is None and not o.engine_args.get("kv_cache_memory_bytes")
 
 
 def _prompt_setting(o: VLLMOptions, preset: Preset) -> str:
