@@ -39,7 +39,7 @@ summary() {
       uocr-processes*) python3 - "${f%.log}.json" <<'PY' 2>&1 || tail -3 "$f" | cut -c1-300
 import json, sys
 r = json.load(open(sys.argv[1]))
-keep = ("rc", "wall_s", "rows", "output_tokens", "attempts", "pages_per_s", "rows_pages_per_s", "steady_pages_per_s",
+keep = ("rc", "wall_s", "first_row_s", "rows", "output_tokens", "attempts", "pages_per_s", "rows_pages_per_s", "steady_pages_per_s",
         "output_tokens_per_s", "gpu_busy_pct_rows", "gpu_busy_pct_steady", "host_rss_peak_gb")
 for n, run in r["runs"].items():
     print(n, {k: run.get(k) for k in keep}, (run.get("stderr_tail") or "")[-200:] if run["rc"] else "")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def job(path: Path, src: Path, out: Path, model: str, args) -> Path:
+def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0) -> Path:
     attention = "" if args.fake else "    engine_args: {attention_config: {backend: TRITON_ATTN}}\n"  # the kit's R-SWA
     path.write_text(
         f"source: {src}\nout: {out}\nengine: vllm\nroute: model\n"  # born-digital pages: the model reads them all
@@ -47,6 +47,7 @@ def job(path: Path, src: Path, out: Path, model: str, args) -> Path:
         + (f"    group_pages: {args.group_pages}\n    document_fallback: false\n"  # random weights write no <page>
            if args.mode == "document" else "") +
         f"    gpu_memory_utilization: {args.gpu_memory_utilization}\n{attention}"
+        + (f"    kv_cache_gib: {kv_gib}\n" if kv_gib else "") +
         f"commit: {{every_pages: 256, every_seconds: 30}}\n"
     )
     return path
@@ -135,7 +136,8 @@ def window_of(at: list, sampler, clock: float) -> dict:
     """Pages/s between the 20th and 80th percentile finish, and what the sampler saw then."""
     t = [a.timestamp() - clock for a in at]  # on the monotonic clock
     i, j = int(len(t) * 0.2), int(len(t) * 0.8)
-    out: dict = {"steady_pages_per_s": round((j - i) / (t[j] - t[i]), 3) if t[j] > t[i] else None}
+    out: dict = {"steady_pages_per_s": round((j - i) / (t[j] - t[i]), 3) if t[j] > t[i] else None,
+                 "first_row_mono": t[0]}
     if sampler is not None:
         out |= {"gpu_busy_pct_rows": sampler.gpu_between(t[0], t[-1]),
                 "gpu_busy_pct_steady": sampler.gpu_between(t[i], t[j]),
@@ -158,7 +160,9 @@ def main() -> None:
                          "never write <page>, so every row is a document_split error row with its group's tokens)")
     ap.add_argument("--group-pages", type=int, default=4)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    ap.add_argument("--processes", default="1,2", help="the N to run, in order; the first is the baseline")
+    ap.add_argument("--processes", default="1,2",
+                    help="the runs, in order, the first the baseline: N, or N@GIB with kv_cache_gib GIB (the KV's "
+                         "size given, so the N parts build their engines at once), e.g. 2,2@48")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
     ap.add_argument("--fake", action="store_true", help="tests/fake_vllm.py for vLLM (a dry run on the CPU)")
     ap.add_argument("--json", type=Path)
@@ -183,9 +187,10 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(report, indent=2, default=str))
 
-    for n in [int(x) for x in args.processes.split(",")]:
-        out = args.work / f"out-{n}"
-        spec = job(args.work / f"job-{n}.yaml", src, out, model, args)
+    for item in args.processes.split(","):
+        n, _, kv = item.partition("@")
+        out = args.work / f"out-{item}"
+        spec = job(args.work / f"job-{item}.yaml", src, out, model, args, float(kv or 0))
         from throughput import Sampler
 
         sampler = Sampler()  # GPU busy (NVML) and this process's tree: the run and its parts
@@ -204,8 +209,10 @@ def main() -> None:
             rec["pages_per_s"] = round(pages / wall, 3)
             rec["rows_pages_per_s"] = round(pages / rec["rows_span_s"], 3) if rec["rows_span_s"] else None
             rec["output_tokens_per_s"] = round(rec["output_tokens"] / wall, 1)
-        report["runs"][str(n)] = rec
-        print(n, json.dumps({k: v for k, v in rec.items() if k not in ("runs", "stderr_tail")}), flush=True)
+        if rec.get("first_row_mono") is not None:  # the start: command to first committed row
+            rec["first_row_s"] = round(rec.pop("first_row_mono") - t0, 1)
+        report["runs"][item] = rec
+        print(item, json.dumps({k: v for k, v in rec.items() if k not in ("runs", "stderr_tail")}), flush=True)
         save()
     done = {n: r for n, r in report["runs"].items() if r["rc"] == 0}
     if len(done) > 1:
