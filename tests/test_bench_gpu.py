@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -175,47 +174,51 @@ def test_profile_traces_every_engine_b_builds(tmp_path):
 
 def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     """bench/gpu/processes.py on the CPU (the vLLM stand-in): `batchocr run --processes 2`
-    against 1 over the same pages, every page exactly --max-tokens tokens, one attempt."""
-    out = tmp_path / "p.json"
+    with kv_cache_gib 8 (2@8: the parts start at once) against 1 over the same pages, one
+    attempt each; --lengths B gives each page throughput.py's lognormal length for its
+    (doc_id, page), in the parts' own processes too (the sitecustomize on their path)."""
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    from throughput import length_of
+
+    out, work = tmp_path / "p.json", tmp_path / "w"
     proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "32",
-                           "--per-doc", "8", "--max-tokens", "12", "--work", str(tmp_path / "w"), "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+                           "--per-doc", "8", "--lengths", "B", "--processes", "1,2@8", "--work", str(work),
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    one, two = report["runs"]["1"], report["runs"]["2"]
+    one, two = report["runs"]["1"], report["runs"]["2@8"]
     assert one["rc"] == two["rc"] == 0, (one["stderr_tail"], two["stderr_tail"])
     assert report["equal_work"]["equal"] and one["rows"] == two["rows"] == one["unique_pages"] == 32
-    assert one["output_tokens"] == two["output_tokens"] == 32 * 12 and one["attempts"] == {"1": 32}
+    rows = pq.read_table(work / "out-2@8" / "pages", partitioning=None).to_pylist()
+    want = {(r["doc_id"], r["page_index"]): length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows}
+    assert {(r["doc_id"], r["page_index"]): r["output_tokens"] for r in rows} == want and len(set(want.values())) > 16
+    assert one["output_tokens"] == two["output_tokens"] == sum(want.values()) and one["attempts"] == {"1": 32}
+    assert "kv_cache_gib" not in (work / "job-1.yaml").read_text()
+    assert "kv_cache_gib: 8.0" in (work / "job-2@8.yaml").read_text()
     assert len(two["runs"]) == 2 and {r["accelerator"]["count"] for r in two["runs"]} == {0.5}
-    assert report["ratio_2/1"] == round(one["wall_s"] / two["wall_s"], 3)
-    assert report["steady_ratio_2/1"] == round(two["steady_pages_per_s"] / one["steady_pages_per_s"], 3)
+    assert report["ratio_2@8/1"] == round(one["wall_s"] / two["wall_s"], 3)
+    assert report["steady_ratio_2@8/1"] == round(two["steady_pages_per_s"] / one["steady_pages_per_s"], 3)
     assert one["host_rss_peak_gb"] > 0.05 and two["host_rss_peak_gb"] > one["host_rss_peak_gb"] * 1.2  # two parts
     assert 0 < one["first_row_s"] < one["wall_s"] and 0 < two["first_row_s"] < two["wall_s"]
 
 
-@pytest.mark.parametrize("mode", ["page", "document"])
-def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path, mode):
-    """--lengths B: each page generates throughput.py's lognormal length for its (doc_id,
-    page), in the parts' own processes too (the sitecustomize on their path); a document
-    group the sum of its pages' (its rows share the group's tokens)."""
+def test_processes_bench_document_mode_gives_a_group_its_pages_lengths(tmp_path):
+    """--mode document --lengths B: a request a document of 4 (--group-pages 4), its length the
+    sum of its pages'; the split's fallback off (random weights write no <page>): error rows."""
     sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     from throughput import length_of
 
     work = tmp_path / "w"
     proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "16",
-                           "--per-doc", "4", "--lengths", "B", "--processes", "2@8", "--mode", mode, "--work", str(work),
-                           "--json", str(tmp_path / "p.json")], capture_output=True, text=True, timeout=300)
+                           "--per-doc", "4", "--lengths", "B", "--processes", "2", "--mode", "document",
+                           "--work", str(work), "--json", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    run = json.loads((tmp_path / "p.json").read_text())["runs"]["2@8"]  # kv_cache_gib 8: the parts start at once
+    run = json.loads((tmp_path / "p.json").read_text())["runs"]["2"]
     assert run["rc"] == 0 and run["rows"] == 16 and len(run["runs"]) == 2, run["stderr_tail"]
-    assert "kv_cache_gib: 8.0" in (work / "job-2@8.yaml").read_text()
-    rows = pq.read_table(work / "out-2@8" / "pages", partitioning=None).to_pylist()
-    want = {(r["doc_id"], r["page_index"]): length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows}
-    assert len(set(want.values())) > 8 and run["output_tokens"] == sum(want.values())
-    if mode == "page":
-        assert {(r["doc_id"], r["page_index"]): r["output_tokens"] for r in rows} == want
-    else:  # a request a document of 4 (--group-pages 4), the split's fallback off: error rows
-        assert {r["mode"] for r in rows} == {"document"} and run["finish_reasons"] == ["error"]
+    rows = pq.read_table(work / "out-2" / "pages", partitioning=None).to_pylist()
+    assert run["output_tokens"] == sum(length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows)
+    assert {r["mode"] for r in rows} == {"document"} and run["finish_reasons"] == ["error"]
 
 
 def test_throughput_page_against_document_mode_is_equal_work_on_pages_and_tokens(tmp_path):
