@@ -94,13 +94,21 @@ def test_throughput_document_mode_dry_run(tmp_path):
     (model / "config.json").write_text(json.dumps(UNLIMITED_OCR_CONFIG))
     r = dry_run(tmp_path, "--model", str(model), "--pages", "36", "--per-doc", "8,12,16", "--mode", "document",
                 "--preset", "unlimited-ocr", "--max-num-seqs", "4", "--chunk", "2", "--render-workers", "1",
-                "--modes", "a,c,b", "--variant", "nongram=--ngram off", "--variant", "inst2=--instances 2")
+                "--modes", "a,c,b", "--variant", "nongram=--ngram off", "--variant", "inst2=--instances 2",
+                "--variant", "page=--mode page")
     assert r["pages"] == 36 and r["requests"] == 4
     for mode in ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_nongram", "b_inst2"):
         work = r[mode]["work"]
         assert work["requests"] == 4 and work["pages"] == 36 and work["client_tokens"] == r["output_tokens_total"]
         assert sum(work["finish_reasons"].values()) == 36, mode  # a row's reason a page, a's too
-    assert r["equal_work"]["equal"] and set(r["equal_work"]["requests"].values()) == {4}
+    # page mode against them (uocr-waves' form): the same pages and output tokens are equal work; the
+    # prompts and requests differ by design (base-mode images, a group a request), compared within a mode
+    assert r["b_page"]["mode"] == "page" and r["b_batchocr"]["mode"] == "document"
+    assert r["b_page"]["work"]["pages"] == 36 and r["b_page"]["work"]["client_tokens"] == r["output_tokens_total"]
+    requests = r["equal_work"]["requests"]
+    assert r["equal_work"]["equal"] and requests.pop("b_page") == 36 and set(requests.values()) == {4}
+    prompts = r["equal_work"]["prompt_tokens"]
+    assert prompts.pop("b_page") > prompts["b_batchocr"] and len(set(prompts.values())) == 1
     assert r["b_batchocr"]["extra_args"]["ngram_size"] == 35 and r["b_batchocr"]["extra_args"]["window_size"] == 1024
     assert not (r["b_nongram"]["extra_args"] or {}).get("ngram_size")
     # engines.vllm.instances 2: two engines in b's one process, each half of the GPU's memory, every page once
@@ -174,25 +182,18 @@ def test_profile_traces_every_engine_b_builds(tmp_path):
 
 def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     """bench/gpu/processes.py on the CPU (the vLLM stand-in): `batchocr run --processes 2`
-    with kv_cache_gib 8 (2@8: the parts start at once) against 1 over the same pages, one
-    attempt each; --lengths B gives each page throughput.py's lognormal length for its
-    (doc_id, page), in the parts' own processes too (the sitecustomize on their path)."""
-    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
-    from throughput import length_of
-
+    with kv_cache_gib 8 (2@8: the parts start at once) against 1 over the same pages, every
+    page exactly --max-tokens tokens, one attempt."""
     out, work = tmp_path / "p.json", tmp_path / "w"
     proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "32",
-                           "--per-doc", "8", "--lengths", "B", "--processes", "1,2@8", "--work", str(work),
+                           "--per-doc", "8", "--max-tokens", "12", "--processes", "1,2@8", "--work", str(work),
                            "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     one, two = report["runs"]["1"], report["runs"]["2@8"]
     assert one["rc"] == two["rc"] == 0, (one["stderr_tail"], two["stderr_tail"])
     assert report["equal_work"]["equal"] and one["rows"] == two["rows"] == one["unique_pages"] == 32
-    rows = pq.read_table(work / "out-2@8" / "pages", partitioning=None).to_pylist()
-    want = {(r["doc_id"], r["page_index"]): length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows}
-    assert {(r["doc_id"], r["page_index"]): r["output_tokens"] for r in rows} == want and len(set(want.values())) > 16
-    assert one["output_tokens"] == two["output_tokens"] == sum(want.values()) and one["attempts"] == {"1": 32}
+    assert one["output_tokens"] == two["output_tokens"] == 32 * 12 and one["attempts"] == {"1": 32}
     assert "kv_cache_gib" not in (work / "job-1.yaml").read_text()
     assert "kv_cache_gib: 8.0" in (work / "job-2@8.yaml").read_text()
     assert len(two["runs"]) == 2 and {r["accelerator"]["count"] for r in two["runs"]} == {0.5}
@@ -202,32 +203,34 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert 0 < one["first_row_s"] < one["wall_s"] and 0 < two["first_row_s"] < two["wall_s"]
 
 
-def test_processes_bench_document_mode_gives_a_group_its_pages_lengths(tmp_path):
-    """--mode document --lengths B: a request a document of 4 (--group-pages 4), its length the
-    sum of its pages'; the split's fallback off (random weights write no <page>): error rows."""
+def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):
+    """--lengths B: each page generates throughput.py's lognormal length for its (doc_id,
+    page), in the parts' own processes too (the sitecustomize on their path)."""
     sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     from throughput import length_of
 
     work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "8",
+                           "--per-doc", "2", "--lengths", "B", "--processes", "2", "--work", str(work),
+                           "--json", str(tmp_path / "p.json")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    run = json.loads((tmp_path / "p.json").read_text())["runs"]["2"]
+    assert run["rc"] == 0 and run["rows"] == 8 and len(run["runs"]) == 2, run["stderr_tail"]
+    rows = pq.read_table(work / "out-2" / "pages", partitioning=None).to_pylist()
+    want = {(r["doc_id"], r["page_index"]): length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows}
+    assert {(r["doc_id"], r["page_index"]): r["output_tokens"] for r in rows} == want and len(set(want.values())) > 4
+
+
+def test_processes_bench_document_mode(tmp_path):
+    """--mode document: a request a document of 4 (--group-pages 4), --max-tokens a page; the
+    split's fallback off (random weights write no <page>), so every row is an error row."""
+    work = tmp_path / "w"
     proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "16",
-                           "--per-doc", "4", "--lengths", "B", "--processes", "2", "--mode", "document",
+                           "--per-doc", "4", "--max-tokens", "12", "--processes", "2", "--mode", "document",
                            "--work", str(work), "--json", str(tmp_path / "p.json")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     run = json.loads((tmp_path / "p.json").read_text())["runs"]["2"]
-    assert run["rc"] == 0 and run["rows"] == 16 and len(run["runs"]) == 2, run["stderr_tail"]
+    assert run["rc"] == 0 and run["rows"] == 16 and run["output_tokens"] == 16 * 12, run["stderr_tail"]
     rows = pq.read_table(work / "out-2" / "pages", partitioning=None).to_pylist()
-    assert run["output_tokens"] == sum(length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows)
     assert {r["mode"] for r in rows} == {"document"} and run["finish_reasons"] == ["error"]
-
-
-def test_throughput_page_against_document_mode_is_equal_work_on_pages_and_tokens(tmp_path):
-    """uocr-waves' form: page b against a document-mode variant. The same pages and output
-    tokens make equal work; the prompts and requests differ by design (a group a request,
-    base-mode images), so they are compared only among runs of one mode."""
-    r = dry_run(tmp_path, "--pages", "32", "--per-doc", "16", "--preset", "unlimited-ocr", "--modes", "b",
-                "--render-workers", "1", "--variant", "doc4=--mode document --group-pages 4")
-    assert r["b_batchocr"]["mode"] == "page" and r["b_doc4"]["mode"] == "document"
-    eq = r["equal_work"]
-    assert eq["requests"] == {"b_batchocr": 32, "b_doc4": 8} and len(set(eq["prompt_tokens"].values())) == 2
-    assert eq["equal"] and set(eq["tokens"].values()) == {r["output_tokens_total"]}
