@@ -15,10 +15,11 @@ onnxruntime hold threads a fork must not copy). The parts build their engines on
 after the other (vLLM measures the GPU's free memory while it starts: two at once
 would each count the other's), each with its share of the accelerator
 (`engines.shared`: vLLM's gpu_memory_utilization / N), or all at once where the
-engine needs no measure (`engines.starts_alone`: vLLM with the KV cache's size given). The parent forwards SIGTERM and
-SIGINT to the parts (each commits what finished, as a run alone does), stops the
-others when one fails (a systemic failure is the run's: one line, its exit code), and
-writes the shard's done-marker once every part is done. Each part writes its own run
+engine needs no measure (`engines.starts_alone`: vLLM with kv_cache_gib, the KV
+cache's size, given). The parent forwards SIGTERM and SIGINT to the parts (each
+commits what finished, as a run alone does), stops the others when one fails (a
+systemic failure is the run's: one line, its exit code), and writes the shard's
+done-marker once every part is done. Each part writes its own run
 record, holding 1/N of the accelerator, so `report` counts the GPU once.
 """
 
@@ -111,7 +112,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
         **spec.engines, spec.engine: engines.shared(spec.engine, spec.engine_options, n)})
     ctx = mp.get_context("spawn")
     built = [ctx.Event() for _ in range(n)]
-    in_turn = engines.starts_alone(one.engine, one.engine_options)  # else all at once (the KV's size is given)
+    in_turn = engines.starts_alone(one.engine, one.engine_options)  # else all at once (kv_cache_gib given)
     procs, conns = [], []
     for j in range(n):
         part = Part(j, n, dealt[j], built[j - 1] if j and in_turn else None, built[j])

@@ -596,4 +596,4 @@ def test_kv_cache_gib_is_vllm_s_kv_bytes_shared_by_instances_and_parts():
     assert "kv_cache_gib" not in vllm_engine.shared({"model": "/m"}, 2)
     assert vllm_engine.starts_alone({"model": "/m"})
     assert not vllm_engine.starts_alone({"model": "/m", "kv_cache_gib": 8})
-    assert not vllm_engine.starts_alone({"model": "/m", "engine_args": {"kv_cache_memory_bytes": 2**33}})
+    assert vllm_engine.starts_alone({"model": "/m", "engine_args": {"kv_cache_memory_bytes": 2**33}})  # each part's

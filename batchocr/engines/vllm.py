@@ -882,10 +882,10 @@ def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
 def starts_alone(options: Mapping[str, Any]) -> bool:
     """Whether this engine must start while no other starts on its GPU: vLLM sizes the KV
     cache from the free memory it measures while it loads, and would count another engine's
-    load as its own use, unless the KV's size is given (kv_cache_gib, or kv_cache_memory_bytes
-    in engine_args)."""
-    o = parse_options(VLLMOptions, options, "vllm")
-    return o.kv_cache_gib is None and not o.engine_args.get("kv_cache_memory_bytes")
+    load as its own use, unless kv_cache_gib gives the KV's size. (engine_args go to vLLM as
+    they are: a kv_cache_memory_bytes there is each part's, not shared, so the parts still
+    take turns.)"""
+    return parse_options(VLLMOptions, options, "vllm").kv_cache_gib is None
 
 
 def _prompt_setting(o: VLLMOptions, preset: Preset) -> str:
