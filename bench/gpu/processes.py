@@ -109,7 +109,7 @@ def stand_in(work: Path) -> str:
     return str(work / "shim")
 
 
-def work_of(out: Path, sampler=None, clock: float = 0.0) -> dict:
+def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dict:
     """What a run did, from its table and run records; with a sampler (throughput.Sampler),
     the GPU busy and host memory over the rows' span and their steady window (the 20th to the
     80th percentile finish). clock: time.time() - time.monotonic() when the run started."""
@@ -128,16 +128,17 @@ def work_of(out: Path, sampler=None, clock: float = 0.0) -> dict:
         "first_error": next((r["error_message"] for r in rows if r["error_message"]), None),
         "rows_span_s": (at[-1] - at[0]).total_seconds() if at else None,
         "runs": [{k: r.get(k) for k in ("run_id", "status", "timings", "accelerator")} for r in records],
-        **(window_of(at, sampler, clock) if at else {}),
+        **(window_of(at, sampler, clock, t0) if at else {}),
     }
 
 
-def window_of(at: list, sampler, clock: float) -> dict:
-    """Pages/s between the 20th and 80th percentile finish, and what the sampler saw then."""
+def window_of(at: list, sampler, clock: float, t0: float) -> dict:
+    """Pages/s between the 20th and 80th percentile finish, and what the sampler saw then;
+    the start: from t0 (the command's, monotonic) to the first row."""
     t = [a.timestamp() - clock for a in at]  # on the monotonic clock
     i, j = int(len(t) * 0.2), int(len(t) * 0.8)
     out: dict = {"steady_pages_per_s": round((j - i) / (t[j] - t[i]), 3) if t[j] > t[i] else None,
-                 "first_row_mono": t[0]}
+                 "first_row_s": round(t[0] - t0, 1)}
     if sampler is not None:
         out |= {"gpu_busy_pct_rows": sampler.gpu_between(t[0], t[-1]),
                 "gpu_busy_pct_steady": sampler.gpu_between(t[i], t[j]),
@@ -174,8 +175,9 @@ def main() -> None:
         a4_documents(src, [args.per_doc] * (args.pages // args.per_doc))
     pages = (args.pages // args.per_doc) * args.per_doc
     fake = [stand_in(args.work), str(ROOT / "tests")] if args.fake else []
-    shim = [lengths_shim(args.work)] if args.lengths == "B" else []
+    shim = []
     if args.lengths == "B":
+        shim = [lengths_shim(args.work)]
         args.max_tokens = 4000  # the job's budget: the longest page (the shim sets each page's)
     path = [*shim, str(ROOT), *fake, os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
@@ -205,12 +207,10 @@ def main() -> None:
         rec = {"rc": proc.returncode, "wall_s": round(wall, 2), "stdout": proc.stdout.strip()[-400:],
                "stderr_tail": proc.stderr.strip()[-1500:]}
         if proc.returncode == 0:
-            rec |= work_of(out, sampler, clock)
+            rec |= work_of(out, sampler, clock, t0)
             rec["pages_per_s"] = round(pages / wall, 3)
             rec["rows_pages_per_s"] = round(pages / rec["rows_span_s"], 3) if rec["rows_span_s"] else None
             rec["output_tokens_per_s"] = round(rec["output_tokens"] / wall, 1)
-        if rec.get("first_row_mono") is not None:  # the start: command to first committed row
-            rec["first_row_s"] = round(rec.pop("first_row_mono") - t0, 1)
         report["runs"][item] = rec
         print(item, json.dumps({k: v for k, v in rec.items() if k not in ("runs", "stderr_tail")}), flush=True)
         save()

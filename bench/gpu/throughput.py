@@ -187,9 +187,9 @@ class Timeline:
             return None
         window = steps[idx[0]: idx[-1] + 1]
         w0, w1 = window[0][0], window[-1][0]
-        pages, tokens = sum(s[5] for s in window[1:]), sum(s[4] for s in window[1:])
+        requests, tokens = sum(s[5] for s in window[1:]), sum(s[4] for s in window[1:])
         return {"window_s": round(w1 - w0, 1), "window_start_s": round(w0 - t0, 1), "window_end_s": round(w1 - t0, 1),
-                "pages": pages, "pages_per_s": round(pages / (w1 - w0), 3) if w1 > w0 else None,
+                "requests": requests,  # finished; record() counts the pages
                 "output_tokens_per_s": round(tokens / (w1 - w0), 1) if w1 > w0 else None,
                 "mean_running": round(sum(s[1] for s in window) / len(window), 1),
                 "mean_waiting": round(sum(s[2] for s in window) / len(window), 1),
@@ -475,8 +475,9 @@ def run_child(argv: list[str], log: Path, timeout: float) -> dict | None:
     return json.loads(json_path.read_text()) | {"child_rc": rc, "child_log": str(log)}
 
 
-def merge_steady(records: list[dict], steps: list[tuple]) -> dict | None:
-    """Several engines at once: the window where every one of them is in its steady state."""
+def merge_steady(records: list[dict], steps: list[tuple], finishes: list[float] = ()) -> dict | None:
+    """Several engines at once: the window where every one of them is in its steady state;
+    its pages from `finishes` (every page's, absolute times), its requests from the steps."""
     windows = [(r["steady"]["window_start_abs"], r["steady"]["window_end_abs"]) for r in records if r.get("steady")]
     if len(windows) < len(records):
         return None
@@ -484,8 +485,9 @@ def merge_steady(records: list[dict], steps: list[tuple]) -> dict | None:
     if w1 <= w0:
         return None
     inside = [s for s in steps if w0 < s[0] <= w1]
+    pages = sum(w0 < t <= w1 for t in finishes)
     return {"window_s": round(w1 - w0, 1), "window_start_abs": w0, "window_end_abs": w1,
-            "pages": sum(s[5] for s in inside), "pages_per_s": round(sum(s[5] for s in inside) / (w1 - w0), 3),
+            "requests": sum(s[5] for s in inside), "pages": pages, "pages_per_s": round(pages / (w1 - w0), 3),
             "output_tokens_per_s": round(sum(s[4] for s in inside) / (w1 - w0), 1)}
 
 
@@ -673,7 +675,7 @@ def main() -> None:
                "timeline": sorted(round(b["start_abs"] + t - start, 2) for b in bs for t in b.get("timeline", []))}
         for k in ("attempts", "finish_reasons"):
             rec["work"][k] = dict(sum((collections.Counter(b["work"][k]) for b in bs), collections.Counter()))
-        steady = merge_steady(bs, timeline.steps)
+        steady = merge_steady(bs, timeline.steps, [b["start_abs"] + t for b in bs for t in b.get("timeline", [])])
         if steady:
             steady["gpu_busy_pct"] = sampler.gpu_between(steady["window_start_abs"], steady["window_end_abs"])
             steady["window_start_s"] = round(steady["window_start_abs"] - start, 1)
@@ -776,7 +778,7 @@ def main() -> None:
                 got = tl.steady(start, end, llm_args.get("max_num_seqs") or 1024)
                 parts.append({"steady": got[0] | {"window_start_abs": got[1][0], "window_end_abs": got[1][1]}}
                              if got else {})
-            merged = merge_steady(parts, timeline.between(start, end))
+            merged = merge_steady(parts, timeline.between(start, end), finishes or ())
             steady = (merged, (merged["window_start_abs"], merged["window_end_abs"])) if merged else None
         else:
             steady = timeline.steady(start, end, llm_args.get("max_num_seqs") or 1024)
@@ -785,10 +787,9 @@ def main() -> None:
             st["window_start_abs"], st["window_end_abs"] = w0, w1
             # Pages, not the engine's finished requests (document mode: a group a request): b's
             # rows as they finished; a mode without them, its requests times the mean group.
-            st["requests"] = st["pages"]
             if finishes and name.startswith("b"):
                 st["pages"] = sum(w0 < t <= w1 for t in finishes)
-            elif args.mode == "document":
+            else:
                 st["pages"] = round(st["requests"] * len(keys) / max(1, len(units)))
             st["pages_per_s"] = round(st["pages"] / (w1 - w0), 3) if w1 > w0 else None
             st["gpu_busy_pct"] = sampler.gpu_between(w0, w1)
@@ -974,11 +975,15 @@ def main() -> None:
                             "requests": {k: w.get("requests") for k, w in done.items()}}
     # The same pages and output tokens in every mode; the same prompts and requests among the
     # runs of one --mode (document mode's groups have a prompt of their own, base-mode images).
-    modes = {k: report[k].get("mode", args.mode) for k in done}
-    same = [all(len({report["equal_work"][f][k] for k in done if modes[k] == m}) <= 1 for m in set(modes.values()))
-            for f in ("prompt_tokens", "requests")]
-    report["equal_work"]["equal"] = (len(set(report["equal_work"]["tokens"].values())) <= 1
-                                     and len(set(report["equal_work"]["pages"].values())) <= 1 and all(same))
+    by_mode: dict[str, list[str]] = {}
+    for k in done:
+        by_mode.setdefault(report[k].get("mode", args.mode), []).append(k)
+
+    def alike(field: str, runs) -> bool:
+        return len({report["equal_work"][field][k] for k in runs}) <= 1
+
+    report["equal_work"]["equal"] = (alike("tokens", done) and alike("pages", done) and all(
+        alike(f, runs) for runs in by_mode.values() for f in ("prompt_tokens", "requests")))
     mean_out = report["output_tokens_total"] / max(1, len(keys))
     if args.model and not args.fake and args.preset != "unlimited-ocr":  # the ceiling knows Qwen2.5-VL's layout
         peak = PEAK_TFLOPS["fp8" if args.quantization == "fp8" else "bf16"]
