@@ -102,6 +102,11 @@ def test_two_parts_give_every_page_one_row_and_the_text_of_one_process(tmp_path)
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
 
 
+def _builds(path: Path) -> list[dict]:
+    """The stand-in's engine builds (BATCHOCR_FAKE_BUILDS), in the order they started."""
+    return sorted((json.loads(x) for x in path.read_text().splitlines()), key=lambda b: b["t0"])
+
+
 def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory_each(tmp_path):
     env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")}
     out = tmp_path / "out"
@@ -109,8 +114,7 @@ def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory
                 "--processes", "2", "-q", env=env)
     stdout, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    builds = sorted((json.loads(x) for x in (tmp_path / "builds.jsonl").read_text().splitlines()),
-                    key=lambda b: b["t0"])
+    builds = _builds(tmp_path / "builds.jsonl")
     assert len(builds) == 2 and builds[0]["pid"] != builds[1]["pid"]
     assert builds[1]["t0"] >= builds[0]["t1"], builds  # the second waits for the first: no overlap
     assert [b["gpu_memory_utilization"] for b in builds] == [0.45, 0.45]  # 0.9 shared
@@ -184,8 +188,7 @@ def test_vllm_parts_with_the_kv_size_given_build_their_engines_at_once(tmp_path)
                 "--job", str(job), "--processes", "2", "-q", env=env)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    builds = sorted((json.loads(x) for x in (tmp_path / "builds.jsonl").read_text().splitlines()),
-                    key=lambda b: b["t0"])
+    builds = _builds(tmp_path / "builds.jsonl")
     assert len(builds) == 2 and builds[1]["t0"] < builds[0]["t1"], builds  # they overlap
     assert [b["kv_cache_memory_bytes"] for b in builds] == [10 * 2**30] * 2
     assert [b["gpu_memory_utilization"] for b in builds] == [0.45, 0.45]
