@@ -201,6 +201,8 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert report["steady_ratio_2@8/1"] == round(two["steady_pages_per_s"] / one["steady_pages_per_s"], 3)
     assert one["host_rss_peak_gb"] > 0.05 and two["host_rss_peak_gb"] > one["host_rss_peak_gb"] * 1.2  # two parts
     assert 0 < one["first_row_s"] < one["wall_s"] and 0 < two["first_row_s"] < two["wall_s"]
+    # each run as a fresh pod: caches of its own under the work folder (a warm compile cache is a faster start)
+    assert one["caches"] == str(work / "cache-1") and two["caches"] == str(work / "cache-2@8")
 
 
 def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):

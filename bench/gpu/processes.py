@@ -16,6 +16,10 @@ the command's wall time (the engines' loads included: N > 1 builds its engines o
 the other), its rows' span (first committed row to last), and its steady window (the 20th
 to the 80th percentile row). With them the GPU busy (NVML, every 100 ms) over the span and
 the window, and the host memory peak of the whole process tree.
+Each run starts as a fresh pod does (--caches fresh, the default): its own empty vLLM, Triton
+and Inductor caches, so a later run does not load the compiled graphs and kernels of an
+earlier one (a warm compile cache cut an engine's start from 93-104 s to 17 s: GPU.md, second
+lease). --caches shared leaves the machine's own.
 """
 
 from __future__ import annotations
@@ -109,6 +113,18 @@ def stand_in(work: Path) -> str:
     return str(work / "shim")
 
 
+def caches_of(root: Path) -> dict:
+    """The environment of a run with caches of its own under root, emptied first: vLLM's
+    (compiled graphs: VLLM_CACHE_ROOT under XDG_CACHE_HOME), Triton's kernels and Inductor's."""
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+    dirs = {"XDG_CACHE_HOME": root, "TRITON_CACHE_DIR": root / "triton", "TORCHINDUCTOR_CACHE_DIR": root / "inductor"}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return {k: str(v) for k, v in dirs.items()}
+
+
 def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dict:
     """What a run did, from its table and run records; with a sampler (throughput.Sampler),
     the GPU busy and host memory over the rows' span and their steady window (the 20th to the
@@ -164,6 +180,8 @@ def main() -> None:
     ap.add_argument("--processes", default="1,2",
                     help="the runs, in order, the first the baseline: N, or N@GIB with kv_cache_gib GIB (the KV's "
                          "size given, so the N parts build their engines at once), e.g. 2,2@48")
+    ap.add_argument("--caches", choices=["fresh", "shared"], default="fresh",
+                    help="fresh: each run its own empty vLLM/Triton/Inductor caches, as a new pod; shared: the machine's")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
     ap.add_argument("--fake", action="store_true", help="tests/fake_vllm.py for vLLM (a dry run on the CPU)")
     ap.add_argument("--json", type=Path)
@@ -195,17 +213,18 @@ def main() -> None:
         spec = job(args.work / f"job-{item}.yaml", src, out, model, args, float(kv or 0))
         from throughput import Sampler
 
+        run_env = env | caches_of(args.work / f"cache-{item}") if args.caches == "fresh" else env
         sampler = Sampler()  # GPU busy (NVML) and this process's tree: the run and its parts
         sampler.start()
         clock = time.time() - time.monotonic()
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", "--job", str(spec), "--processes", str(n),
-                               "--quiet"], capture_output=True, text=True, env=env, timeout=args.timeout)
+                               "--quiet"], capture_output=True, text=True, env=run_env, timeout=args.timeout)
         wall = time.monotonic() - t0
         sampler.running = False
         sampler.join()
         rec = {"rc": proc.returncode, "wall_s": round(wall, 2), "stdout": proc.stdout.strip()[-400:],
-               "stderr_tail": proc.stderr.strip()[-1500:]}
+               "stderr_tail": proc.stderr.strip()[-1500:], "caches": run_env.get("XDG_CACHE_HOME", "shared")}
         if proc.returncode == 0:
             rec |= work_of(out, sampler, clock, t0)
             rec["pages_per_s"] = round(pages / wall, 3)
