@@ -203,6 +203,10 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert 0 < one["first_row_s"] < one["wall_s"] and 0 < two["first_row_s"] < two["wall_s"]
     # each run as a fresh pod: caches of its own under the work folder (a warm compile cache is a faster start)
     assert one["caches"] == str(work / "cache-1") and two["caches"] == str(work / "cache-2@8")
+    # each part's first row (two parts, two run ids), and each run's whole log beside the JSON
+    assert len(one["first_row_s_by_part"]) == 1 and len(two["first_row_s_by_part"]) == 2
+    assert min(two["first_row_s_by_part"].values()) == two["first_row_s"]
+    assert "batchocr: done" in (tmp_path / "p-2@8.log").read_text()
 
 
 def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):

@@ -145,7 +145,18 @@ def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dic
         "rows_span_s": (at[-1] - at[0]).total_seconds() if at else None,
         "runs": [{k: r.get(k) for k in ("run_id", "status", "timings", "accelerator")} for r in records],
         **(window_of(at, sampler, clock, t0) if at else {}),
+        **({"first_row_s_by_part": first_rows(rows, clock, t0)} if at else {}),
     }
+
+
+def first_rows(rows: list, clock: float, t0: float) -> dict:
+    """Each part's (run_id's) first committed row, in seconds from the command's start: with
+    parts built one after the other, the last part's is when the GPU first has them all."""
+    first: dict = {}
+    for r in rows:
+        t = r["processed_at"].timestamp() - clock - t0
+        first[r["run_id"]] = min(first.get(r["run_id"], t), t)
+    return {k: round(v, 1) for k, v in sorted(first.items(), key=lambda kv: kv[1])}
 
 
 def window_of(at: list, sampler, clock: float, t0: float) -> dict:
@@ -221,6 +232,8 @@ def main() -> None:
         proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", "--job", str(spec), "--processes", str(n),
                                "--quiet"], capture_output=True, text=True, env=run_env, timeout=args.timeout)
         wall = time.monotonic() - t0
+        if args.json:  # the whole log (vLLM's start: compile, warm-up, CUDA graphs, Triton JIT), beside the JSON
+            args.json.with_name(f"{args.json.stem}-{item}.log").write_text(proc.stdout + proc.stderr)
         sampler.running = False
         sampler.join()
         rec = {"rc": proc.returncode, "wall_s": round(wall, 2), "stdout": proc.stdout.strip()[-400:],
