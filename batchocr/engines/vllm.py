@@ -332,6 +332,10 @@ class VLLMEngine:
         self._delta = RequestOutputKind.DELTA
         options.set_runner_env()
         options.check_patches()
+        if 0 < options.queue_pages < options.max_num_seqs:  # allowed (host memory), but it starves the batch
+            log.warning("engines.vllm.queue_pages %d is below max_num_seqs %d: at most %d requests run at once "
+                        "(on an H200, 64 of 256 made 0.74x the pages/s; docs/GPU.md, twelfth lease)",
+                        options.queue_pages, options.max_num_seqs, options.queue_pages)
         if llm is None:
             from vllm import LLM
 
