@@ -209,6 +209,38 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert "batchocr: done" in (tmp_path / "p-2@8.log").read_text()
 
 
+def test_processes_bench_seeded_caches_start_later_runs_from_the_first_run_s(tmp_path):
+    """--caches seeded: one cache folder (as a pod's $HOME/.cache); the first run starts it empty,
+    each later run from a copy of what the first left, not from what the run before it added.
+    A run named twice gets a key of its own."""
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    from processes import caches_of
+
+    seed, root = tmp_path / "seed", tmp_path / "cache"
+    (seed / "vllm" / "torch_compile_cache").mkdir(parents=True)
+    (seed / "vllm" / "torch_compile_cache" / "graph").write_text("compiled")
+    (root / "triton").mkdir(parents=True)
+    (root / "triton" / "added-by-the-run-before").write_text("x")
+    env = caches_of(root, seed)
+    assert (root / "vllm" / "torch_compile_cache" / "graph").read_text() == "compiled"
+    assert not (root / "triton" / "added-by-the-run-before").exists()
+    assert env == {"XDG_CACHE_HOME": str(root), "TRITON_CACHE_DIR": str(root / "triton"),
+                   "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
+    assert set(caches_of(tmp_path / "empty")) == set(env)  # no seed: the same folders, empty
+    assert not [f for f in (tmp_path / "empty").rglob("*") if f.is_file()]
+
+    work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "8",
+                           "--per-doc", "4", "--max-tokens", "8", "--processes", "1,2,1", "--caches", "seeded",
+                           "--work", str(work), "--json", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert list(report["runs"]) == ["1", "2", "1#2"] and report["equal_work"]["equal"]
+    assert [r["caches"] for r in report["runs"].values()] == ["cold (the seed)", "seeded from 1", "seeded from 1"]
+    assert "seed_mb" in report["runs"]["1"] and (work / "cache-seed").is_dir() and "ratio_1#2/1" in report
+
+
 def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):
     """--lengths B: each page generates throughput.py's lognormal length for its (doc_id,
     page), in the parts' own processes too (the sitecustomize on their path)."""

@@ -33,13 +33,14 @@ summary() {
   cat "$RES/suite.log" 2>/dev/null
   for f in "$RES"/*.log; do
     [ "$(basename "$f")" = suite.log ] && continue
+    case $(basename "$f") in uocr-processes-*|uocr-start-*) [ -f "${f%.log}.json" ] || continue ;; esac  # a run's own log
     echo "== $(basename "$f")"
     case $(basename "$f") in
       route-*) grep -E '^\[|^ +[0-9]+ +(auto|model)' "$f" | cut -c1-330; tail -6 "$f" | cut -c1-400 ;;
-      uocr-processes*) python3 - "${f%.log}.json" <<'PY' 2>&1 || tail -3 "$f" | cut -c1-300
+      uocr-processes*|uocr-start*) python3 - "${f%.log}.json" <<'PY' 2>&1 || tail -3 "$f" | cut -c1-300
 import json, sys
 r = json.load(open(sys.argv[1]))
-keep = ("rc", "wall_s", "first_row_s", "rows", "output_tokens", "attempts", "pages_per_s", "rows_pages_per_s", "steady_pages_per_s",
+keep = ("rc", "caches", "wall_s", "first_row_s", "first_row_s_by_part", "rows", "output_tokens", "attempts", "pages_per_s", "rows_pages_per_s", "steady_pages_per_s",
         "output_tokens_per_s", "gpu_busy_pct_rows", "gpu_busy_pct_steady", "host_rss_peak_gb")
 for n, run in r["runs"].items():
     print(n, {k: run.get(k) for k in keep}, (run.get("stderr_tail") or "")[-200:] if run["rc"] else "")

@@ -19,7 +19,10 @@ the window, and the host memory peak of the whole process tree.
 Each run starts as a fresh pod does (--caches fresh, the default): its own empty vLLM, Triton
 and Inductor caches, so a later run does not load the compiled graphs and kernels of an
 earlier one (a warm compile cache cut an engine's start from 93-104 s to 17 s: GPU.md, second
-lease). --caches shared leaves the machine's own.
+lease). --caches seeded: the first run from empty caches, each later one from a copy of what the
+first left, in the same place (a pod whose $HOME/.cache is copied in from a volume before it
+starts). --caches shared leaves the machine's own. A run named twice (2,2@48,2) is keyed 2, 2@48,
+2#2.
 """
 
 from __future__ import annotations
@@ -113,16 +116,28 @@ def stand_in(work: Path) -> str:
     return str(work / "shim")
 
 
-def caches_of(root: Path) -> dict:
-    """The environment of a run with caches of its own under root, emptied first: vLLM's
-    (compiled graphs: VLLM_CACHE_ROOT under XDG_CACHE_HOME), Triton's kernels and Inductor's."""
+def caches_of(root: Path, seed: Path | None = None) -> dict:
+    """The environment of a run with caches of its own under root, emptied first (or a copy of
+    seed): vLLM's (compiled graphs: VLLM_CACHE_ROOT under XDG_CACHE_HOME), Triton's kernels and
+    Inductor's."""
     import shutil
 
     shutil.rmtree(root, ignore_errors=True)
+    if seed is not None:
+        shutil.copytree(seed, root, symlinks=True)
     dirs = {"XDG_CACHE_HOME": root, "TRITON_CACHE_DIR": root / "triton", "TORCHINDUCTOR_CACHE_DIR": root / "inductor"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     return {k: str(v) for k, v in dirs.items()}
+
+
+def caches_said(mode: str, env: dict, earlier: dict) -> str:
+    """A run's caches, for its record: the folder (fresh), seeded or cold (seeded), shared."""
+    if mode == "fresh":
+        return env["XDG_CACHE_HOME"]
+    if mode == "seeded":
+        return f"seeded from {next(iter(earlier))}" if earlier else "cold (the seed)"
+    return "shared"
 
 
 def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dict:
@@ -191,8 +206,9 @@ def main() -> None:
     ap.add_argument("--processes", default="1,2",
                     help="the runs, in order, the first the baseline: N, or N@GIB with kv_cache_gib GIB (the KV's "
                          "size given, so the N parts build their engines at once), e.g. 2,2@48")
-    ap.add_argument("--caches", choices=["fresh", "shared"], default="fresh",
-                    help="fresh: each run its own empty vLLM/Triton/Inductor caches, as a new pod; shared: the machine's")
+    ap.add_argument("--caches", choices=["fresh", "seeded", "shared"], default="fresh",
+                    help="fresh: each run its own empty vLLM/Triton/Inductor caches, as a new pod; seeded: the "
+                         "first run's from empty, each later one's a copy of what the first left; shared: the machine's")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
     ap.add_argument("--fake", action="store_true", help="tests/fake_vllm.py for vLLM (a dry run on the CPU)")
     ap.add_argument("--json", type=Path)
@@ -218,13 +234,21 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(report, indent=2, default=str))
 
+    seen: dict[str, int] = {}
     for item in args.processes.split(","):
         n, _, kv = item.partition("@")
+        seen[item] = seen.get(item, 0) + 1
+        item = item if seen[item] == 1 else f"{item}#{seen[item]}"  # the same N again: its own key
         out = args.work / f"out-{item}"
         spec = job(args.work / f"job-{item}.yaml", src, out, model, args, float(kv or 0))
         from throughput import Sampler
 
-        run_env = env | caches_of(args.work / f"cache-{item}") if args.caches == "fresh" else env
+        if args.caches == "fresh":
+            run_env = env | caches_of(args.work / f"cache-{item}")
+        elif args.caches == "seeded":  # one place, as a pod's $HOME/.cache: empty, then the first run's
+            run_env = env | caches_of(args.work / "cache", args.work / "cache-seed" if report["runs"] else None)
+        else:
+            run_env = env
         sampler = Sampler()  # GPU busy (NVML) and this process's tree: the run and its parts
         sampler.start()
         clock = time.time() - time.monotonic()
@@ -237,12 +261,19 @@ def main() -> None:
         sampler.running = False
         sampler.join()
         rec = {"rc": proc.returncode, "wall_s": round(wall, 2), "stdout": proc.stdout.strip()[-400:],
-               "stderr_tail": proc.stderr.strip()[-1500:], "caches": run_env.get("XDG_CACHE_HOME", "shared")}
+               "stderr_tail": proc.stderr.strip()[-1500:], "caches": caches_said(args.caches, run_env, report["runs"])}
         if proc.returncode == 0:
             rec |= work_of(out, sampler, clock, t0)
             rec["pages_per_s"] = round(pages / wall, 3)
             rec["rows_pages_per_s"] = round(pages / rec["rows_span_s"], 3) if rec["rows_span_s"] else None
             rec["output_tokens_per_s"] = round(rec["output_tokens"] / wall, 1)
+        if args.caches == "seeded" and not report["runs"]:  # what the first run left: the later runs' seed
+            import shutil
+
+            shutil.rmtree(args.work / "cache-seed", ignore_errors=True)
+            shutil.copytree(args.work / "cache", args.work / "cache-seed", symlinks=True)
+            rec["seed_mb"] = round(sum(f.stat().st_size for f in (args.work / "cache-seed").rglob("*") if f.is_file())
+                                   / 2**20, 1)
         report["runs"][item] = rec
         print(item, json.dumps({k: v for k, v in rec.items() if k not in ("runs", "stderr_tail")}), flush=True)
         save()

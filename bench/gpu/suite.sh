@@ -27,7 +27,8 @@
 # several waves of groups), uocr-rswa-check, uocr-tiles and uocr-tiles-doc (R-SWA's attention over the
 # tiles it sees), uocr-decode (page b against rswa_tiles, the sampler's bans on V2 with the batched encoder
 # and two engine processes, one run), uocr-goal (4,096 pages: b against two engine processes and instances 2),
-# uocr-inst2 (b against instances 2 at 2,048 pages), uocr-processes (batchocr run --processes 2 against 1);
+# uocr-inst2 (b against instances 2 at 2,048 pages), uocr-processes (batchocr run --processes 2 against 1),
+# uocr-start (a command's start: cold caches, then seeded from the first run's; engines in turn and at once);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
@@ -249,6 +250,11 @@ run() {  # one named run of the suite
     # PROC_ARGS: e.g. "--processes 2 --lengths B" (lognormal lengths), "--mode document" (groups of 4)
     uocr-processes) PY_TIMEOUT=1700 py uocr-processes bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                       --pages 4096 --timeout 900 ${PROC_ARGS:-} ;;
+    # a command's start (GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
+    # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
+    # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
+    uocr-start) PY_TIMEOUT=1700 py uocr-start bench/gpu/processes.py --models "$MODELS" --work /tmp/start \
+                  --pages 3072 --lengths B --timeout 900 --processes 2,2@48,2 --caches seeded ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
