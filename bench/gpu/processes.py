@@ -31,6 +31,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -120,8 +121,6 @@ def caches_of(root: Path, seed: Path | None = None) -> dict:
     """The environment of a run with caches of its own under root, emptied first (or a copy of
     seed): vLLM's (compiled graphs: VLLM_CACHE_ROOT under XDG_CACHE_HOME), Triton's kernels and
     Inductor's."""
-    import shutil
-
     shutil.rmtree(root, ignore_errors=True)
     if seed is not None:
         shutil.copytree(seed, root, symlinks=True)
@@ -268,8 +267,6 @@ def main() -> None:
             rec["rows_pages_per_s"] = round(pages / rec["rows_span_s"], 3) if rec["rows_span_s"] else None
             rec["output_tokens_per_s"] = round(rec["output_tokens"] / wall, 1)
         if args.caches == "seeded" and not report["runs"]:  # what the first run left: the later runs' seed
-            import shutil
-
             shutil.rmtree(args.work / "cache-seed", ignore_errors=True)
             shutil.copytree(args.work / "cache", args.work / "cache-seed", symlinks=True)
             rec["seed_mb"] = round(sum(f.stat().st_size for f in (args.work / "cache-seed").rglob("*") if f.is_file())
