@@ -30,7 +30,7 @@
 # uocr-inst2 (b against instances 2 at 2,048 pages), uocr-processes (batchocr run --processes 2 against 1),
 # uocr-start (a command's start: cold caches, then seeded from the first run's; engines in turn and at once);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
-# (host memory against the queue depth); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
+# (host memory against the queue depth; uocr-memory-1024 its last run alone); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
@@ -155,6 +155,8 @@ run() {  # one named run of the suite
     # issue 21: a run's host memory against its queue depth, b alone in each process (rss by process)
     uocr-memory) uocr uocr-memory --pages 1024 --modes b --variant "queue64=--queue-pages 64" \
                    --variant "queue1024=--queue-pages 1024" ;;
+    # the run the twelfth lease cut short: b at the default queue against 1,024 (~6 min)
+    uocr-memory-1024) uocr uocr-memory-1024 --pages 1024 --modes b --variant "queue1024=--queue-pages 1024" ;;
     # what a custom logits processor costs vLLM (GPU.md, "Issue 20, second lease"): b with
     # batchocr's processor (V1 runner, output tokens synced to the host a step), with none on V2,
     # and with none on V1; 512 pages, equal work in tokens (the bans change tokens, not counts)
