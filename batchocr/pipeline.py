@@ -107,16 +107,21 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
 
     _check_stores(spec, source, out)  # before the engine loads; a missing SOURCE leaves no run record
     expected = None  # what OUT is to remember, known before the engine loads
+    start = {"turn_wait_s": 0.0, "engine_start_s": 0.0}  # the run's start: a part's turn, the engine's build
     if engine is None:
         expected = _producer_settings(spec)
         producer.check(out, expected, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
+        t = time.monotonic()
         if part is not None:
             part.wait_turn(stop)  # one engine starts at a time: vLLM measures the GPU's free memory
+        start["turn_wait_s"] = time.monotonic() - t
         engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
+        start["engine_start_s"] = time.monotonic() - t - start["turn_wait_s"]
         if part is not None:
             part.built()
     try:
-        return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop, expected, part)
+        return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop, expected, part,
+                    start)
     except StorageError as exc:  # said here, not by the store: `status` and `report` resume nothing
         raise StorageError(f"{exc}; committed work is intact, rerun to resume") from None
     finally:
@@ -125,7 +130,8 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
 
 def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.datetime, summary: RunSummary,
          out: Store, source: Store, progress: bool, stop: threading.Event,
-         expected: dict[str, Any] | None = None, part: "Part | None" = None) -> RunSummary:
+         expected: dict[str, Any] | None = None, part: "Part | None" = None,
+         start: dict[str, float] | None = None) -> RunSummary:
     shard = spec.shard
     render = _render_spec(spec, getattr(engine, "render_hints", {}))
     # The render settings used: the worker count resolved (the spec's own, 0 for "one per CPU", is in "spec").
@@ -148,7 +154,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     documents = listed()
     writer = PartWriter(out, shard.index, run_id, spec.commit)
     inflight: dict[tuple[str, int], dict] = {}
-    timings = {"render_wait_s": 0.0, "engine_s": 0.0, "write_s": 0.0}
+    timings = {"render_wait_s": 0.0, "engine_s": 0.0, "write_s": 0.0, **(start or {})}
     bar = Progress(f"shard {shard}" + (f" part {part}" if part is not None else ""), progress,
                    position=part.index if part is not None else None)
     bar.count_documents(listed(), lambda doc: _committed(done, doc))  # in the background
@@ -169,6 +175,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
 
     def write(rows: list[dict], by=engine) -> None:
         t = time.monotonic()
+        timings.setdefault("first_row_s", t - started)  # from the run's start: what its start-up cost
         now = dt.datetime.now(dt.UTC)
         for row in rows:
             if row.get("error_type") is not None and row["error_type"] not in schema.ERROR_TYPES:

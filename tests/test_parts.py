@@ -118,6 +118,13 @@ def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory
     assert len(builds) == 2 and builds[0]["pid"] != builds[1]["pid"]
     assert builds[1]["t0"] >= builds[0]["t1"], builds  # the second waits for the first: no overlap
     assert [b["gpu_memory_utilization"] for b in builds] == [0.45, 0.45]  # 0.9 shared
+    # The run records say where each part's start went: the second waited its turn for about
+    # the first's build (the stand-in's takes 0.5 s), then built its own.
+    first, second = sorted((json.loads(r.read_text())["timings"] for r in (out / "_runs").glob("*.json")),
+                           key=lambda t: t["turn_wait_s"])
+    assert first["turn_wait_s"] < 0.2 and second["turn_wait_s"] > 0.3, (first, second)
+    assert min(first["engine_start_s"], second["engine_start_s"]) >= 0.5
+    assert second["first_row_s"] > second["turn_wait_s"] + second["engine_start_s"]
     rows = _rows(out)
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
     assert {r["engine"] for r in rows} == {"vllm"} and all(r["output_tokens"] > 0 for r in rows)
