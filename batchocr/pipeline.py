@@ -226,6 +226,12 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             elif good.num_rows:
                 yield good
 
+    def stamped(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The batches as they are, the first one's arrival at the engine timed from the run's start."""
+        for batch in batches:
+            timings.setdefault("first_page_s", time.monotonic() - started)
+            yield batch
+
     group_pages = getattr(engine, "group_pages", 1)  # document mode: the engine reads pages in groups
     grouper = Grouper(group_pages) if group_pages > 1 else None
     needs = router.needs(engine.needs, spec.route)
@@ -233,7 +239,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     with RenderPool(render, needs, spec.storage_options) as pool:
         try:
             t_engine = time.monotonic()
-            for results in engine.run(feed(pool, stop), stop):
+            for results in engine.run(stamped(feed(pool, stop)), stop):
                 rows = []
                 for res in results.to_pylist():
                     meta = inflight.pop((res["doc_id"], res["page_index"]), None)
