@@ -180,16 +180,22 @@ def test_profile_traces_every_engine_b_builds(tmp_path):
     assert all(t["ms_by_category"] == {"cpu_op": 1.0} for t in traces)
 
 
+def _processes(tmp_path: Path, *args: str) -> dict:
+    """bench/gpu/processes.py --fake ARGS, its work in tmp_path/w and its JSON in tmp_path/p.json
+    (each run's log beside it): the report it wrote."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", *args,
+                           "--work", str(tmp_path / "w"), "--json", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((tmp_path / "p.json").read_text())
+
+
 def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     """bench/gpu/processes.py on the CPU (the vLLM stand-in): `batchocr run --processes 2`
     with kv_cache_gib 8 (2@8: the parts start at once) against 1 over the same pages, every
     page exactly --max-tokens tokens, one attempt."""
-    out, work = tmp_path / "p.json", tmp_path / "w"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "32",
-                           "--per-doc", "8", "--max-tokens", "12", "--processes", "1,2@8", "--work", str(work),
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(out.read_text())
+    work = tmp_path / "w"
+    report = _processes(tmp_path, "--pages", "32", "--per-doc", "8", "--max-tokens", "12", "--processes", "1,2@8")
     one, two = report["runs"]["1"], report["runs"]["2@8"]
     assert one["rc"] == two["rc"] == 0, (one["stderr_tail"], two["stderr_tail"])
     assert report["equal_work"]["equal"] and one["rows"] == two["rows"] == one["unique_pages"] == 32
@@ -230,12 +236,8 @@ def test_processes_bench_seeded_caches_start_later_runs_from_the_first_run_s(tmp
     assert not [f for f in (tmp_path / "empty").rglob("*") if f.is_file()]
 
     work = tmp_path / "w"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "4",
-                           "--per-doc", "4", "--max-tokens", "8", "--processes", "1,1", "--caches", "seeded",
-                           "--work", str(work), "--json", str(tmp_path / "p.json")],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads((tmp_path / "p.json").read_text())
+    report = _processes(tmp_path, "--pages", "4", "--per-doc", "4", "--max-tokens", "8", "--processes", "1,1",
+                        "--caches", "seeded")
     assert list(report["runs"]) == ["1", "1#2"] and report["equal_work"]["equal"]
     assert [r["caches"] for r in report["runs"].values()] == ["cold (the seed)", "seeded from 1"]
     assert "seed_mb" in report["runs"]["1"] and (work / "cache-seed").is_dir() and "ratio_1#2/1" in report
@@ -248,11 +250,7 @@ def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):
     from throughput import length_of
 
     work = tmp_path / "w"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "8",
-                           "--per-doc", "2", "--lengths", "B", "--processes", "2", "--work", str(work),
-                           "--json", str(tmp_path / "p.json")], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    run = json.loads((tmp_path / "p.json").read_text())["runs"]["2"]
+    run = _processes(tmp_path, "--pages", "8", "--per-doc", "2", "--lengths", "B", "--processes", "2")["runs"]["2"]
     assert run["rc"] == 0 and run["rows"] == 8 and len(run["runs"]) == 2, run["stderr_tail"]
     rows = pq.read_table(work / "out-2" / "pages", partitioning=None).to_pylist()
     want = {(r["doc_id"], r["page_index"]): length_of(f"{r['doc_id']}/{r['page_index']}", "B", 0) for r in rows}
@@ -263,12 +261,8 @@ def test_processes_bench_document_mode(tmp_path):
     """--mode document: a request a document of 4 (--group-pages 4), --max-tokens a page; the
     split's fallback off (random weights write no <page>), so every row is an error row."""
     work = tmp_path / "w"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--pages", "16",
-                           "--per-doc", "4", "--max-tokens", "12", "--processes", "2", "--mode", "document",
-                           "--work", str(work), "--json", str(tmp_path / "p.json")],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    run = json.loads((tmp_path / "p.json").read_text())["runs"]["2"]
+    run = _processes(tmp_path, "--pages", "16", "--per-doc", "4", "--max-tokens", "12", "--processes", "2",
+                     "--mode", "document")["runs"]["2"]
     assert run["rc"] == 0 and run["rows"] == 16 and run["output_tokens"] == 16 * 12, run["stderr_tail"]
     rows = pq.read_table(work / "out-2" / "pages", partitioning=None).to_pylist()
     assert {r["mode"] for r in rows} == {"document"} and run["finish_reasons"] == ["error"]
