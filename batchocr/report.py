@@ -216,7 +216,12 @@ def run_brief(record: dict[str, Any], run_rows: dict[str, dict[str, Any]]) -> di
             "shard": f"{shard['index']}/{shard['count']}" if "index" in shard and "count" in shard else None,
             "accelerators": (record.get("accelerator") or {}).get("count"),
             "pages": mine.get("pages", 0), "first_row_at": iso(mine.get("first_row_at")),
-            "last_row_at": iso(mine.get("last_row_at"))}
+            "last_row_at": iso(mine.get("last_row_at")),
+            # where its start went, in seconds from its start (runs recorded before these timings: none)
+            "start": {k: t[k] for k in START_TIMINGS if k in (t := record.get("timings") or {})}}
+
+
+START_TIMINGS = ("turn_wait_s", "engine_start_s", "first_page_s", "first_row_s")  # a run record's
 
 
 # Bucket widths for the throughput chart, in seconds: round figures from a second to a week.

@@ -62,6 +62,9 @@ def test_report_figures_equal_pyarrow_counts_on_the_real_run(rapidocr_run):
     # the header: the run records and the engines and models of the rows
     (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
     assert [(r["run_id"], r["status"], r["pages"]) for r in got["runs"]] == [(record["run_id"], "done", 10)]
+    (brief,) = got["runs"]  # and where its start went, as its record says
+    assert brief["start"] == {k: record["timings"][k] for k in ("turn_wait_s", "engine_start_s", "first_page_s",
+                                                                  "first_row_s")} and brief["start"]["first_row_s"] > 0
     models = collections.Counter(zip(table["engine"].to_pylist(), table["model"].to_pylist()))
     assert {(m["engine"], m["model"]): m["pages"] for m in got["models"]} == models
     # slowest documents: engine time summed per document
