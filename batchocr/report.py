@@ -209,6 +209,7 @@ def run_brief(record: dict[str, Any], run_rows: dict[str, dict[str, Any]]) -> di
     accelerator time went (start-up before its first row, reading, after its last)."""
     shard = (record.get("spec") or {}).get("shard") or {}
     mine = run_rows.get(record.get("run_id"), {})
+    timings = record.get("timings") or {}
     iso = lambda t: t.isoformat() if t is not None else None  # noqa: E731
     return {"run_id": record.get("run_id"), "status": record.get("status"), "engine": record.get("engine"),
             "model": record.get("model"), "started_at": record.get("started_at"),
@@ -218,7 +219,7 @@ def run_brief(record: dict[str, Any], run_rows: dict[str, dict[str, Any]]) -> di
             "pages": mine.get("pages", 0), "first_row_at": iso(mine.get("first_row_at")),
             "last_row_at": iso(mine.get("last_row_at")),
             # where its start went, in seconds from its start (runs recorded before these timings: none)
-            "start": {k: t[k] for k in START_TIMINGS if k in (t := record.get("timings") or {})}}
+            "start": {k: timings[k] for k in START_TIMINGS if k in timings}}
 
 
 START_TIMINGS = ("turn_wait_s", "engine_start_s", "first_page_s", "first_row_s")  # a run record's
