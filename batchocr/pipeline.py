@@ -114,9 +114,9 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
         t = time.monotonic()
         if part is not None:
             part.wait_turn(stop)  # one engine starts at a time: vLLM measures the GPU's free memory
-        start["turn_wait_s"] = time.monotonic() - t
+        start["turn_wait_s"] = (t_build := time.monotonic()) - t
         engine = engines.create(spec.engine, spec.engine_options)  # fails early: bad options, missing extra
-        start["engine_start_s"] = time.monotonic() - t - start["turn_wait_s"]
+        start["engine_start_s"] = time.monotonic() - t_build
         if part is not None:
             part.built()
     try:

@@ -203,6 +203,9 @@ def latency_by_route(page_rows: pl.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
+START_TIMINGS = ("turn_wait_s", "engine_start_s", "first_page_s", "first_row_s")  # a run record's
+
+
 def run_brief(record: dict[str, Any], run_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """What the report says of a run record (OUT/_runs/<run_id>.json), with its rows
     in the table (pages, first and last processed_at): the header, and where its
@@ -220,9 +223,6 @@ def run_brief(record: dict[str, Any], run_rows: dict[str, dict[str, Any]]) -> di
             "last_row_at": iso(mine.get("last_row_at")),
             # where its start went, in seconds from its start (runs recorded before these timings: none)
             "start": {k: timings[k] for k in START_TIMINGS if k in timings}}
-
-
-START_TIMINGS = ("turn_wait_s", "engine_start_s", "first_page_s", "first_row_s")  # a run record's
 
 
 # Bucket widths for the throughput chart, in seconds: round figures from a second to a week.

@@ -130,15 +130,6 @@ def caches_of(root: Path, seed: Path | None = None) -> dict:
     return {k: str(v) for k, v in dirs.items()}
 
 
-def caches_said(mode: str, env: dict, earlier: dict) -> str:
-    """A run's caches, for its record: the folder (fresh), seeded or cold (seeded), shared."""
-    if mode == "fresh":
-        return env["XDG_CACHE_HOME"]
-    if mode == "seeded":
-        return f"seeded from {next(iter(earlier))}" if earlier else "cold (the seed)"
-    return "shared"
-
-
 def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dict:
     """What a run did, from its table and run records; with a sampler (throughput.Sampler),
     the GPU busy and host memory over the rows' span and their steady window (the 20th to the
@@ -158,28 +149,28 @@ def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dic
         "first_error": next((r["error_message"] for r in rows if r["error_message"]), None),
         "rows_span_s": (at[-1] - at[0]).total_seconds() if at else None,
         "runs": [{k: r.get(k) for k in ("run_id", "status", "timings", "accelerator")} for r in records],
-        **(window_of(at, sampler, clock, t0) if at else {}),
-        **({"first_row_s_by_part": first_rows(rows, clock, t0)} if at else {}),
+        **(window_of(at, sampler, clock) if at else {}),
+        **(start_of(rows, clock, t0) if at else {}),
     }
 
 
-def first_rows(rows: list, clock: float, t0: float) -> dict:
-    """Each part's (run_id's) first committed row, in seconds from the command's start: with
-    parts built one after the other, the last part's is when the GPU first has them all."""
+def start_of(rows: list, clock: float, t0: float) -> dict:
+    """The command's start, in seconds from t0 (its start, monotonic): to its first row, and to
+    each part's (run_id's) first row: with parts built one after the other, the last part's is
+    when the GPU first has them all."""
     first: dict = {}
     for r in rows:
         t = r["processed_at"].timestamp() - clock - t0
         first[r["run_id"]] = min(first.get(r["run_id"], t), t)
-    return {k: round(v, 1) for k, v in sorted(first.items(), key=lambda kv: kv[1])}
+    by_part = {k: round(v, 1) for k, v in sorted(first.items(), key=lambda kv: kv[1])}
+    return {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part}
 
 
-def window_of(at: list, sampler, clock: float, t0: float) -> dict:
-    """Pages/s between the 20th and 80th percentile finish, and what the sampler saw then;
-    the start: from t0 (the command's, monotonic) to the first row."""
+def window_of(at: list, sampler, clock: float) -> dict:
+    """Pages/s between the 20th and 80th percentile finish, and what the sampler saw then."""
     t = [a.timestamp() - clock for a in at]  # on the monotonic clock
     i, j = int(len(t) * 0.2), int(len(t) * 0.8)
-    out: dict = {"steady_pages_per_s": round((j - i) / (t[j] - t[i]), 3) if t[j] > t[i] else None,
-                 "first_row_s": round(t[0] - t0, 1)}
+    out: dict = {"steady_pages_per_s": round((j - i) / (t[j] - t[i]), 3) if t[j] > t[i] else None}
     if sampler is not None:
         out |= {"gpu_busy_pct_rows": sampler.gpu_between(t[0], t[-1]),
                 "gpu_busy_pct_steady": sampler.gpu_between(t[i], t[j]),
@@ -244,10 +235,13 @@ def main() -> None:
 
         if args.caches == "fresh":
             run_env = env | caches_of(args.work / f"cache-{item}")
+            caches = run_env["XDG_CACHE_HOME"]
         elif args.caches == "seeded":  # one place, as a pod's $HOME/.cache: empty, then the first run's
-            run_env = env | caches_of(args.work / "cache", args.work / "cache-seed" if report["runs"] else None)
+            first = next(iter(report["runs"]), None)
+            run_env = env | caches_of(args.work / "cache", args.work / "cache-seed" if first else None)
+            caches = f"seeded from {first}" if first else "cold (the seed)"
         else:
-            run_env = env
+            run_env, caches = env, "shared"
         sampler = Sampler()  # GPU busy (NVML) and this process's tree: the run and its parts
         sampler.start()
         clock = time.time() - time.monotonic()
@@ -260,7 +254,7 @@ def main() -> None:
         sampler.running = False
         sampler.join()
         rec = {"rc": proc.returncode, "wall_s": round(wall, 2), "stdout": proc.stdout.strip()[-400:],
-               "stderr_tail": proc.stderr.strip()[-1500:], "caches": caches_said(args.caches, run_env, report["runs"])}
+               "stderr_tail": proc.stderr.strip()[-1500:], "caches": caches}
         if proc.returncode == 0:
             rec |= work_of(out, sampler, clock, t0)
             rec["pages_per_s"] = round(pages / wall, 3)

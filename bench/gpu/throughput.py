@@ -477,7 +477,8 @@ def run_child(argv: list[str], log: Path, timeout: float) -> dict | None:
 
 def merge_steady(records: list[dict], steps: list[tuple], finishes: list[float] = ()) -> dict | None:
     """Several engines at once: the window where every one of them is in its steady state;
-    its pages from `finishes` (every page's, absolute times), its requests from the steps."""
+    its requests from the steps, its pages from `finishes` (every page's, absolute times) where
+    they are given."""
     windows = [(r["steady"]["window_start_abs"], r["steady"]["window_end_abs"]) for r in records if r.get("steady")]
     if len(windows) < len(records):
         return None
@@ -485,10 +486,12 @@ def merge_steady(records: list[dict], steps: list[tuple], finishes: list[float] 
     if w1 <= w0:
         return None
     inside = [s for s in steps if w0 < s[0] <= w1]
-    pages = sum(w0 < t <= w1 for t in finishes)
-    return {"window_s": round(w1 - w0, 1), "window_start_abs": w0, "window_end_abs": w1,
-            "requests": sum(s[5] for s in inside), "pages": pages, "pages_per_s": round(pages / (w1 - w0), 3),
-            "output_tokens_per_s": round(sum(s[4] for s in inside) / (w1 - w0), 1)}
+    out = {"window_s": round(w1 - w0, 1), "window_start_abs": w0, "window_end_abs": w1,
+           "requests": sum(s[5] for s in inside), "output_tokens_per_s": round(sum(s[4] for s in inside) / (w1 - w0), 1)}
+    if finishes:  # else the caller counts the pages (record())
+        pages = sum(w0 < t <= w1 for t in finishes)
+        out |= {"pages": pages, "pages_per_s": round(pages / (w1 - w0), 3)}
+    return out
 
 
 def main() -> None:
@@ -778,7 +781,7 @@ def main() -> None:
                 got = tl.steady(start, end, llm_args.get("max_num_seqs") or 1024)
                 parts.append({"steady": got[0] | {"window_start_abs": got[1][0], "window_end_abs": got[1][1]}}
                              if got else {})
-            merged = merge_steady(parts, timeline.between(start, end), finishes or ())
+            merged = merge_steady(parts, timeline.between(start, end))  # its pages: counted below
             steady = (merged, (merged["window_start_abs"], merged["window_end_abs"])) if merged else None
         else:
             steady = timeline.steady(start, end, llm_args.get("max_num_seqs") or 1024)
