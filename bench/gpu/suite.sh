@@ -31,7 +31,7 @@
 # uocr-start (a command's start: cold caches, then seeded from the first run's; engines in turn and at once);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth; uocr-memory-1024 its last run alone); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
-# tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
+# tp21-7b-admit (b, b admitting 16, a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -125,6 +125,10 @@ run() {  # one named run of the suite
     # issue 21's goals (at least 2,048 pages, 4x max_num_seqs: a steady state): a, b and a' at equal
     # work, b admitting 16 at a time; the levers, each b in its own engine; the 2B layout
     tp21-7b) tp tp21-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes a,b,a0 --b-variants "admit_pages=16" ;;
+    # one lease's worth (~22 min): b as vLLM admits, b admitting 16 at a time, a; then in its own engine
+    # the levers together (FP8 KV, 512 sequences, admitting 16): 2,048 pages, 4x the larger batch
+    tp21-7b-admit) tp tp21-7b-admit "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a --b-variants "admit_pages=16" \
+                     --variant "kvfp8s512=--engine-arg kv_cache_dtype=fp8 --max-num-seqs 512 --admit-pages 16" ;;
     tp21-7b-levers) tp tp21-7b-levers "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b \
                       --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" \
                       --variant "seqs512kvfp8=--max-num-seqs 512 --engine-arg kv_cache_dtype=fp8" ;;

@@ -445,6 +445,7 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
             "--lengths", args.lengths, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--prepare-threads", str(args.prepare_threads), "--queue-pages", str(args.queue_pages),
+            *(["--admit-pages", str(args.admit_pages)] if args.admit_pages is not None else []),
             "--render-workers", str(args.render_workers), "--guard", args.guard,
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
     if args.quantization:
@@ -531,6 +532,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--prepare-threads", type=int, default=4)
     ap.add_argument("--queue-pages", type=int, default=0)
+    ap.add_argument("--admit-pages", type=int, default=None,
+                    help="engines.vllm.admit_pages for b (unset: the preset's; a variant's own: --variant N='--admit-pages 16')")
     ap.add_argument("--render-workers", type=int, default=8)
     ap.add_argument("--guard", choices=["off", "on"], default="off",
                     help="b's repetition guard; off by default: random weights loop, and a guard that aborts and "
@@ -611,7 +614,7 @@ def main() -> None:
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           prepare_threads=args.prepare_threads, queue_pages=args.queue_pages,
-                          instances=args.instances,
+                          admit_pages=args.admit_pages, instances=args.instances,
                           engine_args={"disable_log_stats": False, **engine_args(args), **profiler}, **guard)
     preset = get_preset(options.preset)
     # (vLLM's defaults are built from args, not options: the profiler goes there too)
