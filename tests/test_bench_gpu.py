@@ -22,7 +22,7 @@ def dry_run(tmp_path, *argv) -> dict:
 
 def test_throughput_dry_run_and_plot(tmp_path):
     r = dry_run(tmp_path, "--pages", "24", "--max-num-seqs", "4", "--chunk", "8", "--render-workers", "1",
-                "--modes", "a,c,b,a0", "--b-variants", "queue_pages=2", "--variant", "seqs8=--max-num-seqs 8",
+                "--modes", "a,c,b,a0", "--b-variants", "queue_pages=2", "--variant", "seqs8=--max-num-seqs 8 --admit-pages 2",
                 "--variant", "engines2=--engines 2")
     assert r["pages"] == 24
     modes = ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_queue_pages_2", "a0_vllm_defaults", "b_seqs8",
@@ -43,6 +43,8 @@ def test_throughput_dry_run_and_plot(tmp_path):
     assert "max_num_seqs" not in r["a0_vllm_defaults"]["llm_args"]
     assert r["a0_vllm_defaults"]["llm_args"]["load_format"] == "dummy"
     assert r["b_seqs8"]["llm_args"]["max_num_seqs"] == 8 and r["b_batchocr"]["queue_pages"] == 4 + 1 + 32
+    # admission: the preset's (qwen2.5-vl's 16, at most an eighth of 4 sequences: 1), a variant's own
+    assert r["b_batchocr"]["admit_pages"] == 1 and r["b_seqs8"]["admit_pages"] == 2
     # two engine processes, the documents split between them, every page once
     assert r["b_engines2"]["engines"] == 2 and sorted(e["rows"] for e in r["b_engines2"]["per_engine"]) == [8, 16]
     assert r["b_engines2"]["rows"] == 24 and len(r["b_engines2"]["timeline"]) == 24

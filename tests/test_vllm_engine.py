@@ -397,15 +397,15 @@ def test_admission_in_groups_adds_pages_once_enough_sequences_are_free(monkeypat
     # when fewer are prepared by then, or at the end)
     assert sum(added) == 60 and sorted(added)[len(added) // 2] >= 4 and max(added) <= 8, added
     # off (0): everything goes in at once, and waits inside vLLM
-    engine, fake = _engine(monkeypatch, max_num_seqs=8, queue_pages=40, max_tokens=50)
+    engine, fake = _engine(monkeypatch, max_num_seqs=8, queue_pages=40, max_tokens=50, admit_pages=0)
     _run(engine, _pages(60))
     assert fake.peak_waiting > 0
 
 
 def test_admission_in_groups_is_the_preset_s_default_in_page_mode(monkeypatch):
-    """admit_pages unset: unlimited-ocr's 16 in page mode (measured on the GPU), at most an
-    eighth of max_num_seqs; the other presets, document mode and an explicit 0 admit as vLLM
-    does; an explicit N is kept (up to max_num_seqs)."""
+    """admit_pages unset: 16 in page mode for the presets measured on the GPU (unlimited-ocr;
+    qwen2.5-vl and olmocr-2, one layout), at most an eighth of max_num_seqs; the other presets,
+    document mode and an explicit 0 admit as vLLM does; an explicit N is kept (up to max_num_seqs)."""
     fake_vllm.install(monkeypatch)
 
     def admitted(**options):
@@ -419,7 +419,9 @@ def test_admission_in_groups_is_the_preset_s_default_in_page_mode(monkeypatch):
     assert admitted(preset="unlimited-ocr", max_num_seqs=8, admit_pages=20) == 8
     assert admitted(preset="unlimited-ocr", admit_pages=0) == 0
     assert admitted(preset="unlimited-ocr", mode="document") == 0
-    assert admitted(preset="qwen2.5-vl") == 0 and admitted(preset="qwen2.5-vl", admit_pages=4) == 4
+    assert admitted(preset="qwen2.5-vl") == 16 and admitted(preset="olmocr-2") == 16
+    assert admitted(preset="qwen2.5-vl", admit_pages=4) == 4 and admitted(preset="qwen2.5-vl", admit_pages=0) == 0
+    assert admitted(preset="qwen3-vl") == 0 and admitted(preset="deepseek-ocr") == 0
     # and the engine feeds by it: nothing ever waits inside vLLM
     llm = fake_vllm.LLM(max_num_seqs=32)
     engine = VLLMEngine(VLLMOptions(model="/m", preset="unlimited-ocr", max_num_seqs=32, queue_pages=60,

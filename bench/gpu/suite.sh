@@ -123,22 +123,27 @@ run() {  # one named run of the suite
     tp-7b-fp8w) tp tp-7b-fp8w "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --quantization fp8 --modes b ;;  # weights only: a short lease
     tp-7b-fp8vs) tp tp-7b-fp8vs "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes b --variant "fp8w=--quantization fp8" ;;
     # issue 21's goals (at least 2,048 pages, 4x max_num_seqs: a steady state): a, b and a' at equal
-    # work, b admitting 16 at a time; the levers, each b in its own engine; the 2B layout
-    tp21-7b) tp tp21-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes a,b,a0 --b-variants "admit_pages=16" ;;
-    # one lease's worth (~22 min): b as vLLM admits, b admitting 16 at a time, a; then in its own engine
-    # the levers together (FP8 KV, 512 sequences, admitting 16): 2,048 pages, 4x the larger batch
-    tp21-7b-admit) tp tp21-7b-admit "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a --b-variants "admit_pages=16" \
+    # work, b admitting 16 at a time (the preset's default since the thirteenth lease) and as vLLM
+    # admits (admit_pages 0); the levers, each b in its own engine; the 2B layout
+    tp21-7b) tp tp21-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes a,b,a0 --b-variants "admit_pages=0" ;;
+    # the thirteenth lease's run (~22 min; b as vLLM admits, explicitly, since 16 is the default now),
+    # b admitting 16 at a time, a; then in its own engine the levers together (FP8 KV, 512
+    # sequences, admitting 16): 2,048 pages, 4x the larger batch
+    tp21-7b-admit) tp tp21-7b-admit "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a --admit-pages 0 \
+                     --b-variants "admit_pages=16" \
                      --variant "kvfp8s512=--engine-arg kv_cache_dtype=fp8 --max-num-seqs 512 --admit-pages 16" ;;
+    # the levers apart (b admits 16 by default): FP8 KV at 256 and 512 sequences, bf16 at 512 (~21 min)
     tp21-7b-levers) tp tp21-7b-levers "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b \
                       --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" \
-                      --variant "seqs512kvfp8=--max-num-seqs 512 --engine-arg kv_cache_dtype=fp8" ;;
-    # issue 21's encoder levers on the 7B (1,024 pages each, b at vLLM's admission; Qwen2.5-VL's encoder has
+                      --variant "seqs512kvfp8=--max-num-seqs 512 --engine-arg kv_cache_dtype=fp8" \
+                      --variant "seqs512=--max-num-seqs 512" ;;
+    # issue 21's encoder levers on the 7B (1,024 pages each, b at the preset's admission; Qwen2.5-VL's encoder has
     # vLLM's compile and CUDA-graph support), and the 2B's CPU-bound engine core (fewer outputs a step)
     tp21-7b-enc) tp tp21-7b-enc "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$ENC_COMPILE" \
                    --variant "$ENC_GRAPHS" --variant "$TORCH_SHM" ;;
     tp21-2b-stream) tp tp21-2b-stream "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
                       --variant "stream8=--engine-arg stream_interval=8" --variant "$TORCH_SHM" ;;
-    tp21-2b) tp tp21-2b "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes a,b --b-variants "admit_pages=8;admit_pages=16" ;;
+    tp21-2b) tp tp21-2b "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes a,b --b-variants "admit_pages=0;admit_pages=8" ;;
     # issue 14: 128 mixed documents (512 pages, half born-digital), auto and model twice, orders alternating
     route-7b) rt route-7b --engine vllm "--model=$MODELS/qwen2.5-vl-7b" --preset qwen2.5-vl --dummy 1000 \
                 --docs 128 --repeat 2 --modes auto,model ;;
