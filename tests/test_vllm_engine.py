@@ -104,7 +104,9 @@ def test_a_queue_below_max_num_seqs_is_a_warning_naming_the_key(monkeypatch, cap
 
 
 def test_every_page_comes_back_once_with_tokens_while_the_queue_stays_full(monkeypatch):
-    engine, fake = _engine(monkeypatch, queue_pages=10, max_tokens=50)
+    # admit_pages 0: everything prepared goes in at once and queues inside vLLM (the preset's 16
+    # would hold requests back until 16 sequences are free: the test below)
+    engine, fake = _engine(monkeypatch, queue_pages=10, max_tokens=50, admit_pages=0)
     rows = _run(engine, _pages(30))
     assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(30))
     assert all(r["finish_reason"] == "stop" and r["attempts"] == 1 for r in rows)
@@ -447,8 +449,20 @@ def test_the_first_requests_reach_vllm_before_the_whole_queue_is_pulled(monkeypa
 
     fake.add_request = counting_add
 
+    prepared, prepare = threading.Event(), engine._prepare
+
+    def prepare_and_say(*a, **k):
+        try:
+            return prepare(*a, **k)
+        finally:
+            prepared.set()
+
+    engine._prepare = prepare_and_say
+
     def batches():
-        for b in _pages(120):
+        for i, b in enumerate(_pages(120)):
+            if i == 2:  # rendering is slower than preparing: the first request is prepared by now
+                prepared.wait(10)  # (a loaded machine once pulled all 40 pages first)
             pulled.append(b.num_rows)
             yield b
 
