@@ -333,6 +333,9 @@ def test_the_pods_job_spec_loads_and_names_the_model_cache(renders, tmp_path):
     fill = _one(renders["k8s/model-cache"][1], "Job", "batchocr-model-fill")
     env = {e["name"]: e["value"] for e in fill["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MODEL_DIR"] == model.name
+    # the production default is the course's model, its preset, and a revision pinned to a commit
+    assert options.preset == "unlimited-ocr" and env["MODEL_REPO"] == "baidu/Unlimited-OCR"
+    assert re.fullmatch(r"[0-9a-f]{40}", env["MODEL_REVISION"]), env["MODEL_REVISION"]
     pvc = _one(renders["k8s/model-cache"][1], "PersistentVolumeClaim", "batchocr-models")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 
