@@ -104,8 +104,8 @@ def test_a_queue_below_max_num_seqs_is_a_warning_naming_the_key(monkeypatch, cap
 
 
 def test_every_page_comes_back_once_with_tokens_while_the_queue_stays_full(monkeypatch):
-    # admit_pages 0: everything prepared goes in at once and queues inside vLLM (the preset's 16
-    # would hold requests back until 16 sequences are free: the test below)
+    # admit_pages 0: everything prepared goes in at once and queues inside vLLM (admission in
+    # groups, the preset's default, has tests of its own below)
     engine, fake = _engine(monkeypatch, queue_pages=10, max_tokens=50, admit_pages=0)
     rows = _run(engine, _pages(30))
     assert sorted((r["doc_id"], r["page_index"]) for r in rows) == sorted((f"d{i // 3}", i % 3) for i in range(30))

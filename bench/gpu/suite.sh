@@ -30,8 +30,9 @@
 # uocr-inst2 (b against instances 2 at 2,048 pages), uocr-processes (batchocr run --processes 2 against 1),
 # uocr-start (a command's start: cold caches, then seeded from the first run's; engines in turn and at once);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
-# (host memory against the queue depth; uocr-memory-1024 its last run alone); tp21-7b, tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
-# tp21-7b-admit (b, b admitting 16, a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
+# (host memory against the queue depth; uocr-memory-1024 its last run alone); tp21-7b-admit (b, b admitting 16,
+# a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
+# tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -122,13 +123,10 @@ run() {  # one named run of the suite
                  --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" ;;
     tp-7b-fp8w) tp tp-7b-fp8w "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --quantization fp8 --modes b ;;  # weights only: a short lease
     tp-7b-fp8vs) tp tp-7b-fp8vs "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes b --variant "fp8w=--quantization fp8" ;;
-    # issue 21's goals (at least 2,048 pages, 4x max_num_seqs: a steady state): a, b and a' at equal
-    # work, b admitting 16 at a time (the preset's default since the thirteenth lease) and as vLLM
-    # admits (admit_pages 0); the levers, each b in its own engine; the 2B layout
-    tp21-7b) tp tp21-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes a,b,a0 --b-variants "admit_pages=0" ;;
-    # the thirteenth lease's run (~22 min; b as vLLM admits, explicitly, since 16 is the default now),
-    # b admitting 16 at a time, a; then in its own engine the levers together (FP8 KV, 512
-    # sequences, admitting 16): 2,048 pages, 4x the larger batch
+    # issue 21's goals (at least 2,048 pages, 4x max_num_seqs: a steady state), the thirteenth lease's
+    # run (~22 min; it replaced tp21-7b, which the earlier leases planned): b as vLLM admits (explicitly,
+    # since 16 is the preset's default now), b admitting 16 at a time, a; then in its own engine the
+    # levers together (FP8 KV, 512 sequences, admitting 16)
     tp21-7b-admit) tp tp21-7b-admit "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a --admit-pages 0 \
                      --b-variants "admit_pages=16" \
                      --variant "kvfp8s512=--engine-arg kv_cache_dtype=fp8 --max-num-seqs 512 --admit-pages 16" ;;

@@ -914,7 +914,8 @@ def main() -> None:
                 finishes = sorted(t for e in engine.instances or [engine] for t in e.finishes)
                 record(name, start, end, finishes, {
                     "rows": summary.pages, "timings": summary.timings, "overrides": overrides,
-                    "queue_pages": engine.queue_pages, "admit_pages": engine.admit_pages, "guard": args.guard, "instances": args.instances,
+                    "queue_pages": engine.queue_pages, "admit_pages": engine.admit_pages, "guard": args.guard,
+                    "instances": args.instances,
                     "extra_args": getattr((engine.instances or [engine])[0], "extra_args", None),
                     "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
                 if profile_dir is not None and "profile_tables" not in report:
