@@ -23,8 +23,9 @@ def dry_run(tmp_path, *argv) -> dict:
 def test_throughput_dry_run_and_plot(tmp_path):
     r = dry_run(tmp_path, "--pages", "24", "--max-num-seqs", "4", "--chunk", "8", "--render-workers", "1",
                 "--modes", "a,c,b,a0", "--b-variants", "queue_pages=2", "--variant", "seqs8=--max-num-seqs 8 --admit-pages 2",
-                "--variant", "engines2=--engines 2")
+                "--variant", "engines2=--engines 2", "--warmup", "8")
     assert r["pages"] == 24
+    assert r["warmup"]["requests"] == 8  # off the clock, before every mode: the work below is unchanged
     modes = ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_queue_pages_2", "a0_vllm_defaults", "b_seqs8",
              "b_engines2")
     for mode in modes:
@@ -169,6 +170,58 @@ def test_a_profile_s_python_functions_are_summed_by_their_own_time(tmp_path):
     assert own == {"step": (0.8, 1.5, 2), "schedule": (0.2, 0.3, 1), "apply": (0.24, 0.4, 1),
                    "banned": (0.1, 0.1, 2), "<built-in method sum of Tensor object>": (0.06, 0.06, 2)}
     assert [row[0] for row in got["python_by_total_ms"]][:2] == ["step", "apply"]
+
+
+def test_a_profile_is_broken_down_step_by_step(tmp_path):
+    """The per-step view of a trace: each kernel in the step that launched it (the sampler's,
+    launched after vLLM's step annotation closes, in that step too), steps grouped by how many
+    requests they prefill, the kernels' classes and the traced phases, and what one page's prefill
+    adds to a decode step, kernel by kernel."""
+    import gzip
+
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    from throughput import trace_summary
+
+    events, corr = [], iter(range(1, 10**6))
+
+    def span(name, cat, ts, dur, **args):
+        events.append({"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 7, "tid": 1, "args": args})
+
+    def kernel(name, launch_ts, start, dur):
+        c = next(corr)
+        span("cudaLaunchKernel", "cuda_runtime", launch_ts, 5, correlation=c)
+        events.append({"ph": "X", "name": name, "cat": "kernel", "ts": start, "dur": dur, "pid": 0, "tid": 7,
+                       "args": {"correlation": c}})
+
+    t = 0
+    for n in (0, 1, 0, 1, 0):  # decode, one page's prefill, ... (us)
+        wall = 100_000 if n else 16_000
+        span(f"execute_context_{n}({1514 * n})_generation_{256 - n}({256 - n})", "user_annotation", t, wall - 2_000)
+        span("execute_model", "python_function", t, wall - 2_000)
+        if n:
+            span("execute_mm_encoder", "python_function", t + 100, 20_000)
+            span("forward", "python_function", t + 150, 1_000)  # the vision tower's own forward: the encoder's
+            kernel("nvjet_vit_gemm", t + 200, t + 300, 15_000)
+            kernel("flash_fwd_varlen", t + 10_000, t + 15_000, 4_000)
+        span("run_fullgraph", "python_function", t + 25_000 * n + 10, 1_000)
+        kernel("cutlass_80_tensorop_bf16_s1681gemm", t + 25_000 * n + 20, t + 25_000 * n + 100, 8_000 + 30_000 * n)
+        kernel("flash_fwd_splitkv", t + 25_000 * n + 30, t + 25_000 * n + 9_000, 5_000)
+        span("sample_tokens", "python_function", t + wall - 1_500, 1_000)  # after the annotation: still this step
+        kernel("triton_sample", t + wall - 1_400, t + wall - 1_000, 500)
+        t += wall
+    trace = tmp_path / "t.pt.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    steps = trace_summary(trace)["steps"]
+    decode, one = steps["0"], steps["1"]
+    assert decode["steps"] == 2 and one["steps"] == 2  # the last step has no wall: left out
+    assert decode["wall_ms"] == 16.0 and one["wall_ms"] == 100.0 and one["prefill_tokens"] == 1514
+    assert decode["kernel_ms"] == 13.5 and one["kernel_ms"] == 62.5 and one["kernels"] == 5
+    assert one["class_ms"] == {"attention": 9.0, "gemm": 53.0, "triton": 0.5, "other": 0.0}
+    assert one["phase_ms"] == {"encoder": 19.0, "embeddings": 0.0, "sample": 0.5, "forward": 43.0, "other": 0.0}
+    assert decode["phase_ms"]["forward"] == 13.0 and decode["gpu_share_of_wall"] == round(13.5 / 16, 3)
+    assert steps["one_page_adds_ms"][:3] == [["cutlass_80_tensorop_bf16_s1681gemm", 30.0], ["nvjet_vit_gemm", 15.0],
+                                             ["flash_fwd_varlen", 4.0]]
 
 
 def test_profile_traces_every_engine_b_builds(tmp_path):

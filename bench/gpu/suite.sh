@@ -31,7 +31,9 @@
 # uocr-start (a command's start: cold caches, then seeded from the first run's; engines in turn and at once);
 # issue 21: uocr-kill (vLLM's engine core killed mid-run, then the rerun: bench/gpu/e2e.py), uocr-memory
 # (host memory against the queue depth; uocr-memory-1024 its last run alone); tp21-7b-admit (b, b admitting 16,
-# a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-levers, tp21-2b (its goals at 2,048 pages);
+# a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-levers, tp21-7b-s512 (b at 512 sequences in bf16
+# against b held to 256 on that engine, and a at 512), tp21-7b-prof (a one-page prefill step, kernel by
+# kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages);
 # tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
@@ -135,6 +137,19 @@ run() {  # one named run of the suite
                       --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" \
                       --variant "seqs512kvfp8=--max-num-seqs 512 --engine-arg kv_cache_dtype=fp8" \
                       --variant "seqs512=--max-num-seqs 512" ;;
+    # 512 sequences in bf16 (the KV holds 810 at these lengths) on one engine: b at 512, then b that
+    # admits no more than 256 on the same engine (the default's batch, nothing else changed), then a at
+    # 512 (vLLM alone with batchocr's engine arguments); 64 pages' warm-up first, off the clock (~17 min)
+    tp21-7b-s512) tp tp21-7b-s512 "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a --max-num-seqs 512 \
+                    --warmup 64 --b-variants "max_num_seqs=256" ;;
+    # where a step that admits one page spends its ~100 ms (vLLM admitting pages, the old default): 60
+    # steps of b's steady state torch-profiled with Python calls traced, each kernel to the step and phase
+    # (encoder, forward, sample) that launched it; the tracer slows the host, not the kernels (~4 min)
+    tp21-7b-prof) tp tp21-7b-prof "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes b --admit-pages 0 \
+                    --profile 700,60 --profile-stack ;;
+    # the 2B's admission (the layout runs under qwen2.5-vl's preset: 16 by default), 1,024 pages (4x 256):
+    # b at 16 first (it pays the process's first steps), then as vLLM admits (~4 min)
+    tp21-2b-admit) tp tp21-2b-admit "--model=$MODELS/qwen2-vl-2b" --pages 1024 --modes b --b-variants "admit_pages=0" ;;
     # issue 21's encoder levers on the 7B (1,024 pages each, b at the preset's admission; Qwen2.5-VL's encoder has
     # vLLM's compile and CUDA-graph support), and the 2B's CPU-bound engine core (fewer outputs a step)
     tp21-7b-enc) tp tp21-7b-enc "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$ENC_COMPILE" \

@@ -357,6 +357,7 @@ def trace_summary(path: Path, top: int = 40) -> dict:
     out = {"file": path.name, "events": len(spans), "span_ms": round((t1 - t0) / 1000, 1),
            "ms_by_category": {k: round(v / 1000, 1) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
            "top_ms": rows[:top]}
+    out["steps"] = step_breakdown(spans)
     if by_cat.get("python_function"):  # --profile-stack: the host's time by Python function
         own = self_times(spans)
         python = collections.defaultdict(lambda: [0.0, 0.0, 0])  # name -> [self us, total us, calls]
@@ -370,6 +371,122 @@ def trace_summary(path: Path, top: int = 40) -> dict:
                             for name, v in sorted(python.items(), key=lambda kv: -kv[1][i])[:top]]
         out["python_by_self_ms"] = ranked(0)  # (function, self ms, total ms, calls)
         out["python_by_total_ms"] = ranked(1)
+    return out
+
+
+STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+# the functions a kernel's launch is attributed to (--profile-stack; vLLM 0.26's V2 runner): the first phase
+# among those whose functions hold the launch (the encoder's own `forward`s are the encoder's)
+PHASES = (("encoder", ("execute_mm_encoder", "embed_multimodal", "get_multimodal_embeddings")),
+          ("embeddings", ("gather_mm_embeddings", "get_inputs_embeds", "get_mm_embeddings")),
+          ("sample", ("sample_tokens",)),
+          ("forward", ("run_fullgraph", "run_pw_graph", "forward")))
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    if any(k in low for k in ("flash", "fmha", "attn", "attention")):
+        return "attention"
+    if any(k in low for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "s1681")):
+        return "gemm"
+    if low.startswith("triton") or "triton" in low:
+        return "triton"
+    return "other"
+
+
+def step_breakdown(spans: list[dict]) -> dict:
+    """The profiled engine steps one by one (vLLM annotates each `execute_context_N(T)_generation_
+    M(G)`: N requests prefilling T tokens beside M decoding), each kernel counted in the step whose
+    span holds its launch (or the last step begun before it: the sampler runs after the annotation),
+    then summed by the number of prefilling requests: step wall (one step's start to the next's, on
+    the host), kernel time and its share of the wall, kernels by class (attention, gemm, triton,
+    other) and, with Python calls traced (--profile-stack), by phase (the encoder, embeddings,
+    forward, sample). And the kernels a one-page prefill step adds to a decode step, by name: where
+    the prefill's cost goes on the GPU."""
+    import bisect
+    import statistics
+
+    steps = sorted((e for e in spans if e.get("cat") == "user_annotation" and STEP.fullmatch(e.get("name", ""))),
+                   key=lambda e: e["ts"])
+    if not steps:
+        return {}
+    starts = [e["ts"] for e in steps]
+    launches = {}  # correlation id -> (ts, pid, tid) of the runtime call that launched the kernel
+    for e in spans:
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = (e["ts"], e.get("pid"), e.get("tid"))
+    # (pid, tid, phase) -> the traced functions' spans of that phase, merged into disjoint [start, end]
+    # intervals (nested forwards are one), so that a launch finds its phases by bisection
+    raw = collections.defaultdict(list)
+    for e in spans:
+        if e.get("cat") == "python_function":
+            name = e.get("name", "")
+            for phase, keys in PHASES:
+                if any(k in name for k in keys):
+                    raw[(e.get("pid"), e.get("tid"), phase)].append((e["ts"], e["ts"] + e["dur"]))
+                    break
+    phase_spans = {}
+    for key, intervals in raw.items():
+        merged: list[list[float]] = []
+        for a, b in sorted(intervals):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        phase_spans[key] = ([m[0] for m in merged], [m[1] for m in merged])
+
+    def phase_of(at: float, pid, tid) -> str:  # the first of PHASES whose functions hold the launch
+        for phase, _ in PHASES:
+            got = phase_spans.get((pid, tid, phase))
+            if got:
+                j = bisect.bisect_right(got[0], at) - 1
+                if j >= 0 and got[1][j] >= at:
+                    return phase
+        return "other"
+    per = [{"kernel_us": 0.0, "kernels": 0, "class": collections.Counter(), "phase": collections.Counter(),
+            "names": collections.Counter()} for _ in steps]
+    for e in spans:
+        if e.get("cat") != "kernel":
+            continue
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        at = launch[0] if launch else e["ts"]
+        i = bisect.bisect_right(starts, at) - 1
+        if i < 0:
+            continue
+        row = per[i]
+        row["kernel_us"] += e["dur"]
+        row["kernels"] += 1
+        row["class"][kernel_class(e.get("name", ""))] += e["dur"]
+        row["names"][e.get("name", "")[:100]] += e["dur"]
+        if phase_spans and launch:
+            row["phase"][phase_of(at, launch[1], launch[2])] += e["dur"]
+    groups = collections.defaultdict(list)
+    for k, (e, row) in enumerate(zip(steps, per)):
+        if k + 1 == len(steps):
+            break  # its wall is unknown (no next step)
+        n, tokens, gen, _ = (int(x) for x in STEP.fullmatch(e["name"]).groups())
+        groups[n].append(row | {"wall_us": starts[k + 1] - e["ts"], "tokens": tokens, "gen": gen})
+    med = lambda xs: round(statistics.median(xs) / 1000, 2) if xs else None  # noqa: E731
+    out = {}
+    for n, rows in sorted(groups.items()):
+        out[str(n)] = {
+            "steps": len(rows), "prefill_tokens": med([r["tokens"] * 1000 for r in rows]),
+            "decoding": med([r["gen"] * 1000 for r in rows]),
+            "wall_ms": med([r["wall_us"] for r in rows]), "kernel_ms": med([r["kernel_us"] for r in rows]),
+            "kernels": med([r["kernels"] * 1000 for r in rows]),
+            "gpu_share_of_wall": round(sum(r["kernel_us"] for r in rows) / max(1, sum(r["wall_us"] for r in rows)), 3),
+            "class_ms": {c: round(sum(r["class"][c] for r in rows) / len(rows) / 1000, 2)
+                         for c in ("attention", "gemm", "triton", "other")},
+        }
+        if phase_spans:
+            out[str(n)]["phase_ms"] = {p: round(sum(r["phase"][p] for r in rows) / len(rows) / 1000, 2)
+                                       for p in [p for p, _ in PHASES] + ["other"]}
+    if groups.get(0) and groups.get(1):  # what one page's prefill adds to a step, kernel by kernel (mean ms)
+        mean = lambda rows: {k: v / len(rows) for k, v in sum((r["names"] for r in rows), collections.Counter()).items()}  # noqa: E731
+        one, none = mean(groups[1]), mean(groups[0])
+        extra = sorted(([name, round((one.get(name, 0) - none.get(name, 0)) / 1000, 2)] for name in one),
+                       key=lambda kv: -kv[1])
+        out["one_page_adds_ms"] = [kv for kv in extra[:25] if kv[1] > 0.05]
     return out
 
 
@@ -559,6 +676,10 @@ def main() -> None:
                     help="with --profile: trace Python calls too (torch_profiler_with_stack), so that the JSON says "
                          "which functions the engine core's host time went to (python_by_self_ms); slows the host, "
                          "so profile few steps (30)")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="N: before any mode, one `generate` of the first N pages (32 tokens each, pages rendered "
+                         "for a/c; none for b alone) off the clock, so that the first mode does not pay the "
+                         "first steps' compiles that the later ones skip")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     for item in args.env:  # before vLLM is imported; a variant's process inherits the parent's
@@ -786,8 +907,9 @@ def main() -> None:
                              if got else {})
             merged = merge_steady(parts, timeline.between(start, end))  # its pages: counted below
             steady = (merged, (merged["window_start_abs"], merged["window_end_abs"])) if merged else None
-        else:
-            steady = timeline.steady(start, end, llm_args.get("max_num_seqs") or 1024)
+        else:  # a b variant's own max_num_seqs (batchocr admits no more on this engine) sets its "full"
+            seqs = (extra or {}).get("overrides", {}).get("max_num_seqs") or llm_args.get("max_num_seqs") or 1024
+            steady = timeline.steady(start, end, seqs)
         if steady:
             st, (w0, w1) = steady
             st["window_start_abs"], st["window_end_abs"] = w0, w1
@@ -873,6 +995,14 @@ def main() -> None:
             outs += llm.generate(requests(chunk), params(chunk), use_tqdm=False)
             finishes += [time.monotonic()] * sum(len(u) for u in chunk)
         return start, finishes, outs
+
+    if args.warmup and llm is not None and pages:  # off the clock, before every mode's start
+        t0 = time.monotonic()
+        warm = units[: args.warmup]
+        llm.generate(requests(warm), [SamplingParams(max_tokens=32, ignore_eos=True, detokenize=False, temperature=0.0)
+                                      for _ in warm], use_tqdm=False)
+        report["warmup"] = {"requests": len(warm), "s": round(time.monotonic() - t0, 1)}
+        print("warmup", json.dumps(report["warmup"]), flush=True)
 
     prompt_tokens = None
     for mode in here:
