@@ -174,7 +174,8 @@ def test_a_profile_s_python_functions_are_summed_by_their_own_time(tmp_path):
 
 def test_a_profile_is_broken_down_step_by_step(tmp_path):
     """The per-step view of a trace: each kernel in the step that launched it (the sampler's,
-    launched after vLLM's step annotation closes, in that step too), steps grouped by how many
+    launched after vLLM's step annotation closes, in that step too; through the runtime API or
+    the driver's, as cuBLAS's nvjet and Triton launch theirs), steps grouped by how many
     requests they prefill, the kernels' classes and the traced phases, and what one page's prefill
     adds to a decode step, kernel by kernel."""
     import gzip
@@ -189,7 +190,10 @@ def test_a_profile_is_broken_down_step_by_step(tmp_path):
 
     def kernel(name, launch_ts, start, dur):
         c = next(corr)
-        span("cudaLaunchKernel", "cuda_runtime", launch_ts, 5, correlation=c)
+        if name.startswith(("nvjet", "triton")):  # cuBLAS's Hopper kernels and Triton's: the driver API
+            span("cuLaunchKernelEx", "cuda_driver", launch_ts, 5, correlation=c)
+        else:
+            span("cudaLaunchKernel", "cuda_runtime", launch_ts, 5, correlation=c)
         events.append({"ph": "X", "name": name, "cat": "kernel", "ts": start, "dur": dur, "pid": 0, "tid": 7,
                        "args": {"correlation": c}})
 

@@ -411,9 +411,11 @@ def step_breakdown(spans: list[dict]) -> dict:
     if not steps:
         return {}
     starts = [e["ts"] for e in steps]
-    launches = {}  # correlation id -> (ts, pid, tid) of the runtime call that launched the kernel
+    # correlation id -> (ts, pid, tid) of the call that launched the kernel: a runtime call
+    # (cudaLaunchKernel, cudaGraphLaunch) or a driver one (cuLaunchKernelEx: cuBLAS's nvjet, Triton)
+    launches = {}
     for e in spans:
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
             launches[e["args"]["correlation"]] = (e["ts"], e.get("pid"), e.get("tid"))
     # (pid, tid, phase) -> the traced functions' spans of that phase, merged into disjoint [start, end]
     # intervals (nested forwards are one), so that a launch finds its phases by bisection
