@@ -33,8 +33,9 @@
 # (host memory against the queue depth; uocr-memory-1024 its last run alone); tp21-7b-admit (b, b admitting 16,
 # a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-levers, tp21-7b-s512 (b at 512 sequences in bf16
 # against b held to 256 on that engine, and a at 512), tp21-7b-prof (a one-page prefill step, kernel by
-# kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages);
-# tp21-7b-enc (the encoder's levers), tp21-2b-stream (stream_interval, torch_shm on the 2B).
+# kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages); tp21-vitpad-check
+# (batchocr.vitpad on the real vision tower);
+# tp21-7b-enc (the encoder's levers, the padded vision MLPs), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -62,6 +63,9 @@ SAMPLER_BANS='sampler=--ngram-bans sampler'
 ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":true}'
 TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm'
 ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":true}'
+# Qwen2.5-VL's vision MLPs padded to an aligned inner size (batchocr.vitpad: 3,420 -> 3,456, the same
+# products), so that cuBLAS leaves its Ampere GEMM (8.4 ms of a page's prefill, fourteenth lease)
+VIT_PAD='vitpad=--engine-arg worker_extension_cls=batchocr.vitpad.VisionMlpPadExtension'
 # batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor;
 # unlimited-ocr's default since the sixth lease, so the runs that compare it with vLLM's encoder say --no-batch-encoder
 BATCH_ENCODER='batchenc=--batch-encoder'
@@ -152,8 +156,10 @@ run() {  # one named run of the suite
     tp21-2b-admit) tp tp21-2b-admit "--model=$MODELS/qwen2-vl-2b" --pages 1024 --modes b --b-variants "admit_pages=0" ;;
     # issue 21's encoder levers on the 7B (1,024 pages each, b at the preset's admission; Qwen2.5-VL's encoder has
     # vLLM's compile and CUDA-graph support), and the 2B's CPU-bound engine core (fewer outputs a step)
-    tp21-7b-enc) tp tp21-7b-enc "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$ENC_COMPILE" \
-                   --variant "$ENC_GRAPHS" --variant "$TORCH_SHM" ;;
+    tp21-7b-enc) tp tp21-7b-enc "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD" \
+                   --variant "$ENC_COMPILE" --variant "$ENC_GRAPHS" --variant "$TORCH_SHM" ;;
+    # the padded vision MLPs on vLLM's real vision tower alone: the same output, ms a page, the kernels (~1 min)
+    tp21-vitpad-check) py tp21-vitpad-check bench/gpu/check_vit_pad.py "$MODELS/qwen2.5-vl-7b" --pages 4 ;;
     tp21-2b-stream) tp tp21-2b-stream "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
                       --variant "stream8=--engine-arg stream_interval=8" --variant "$TORCH_SHM" ;;
     tp21-2b) tp tp21-2b "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes a,b --b-variants "admit_pages=0;admit_pages=8" ;;

@@ -1,0 +1,108 @@
+"""Qwen2.5-VL's vision MLP with its inner size padded to a multiple of 64, in vLLM's engine core.
+
+The vision tower's 32 blocks each run an MLP of inner size 3,420 (`Qwen2_5_VisionMLP`,
+model_executor/models/qwen2_5_vl.py:307-342: gate and up projections merged, SiLU-and-multiply,
+down projection). 3,420 bf16 values are 6,840 bytes, not a multiple of 16, so the down
+projection's operands are not 16-byte aligned and cuBLAS runs it with an Ampere kernel
+(`cutlass_80_tensorop_bf16_s16816gemm_..._align2`): on the H200 32 calls a page, 262 us each,
+8.4 ms of a page's ~60 ms of prefill kernels (docs/GPU.md, "Issue 21, fourteenth lease").
+
+Padding the inner size with zeros changes no product: the extra gate and up rows are zero (and
+so is their bias), SiLU(0) x 0 = 0, and the down projection's extra columns are zero. Only the
+order in which bf16 sums are accumulated may differ with the kernel, as between any two GEMM
+kernels. The weights are padded once, at the MLP's first call (after vLLM has loaded them,
+whichever loader; at its memory profiling run), in place: 32 x 3 x 36 x 1,280 values more.
+
+    LLM(..., worker_extension_cls="batchocr.vitpad.VisionMlpPadExtension")
+
+Measured on the GPU by `bench/gpu/check_vit_pad.py` (the same vision tower's output, and its ms a
+page, before and after) and `tp21-7b-vitpad` (b with it against b); not a default until then.
+Importing this module patches nothing and needs no torch.
+"""
+
+from __future__ import annotations
+
+EXTENSION = "batchocr.vitpad.VisionMlpPadExtension"
+MULTIPLE = 64
+
+
+def padded(size: int, multiple: int = MULTIPLE) -> int:
+    """size rounded up to a multiple."""
+    return -(-size // multiple) * multiple
+
+
+def _zeros(like, shape):
+    """Zeros of like's dtype (and device), torch tensor or numpy array."""
+    if hasattr(like, "new_zeros"):
+        return like.new_zeros(shape)
+    import numpy as np
+
+    return np.zeros(shape, dtype=like.dtype)
+
+
+def pad_mlp(mlp, multiple: int = MULTIPLE) -> bool:
+    """Pad one MLP's inner size (gate_up_proj: [2h, in] and its bias [2h]; down_proj: [out, h])
+    to a multiple, with zeros, in place; the layers' sizes follow. False where there is nothing
+    to do: already a multiple, or weights that are not plain floats (a quantized layer keeps its
+    own layout)."""
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    weight = gate_up.weight.data
+    if "float" not in str(weight.dtype) or weight.shape[0] % 2:
+        return False
+    h = weight.shape[0] // 2
+    hp = padded(h, multiple)
+    if hp == h or down.weight.data.shape[-1] != h:
+        return False
+    new = _zeros(weight, (2 * hp, weight.shape[1]))
+    new[:h], new[hp:hp + h] = weight[:h], weight[h:]
+    gate_up.weight.data = new
+    if getattr(gate_up, "bias", None) is not None:
+        bias = gate_up.bias.data
+        new_bias = _zeros(bias, (2 * hp,))
+        new_bias[:h], new_bias[hp:hp + h] = bias[:h], bias[h:]
+        gate_up.bias.data = new_bias
+    w = down.weight.data
+    new_down = _zeros(w, (w.shape[0], hp))
+    new_down[:, :h] = w
+    down.weight.data = new_down
+    # vLLM's layers keep their sizes beside the weights
+    for layer, names, value in ((gate_up, ("output_size_per_partition", "output_size"), 2 * hp),
+                                (down, ("input_size_per_partition", "input_size"), hp)):
+        for name in names:
+            if hasattr(layer, name):
+                setattr(layer, name, value)
+    if hasattr(gate_up, "output_sizes"):
+        gate_up.output_sizes = [hp, hp]
+    return True
+
+
+def install() -> None:
+    """Pad each of Qwen2.5-VL's vision MLPs at its first call (idempotent)."""
+    from vllm.model_executor.models import qwen2_5_vl
+
+    cls = qwen2_5_vl.Qwen2_5_VisionMLP
+    if getattr(cls, "_batchocr_padded_forward", False):
+        return
+    forward = cls.forward
+
+    def padded_forward(self, x):
+        if not getattr(self, "_batchocr_padded", False):
+            pad_mlp(self)
+            self._batchocr_padded = True
+        return forward(self, x)
+
+    cls.forward = padded_forward
+    cls._batchocr_padded_forward = True
+
+
+class _Extension:
+    """Named by `worker_extension_cls`: vLLM's worker process resolves the name, which installs
+    the patch. No methods of its own (vLLM mixes it into its Worker class)."""
+
+
+def __getattr__(name: str):
+    """The extension installs when vLLM asks for it, and only then."""
+    if name == EXTENSION.rsplit(".", 1)[1]:
+        install()
+        return _Extension
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
