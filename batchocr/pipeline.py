@@ -263,6 +263,9 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             bar.close()
             summary.interrupted = stop.is_set()
             summary.seconds = time.monotonic() - started
+            first_request = getattr(engine, "first_request_at", None)  # vLLM: its first request taken
+            if first_request is not None:
+                timings["first_request_s"] = first_request - started
             summary.timings = {k: round(v, 3) for k, v in timings.items()}
             summary.timings["render_workers_replaced"] = pool.replaced
             status = "failed" if failing else ("interrupted" if summary.interrupted else "done")

@@ -203,7 +203,7 @@ def latency_by_route(page_rows: pl.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
-START_TIMINGS = ("turn_wait_s", "engine_start_s", "first_page_s", "first_row_s")  # a run record's
+START_TIMINGS = ("turn_wait_s", "engine_start_s", "first_page_s", "first_request_s", "first_row_s")  # a run record's
 
 
 def run_brief(record: dict[str, Any], run_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The vLLM engine on the CPU: vLLM absent, or stood in for at its API boundary
 (tests/fake_vllm.py). The real thing runs on the GPU: bench/gpu/."""
 
+import json
 import logging
 import queue
 import threading
@@ -201,6 +202,12 @@ def test_the_pipeline_with_the_vllm_engine_renders_to_the_presets_size(monkeypat
     assert all(r["engine"] == "vllm" and r["model"] == "/models/fake" for r in model)
     assert all(r["output_tokens"] > 0 and r["prompt_tokens"] > 0 and r["attempts"] == 1 for r in model)
     assert fake.engine_core.shut  # shut down explicitly at the end of the run
+    # where its start went: the first pages to the engine, the first request vLLM took, the first row
+    # (one of the text layer's: it needs no request), each after the engine's build
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "out" / "_runs").glob("*.json")]
+    t = record["timings"]
+    assert 0 < t["first_page_s"] <= t["first_request_s"] < record["counts"]["seconds"]
+    assert engine.first_request_at is not None and summary.timings["first_request_s"] == t["first_request_s"]
 
 
 def test_a_missing_model_folder_is_a_config_error(monkeypatch):
@@ -253,7 +260,6 @@ def test_an_engine_refusing_every_page_ends_the_run_with_one_line_and_no_error_r
     parts = list(out.glob("pages/**/*.parquet"))
     rows = [r for p in parts for r in pq.read_table(p).to_pylist()]
     assert not [r for r in rows if r["error_type"] == "rejected"]
-    import json
 
     (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
     assert record["status"] == "failed"
@@ -543,6 +549,9 @@ def test_the_pipeline_with_two_instances_writes_one_row_a_page(monkeypatch, tmp_
     assert summary.pages == table.num_rows == len(set(keys)) == sum(count_pages(p) for p in sample_documents())
     assert sum(f.added for f in fakes) == table.num_rows and all(f.added for f in fakes)
     assert all(f.engine_core.shut for f in fakes)
+    # the earliest of the instances' first requests: the run's
+    assert engine.first_request_at == min(e._first_request_at for e in engine.instances)
+    assert 0 < summary.timings["first_page_s"] <= summary.timings["first_request_s"]
 
 
 def test_instances_with_tensor_parallelism_is_a_config_error_naming_the_key():

@@ -353,9 +353,19 @@ class VLLMEngine:
         self._ids = itertools.count()
         self._pool = ThreadPoolExecutor(options.prepare_threads, thread_name_prefix="batchocr-prepare")
         self._accepted = 0  # requests vLLM took
+        self._first_request_at: float | None = None  # time.monotonic() of this run's first request vLLM took
         self._held: list[tuple[str, dict]] = []  # refusals before any was taken: (signature, row)
         # Document mode: groups sent, given back a part a page, read again page by page (and why).
         self.groups = {"sent": 0, "split": 0, "fallback": 0} | {f"fallback_{r}": 0 for r in FALLBACK_REASONS}
+
+    @property
+    def first_request_at(self) -> float | None:
+        """When vLLM took the run's first request (time.monotonic), the earliest of the instances'
+        with several: between the first rendered pages and this, the requests' preparation (the
+        image processor's first calls); after it, the GPU's prefill and decode."""
+        times = [getattr(e, "_first_request_at", None) for e in self.instances] or [self._first_request_at]
+        times = [t for t in times if t is not None]
+        return min(times) if times else None
 
     @property
     def accelerator(self) -> dict:
@@ -513,6 +523,8 @@ class VLLMEngine:
                 request.prompt_tokens = len(ids) if ids is not None else None
             request.started = time.perf_counter()
             self.engine.add_request(request_id, engine_input, self.sampling(request))
+            if self._first_request_at is None:
+                self._first_request_at = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - a rejected request is that page's error row ...
             if _engine_dead(self.engine):  # ... but not a dead engine's refusal: that is the run's
                 raise _engine_failure(self.engine, exc) from exc

@@ -1,9 +1,11 @@
-"""Plot pages/s, requests running in vLLM and GPU busy over time, one line per
-mode (a vLLM alone, b batchocr, c batch at a time), from throughput.py's JSON.
+"""Plot pages/s, requests running in vLLM, GPU busy and the host memory of the run's processes
+over time, one line per mode (a vLLM alone, b batchocr, c batch at a time), from throughput.py's
+JSON (gzipped or not).
 
     python bench/gpu/plot.py docs/gpu/tp-7b-bf16.json docs/gpu/tp-7b-bf16.png
 """
 
+import gzip
 import json
 import sys
 
@@ -33,10 +35,11 @@ def rolling(points: list[tuple[float, float]], end: float, width: float = 5.0) -
 
 
 def main(src: str, dst: str) -> None:
-    r = json.load(open(src))
+    r = json.load((gzip.open if src.endswith(".gz") else open)(src, "rt"))
     steps = r.get("engine_steps", [])
     gpu = r["gpu_samples"]
-    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
+    host = r.get("cpu_samples", [])  # (t, {"rss_gb_all": ...}) every second: this process and its children
+    fig, (top, mid, bottom, memory) = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     for name, (label, color) in modes(r).items():
         m = r[name]
         t0, t1 = m["start_abs"], m["end_abs"]
@@ -56,12 +59,21 @@ def main(src: str, dst: str) -> None:
         bottom.plot([t for t, _ in busy], [u for _, u in busy], color=color, lw=0.6, alpha=0.8,
                     label=f"{label}: {m['gpu_busy_pct']}% overall"
                           + (f", {steady['gpu_busy_pct']}% steady" if steady.get("gpu_busy_pct") else ""))
+        rss = [(t - t0, v["rss_gb_all"]) for t, v in host if t0 <= t <= t1 and "rss_gb_all" in v]
+        if rss:  # a variant in a process of its own has no samples here
+            memory.plot([t for t, _ in rss], [v for _, v in rss], color=color, lw=0.8,
+                        label=f"{label}: peak {max(v for _, v in rss):.1f} GB"
+                              + (f", queue {m['queue_pages']}" if m.get("queue_pages") else ""))
     top.set_ylabel("pages/s (5 s window)")
     top.legend(fontsize=7, loc="lower center")
     mid.set_ylabel("requests running in vLLM")
     bottom.set_ylabel("GPU busy % (NVML)")
-    bottom.set_xlabel("seconds since the mode started")
     bottom.legend(fontsize=7, loc="lower center")
+    memory.set_ylabel("host RSS, GB (all processes)")
+    memory.set_xlabel("seconds since the mode started")
+    memory.set_ylim(bottom=0)
+    if memory.lines:
+        memory.legend(fontsize=7, loc="lower center")
     args = r["args"]
     top.set_title(f"{args['model'].rstrip('/').rsplit('/', 1)[-1]}"
                   f"{' ' + args['quantization'] if args.get('quantization') else ''}, {r['pages']} pages, "

@@ -34,7 +34,8 @@
 # a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-levers, tp21-7b-s512 (b at 512 sequences in bf16
 # against b held to 256 on that engine, and a at 512), tp21-7b-prof (a one-page prefill step, kernel by
 # kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages); tp21-vitpad-check
-# (batchocr.vitpad on the real vision tower);
+# (batchocr.vitpad on the real vision tower); tp21-7b-a0 (b against a' over 2,048 pages); tp21-2b-prof (the
+# 2B's engine core, a step's host time by function);
 # tp21-7b-enc (the encoder's levers, the padded vision MLPs), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
@@ -158,6 +159,12 @@ run() {  # one named run of the suite
     # vLLM's compile and CUDA-graph support), and the 2B's CPU-bound engine core (fewer outputs a step)
     tp21-7b-enc) tp tp21-7b-enc "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD" \
                    --variant "$ENC_COMPILE" --variant "$ENC_GRAPHS" --variant "$TORCH_SHM" ;;
+    # b/a' at issue 21's length: b (the defaults) and a' (vLLM's own defaults, `generate` in chunks of
+    # 256, its own process) over 2,048 pages (~13 min)
+    tp21-7b-a0) tp tp21-7b-a0 "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a0 ;;
+    # where the 2B's engine core spends a step (9.7 ms for 246 sequences, GPU 80% busy): 30 steps of
+    # b's steady state profiled with Python calls traced (~3 min)
+    tp21-2b-prof) tp tp21-2b-prof "--model=$MODELS/qwen2-vl-2b" --pages 768 --modes b --profile 900,30 --profile-stack ;;
     # the padded vision MLPs on vLLM's real vision tower alone: the same output, ms a page, the kernels (~1 min)
     tp21-vitpad-check) py tp21-vitpad-check bench/gpu/check_vit_pad.py "$MODELS/qwen2.5-vl-7b" --pages 4 ;;
     tp21-2b-stream) tp tp21-2b-stream "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
