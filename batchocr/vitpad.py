@@ -16,7 +16,8 @@ whichever loader; at its memory profiling run), in place: 32 x 3 x 36 x 1,280 va
     LLM(..., worker_extension_cls="batchocr.vitpad.VisionMlpPadExtension")
 
 Measured on the GPU by `bench/gpu/check_vit_pad.py` (the same vision tower's output, and its ms a
-page, before and after) and `tp21-7b-vitpad` (b with it against b); not a default until then.
+page, before and after; suite.sh `tp21-vitpad-check`) and `tp21-7b-enc`'s `vitpad` variant (b with
+it against b); not a default until then.
 Importing this module patches nothing and needs no torch.
 """
 
@@ -24,6 +25,9 @@ from __future__ import annotations
 
 EXTENSION = "batchocr.vitpad.VisionMlpPadExtension"
 MULTIPLE = 64
+# The weights' dtypes padded (torch's or numpy's names): FP8 and integer weights are a quantized
+# layer's, with scales and layouts of their own.
+PLAIN = ("bfloat16", "float16", "float32", "float64")
 
 
 def padded(size: int, multiple: int = MULTIPLE) -> int:
@@ -47,7 +51,7 @@ def pad_mlp(mlp, multiple: int = MULTIPLE) -> bool:
     own layout)."""
     gate_up, down = mlp.gate_up_proj, mlp.down_proj
     weight = gate_up.weight.data
-    if "float" not in str(weight.dtype) or weight.shape[0] % 2:
+    if str(weight.dtype).rsplit(".", 1)[-1] not in PLAIN or weight.shape[0] % 2:
         return False
     h = weight.shape[0] // 2
     hp = padded(h, multiple)

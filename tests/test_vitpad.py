@@ -57,8 +57,11 @@ def test_sizes_already_aligned_and_quantized_weights_are_left_alone():
     rng = np.random.default_rng(1)
     aligned = _mlp(rng, inner=3456)
     assert not vitpad.pad_mlp(aligned) and aligned.down_proj.weight.data.shape[1] == 3456
-    fp8_like = _mlp(rng, dtype=np.int8)  # not plain floats: a quantized layer keeps its layout
-    assert not vitpad.pad_mlp(fp8_like) and fp8_like.gate_up_proj.weight.data.shape[0] == 6840
+    int8 = _mlp(rng, dtype=np.int8)  # not plain floats: a quantized layer keeps its layout
+    assert not vitpad.pad_mlp(int8) and int8.gate_up_proj.weight.data.shape[0] == 6840
+    fp8 = _mlp(rng)  # torch's float8_e4m3fn is a "float" by name, and a quantized layer's all the same
+    fp8.gate_up_proj.weight.data = SimpleNamespace(dtype="torch.float8_e4m3fn", shape=(6840, 160))
+    assert not vitpad.pad_mlp(fp8)
     assert [vitpad.padded(n) for n in (3420, 3456, 1, 64)] == [3456, 3456, 64, 64]
 
 
