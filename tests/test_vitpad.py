@@ -65,7 +65,40 @@ def test_sizes_already_aligned_and_quantized_weights_are_left_alone():
     assert [vitpad.padded(n) for n in (3420, 3456, 1, 64)] == [3456, 3456, 64, 64]
 
 
-def test_importing_it_patches_nothing_and_only_its_extension_resolves():
-    assert vitpad.EXTENSION == "batchocr.vitpad.VisionMlpPadExtension"
+def test_the_extension_pads_each_mlp_at_its_first_call_when_vllm_resolves_its_name(monkeypatch):
+    """Importing the module patches nothing; resolving the name as vLLM's resolve_obj_by_qualname
+    does (split on the last dot) wraps the MLP's forward, which pads the layers once, at the
+    first call (after any loader has filled them), and gives the same output; asking twice
+    wraps once."""
+    import importlib
+    import sys
+    import types
+
+    cls = type("Qwen2_5_VisionMLP", (), {"forward": lambda self, x: _forward(self, x)})
+    module = types.ModuleType("vllm.model_executor.models.qwen2_5_vl")
+    module.Qwen2_5_VisionMLP = cls
+    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.models"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(sys.modules["vllm.model_executor.models"], "qwen2_5_vl", module, raising=False)
+    original = cls.forward
+    assert "VisionMlpPadExtension" not in vars(vitpad) and cls.forward is original
+    module_name, name = vitpad.EXTENSION.rsplit(".", 1)
+    ext = getattr(importlib.import_module(module_name), name)
+    assert isinstance(ext, type) and not [a for a in vars(ext) if not a.startswith("__")]  # no Worker clashes
+    wrapped = cls.forward
+    assert wrapped is not original
+    getattr(importlib.import_module(module_name), name)
+    assert cls.forward is wrapped  # once
+    rng = np.random.default_rng(2)
+    mlp = cls()  # an instance of vLLM's class, with its layers
+    mlp.gate_up_proj, mlp.down_proj = (lambda m: (m.gate_up_proj, m.down_proj))(_mlp(rng))
+    x = rng.normal(size=(5, 160))
+    before = _forward(mlp, x)
+    assert mlp.down_proj.weight.data.shape[1] == 3420  # nothing padded until it runs
+    got = mlp.forward(x)
+    assert mlp.down_proj.weight.data.shape[1] == 3456
+    np.testing.assert_allclose(got, before, rtol=0, atol=1e-12 * np.abs(before).max())
+    np.testing.assert_allclose(mlp.forward(x), before, rtol=0, atol=1e-12 * np.abs(before).max())
     with pytest.raises(AttributeError):
         vitpad.SomethingElse  # noqa: B018
