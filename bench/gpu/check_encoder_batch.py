@@ -32,21 +32,27 @@ from batchocr import deepencoder  # noqa: E402
 _CONTEXT = None
 
 
-def build(device: str, dtype):
-    import torch
-    from transformers import CLIPVisionConfig
+def enter_vllm(device: str, port: int = 29517) -> None:
+    """vLLM's config context, entered for the script's life and not left: the modules are built
+    and run inside it, as in its worker (an attention backend may look the config up when it
+    runs); and its distributed state for one process (its parallel layers ask for it)."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
 
-    # entered for the script's life, not left: the modules are built and run inside vLLM's config
-    # context, as in its worker (an attention backend may look the config up when it runs)
     global _CONTEXT  # held: a context manager collected would leave the context
     _CONTEXT = set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=device)))
     _CONTEXT.__enter__()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                                    distributed_init_method="tcp://127.0.0.1:29517", backend="gloo")
+                                                    distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
         parallel_state.initialize_model_parallel(1, 1)
+
+
+def build(device: str, dtype):
+    import torch
+    from transformers import CLIPVisionConfig
+
+    enter_vllm(device)
     from vllm.model_executor.models import deepseek_ocr
     from vllm.model_executor.models.deepencoder import DeepCLIPVisionTransformer, build_sam_vit_b
     from vllm.model_executor.models.deepseek_vl2 import MlpProjector

@@ -17,26 +17,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check_encoder_batch import compare, profiled, timed  # noqa: E402
+from check_encoder_batch import compare, enter_vllm, profiled, timed  # noqa: E402
 
 from batchocr import vitpad  # noqa: E402
-
-_CONTEXT = None
 
 
 def build(model_dir: str, device: str, dtype):
     import torch
     from transformers import AutoConfig
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state
 
-    global _CONTEXT  # held for the script's life: the modules run inside vLLM's config context
-    _CONTEXT = set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=device)))
-    _CONTEXT.__enter__()
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                                    distributed_init_method="tcp://127.0.0.1:29518", backend="gloo")
-        parallel_state.initialize_model_parallel(1, 1)
+    enter_vllm(device, port=29518)
     from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VisionTransformer
 
     config = AutoConfig.from_pretrained(model_dir)
