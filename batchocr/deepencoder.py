@@ -27,6 +27,8 @@ the real modules (equal embeddings) and times both.
 
 from __future__ import annotations
 
+from batchocr import workerext
+
 EXTENSION = "batchocr.deepencoder.BatchedEncoderExtension"
 WITH_SAMPLER = "batchocr.deepencoder.BatchedEncoderNGramSamplerExtension"
 # The presets whose models have this encoder.
@@ -93,20 +95,6 @@ def install() -> None:
     deepseek_ocr.DeepseekOCRForCausalLM._pixel_values_to_embedding = pixel_values_to_embedding
 
 
-class _Extension:
-    """Named by `worker_extension_cls`: vLLM's worker process resolves the name, which installs
-    the patch. No methods of its own (vLLM mixes it into its Worker class)."""
-
-
-def __getattr__(name: str):
-    """The extensions install when vLLM asks for them, and only then."""
-    if name == EXTENSION.rsplit(".", 1)[1]:
-        install()
-        return _Extension
-    if name == WITH_SAMPLER.rsplit(".", 1)[1]:
-        from batchocr import ngram_sampler
-
-        install()
-        ngram_sampler.install()
-        return _Extension
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The extensions install when vLLM asks for them, and only then (batchocr/workerext.py).
+__getattr__ = workerext.resolver(__name__, {EXTENSION.rsplit(".", 1)[1]: ("deepencoder",),
+                                            WITH_SAMPLER.rsplit(".", 1)[1]: ("deepencoder", "ngram_sampler")})

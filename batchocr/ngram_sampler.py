@@ -29,6 +29,7 @@ that its tests run where torch is absent, against vLLM's state replaced by array
 
 from __future__ import annotations
 
+from batchocr import workerext
 from batchocr.ngram import check_params
 
 MAX_WHITELIST = 16  # tokens exempt from the bans, a request (DeepSeek-OCR's recipe exempts 2)
@@ -251,16 +252,7 @@ def install() -> None:
     v1.__init__ = refuse
 
 
-class _Extension:
-    """Named by `worker_extension_cls`: vLLM's worker process resolves the name, which installs
-    the bans. No methods of its own (vLLM mixes it into its Worker class)."""
-
-
-def __getattr__(name: str):
-    """`NGramSamplerExtension` installs the bans when vLLM asks for it, and only then: importing
-    this module (window_bans' tests, a batchocr process whose engine core vLLM forks) patches
-    nothing."""
-    if name == "NGramSamplerExtension":
-        install()
-        return _Extension
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# `NGramSamplerExtension` installs the bans when vLLM asks for it, and only then: importing this
+# module (window_bans' tests, a batchocr process whose engine core vLLM forks) patches nothing
+# (batchocr/workerext.py).
+__getattr__ = workerext.resolver(__name__, {"NGramSamplerExtension": ("ngram_sampler",)})

@@ -34,6 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from batchocr import workerext
+
 MODULE = "vllm.v1.attention.ops.triton_unified_attention"
 PATCHED = MODULE + "_batchocr_rswa"
 
@@ -136,24 +138,8 @@ def extension(encoder: bool, sampler: bool) -> str:
     return EXTENSIONS[(encoder, sampler)]
 
 
-class _Extension:
-    """Named by `worker_extension_cls`: vLLM's worker process resolves the name, which installs
-    the patches. No methods of its own (vLLM mixes it into its Worker class)."""
-
-
-def __getattr__(name: str):
-    """The extensions install when vLLM asks for them, and only then (importing this module
-    patches nothing)."""
-    for (encoder, sampler), full in EXTENSIONS.items():
-        if full.rsplit(".", 1)[1] == name:
-            install()
-            if encoder:
-                from batchocr import deepencoder
-
-                deepencoder.install()
-            if sampler:
-                from batchocr import ngram_sampler
-
-                ngram_sampler.install()
-            return _Extension
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The extensions install when vLLM asks for them, and only then (batchocr/workerext.py): the
+# kernel, then the batched encoder and the sampler's bans where the name asks for them.
+__getattr__ = workerext.resolver(__name__, {
+    full.rsplit(".", 1)[1]: ("rswa_tiles",) + (("deepencoder",) if encoder else ()) + (("ngram_sampler",) if sampler else ())
+    for (encoder, sampler), full in EXTENSIONS.items()})

@@ -23,6 +23,8 @@ Importing this module patches nothing and needs no torch.
 
 from __future__ import annotations
 
+from batchocr import workerext
+
 EXTENSION = "batchocr.vitpad.VisionMlpPadExtension"
 MULTIPLE = 64
 # The weights' dtypes padded (torch's or numpy's names): FP8 and integer weights are a quantized
@@ -99,14 +101,5 @@ def install() -> None:
     cls._batchocr_padded_forward = True
 
 
-class _Extension:
-    """Named by `worker_extension_cls`: vLLM's worker process resolves the name, which installs
-    the patch. No methods of its own (vLLM mixes it into its Worker class)."""
-
-
-def __getattr__(name: str):
-    """The extension installs when vLLM asks for it, and only then."""
-    if name == EXTENSION.rsplit(".", 1)[1]:
-        install()
-        return _Extension
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The extension installs when vLLM asks for it, and only then (batchocr/workerext.py).
+__getattr__ = workerext.resolver(__name__, {EXTENSION.rsplit(".", 1)[1]: ("vitpad",)})

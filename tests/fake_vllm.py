@@ -278,6 +278,19 @@ def install(monkeypatch) -> None:
         monkeypatch.setitem(sys.modules, name, module)
 
 
+def model_module(monkeypatch, name: str, **classes) -> types.ModuleType:
+    """`vllm.model_executor.models.NAME` holding `classes` (for the test's duration): the module
+    one of batchocr's worker extensions patches (vLLM itself absent, or this stand-in)."""
+    module = types.ModuleType(f"vllm.model_executor.models.{name}")
+    for key, value in classes.items():
+        setattr(module, key, value)
+    for parent in ("vllm", "vllm.model_executor", "vllm.model_executor.models"):
+        monkeypatch.setitem(sys.modules, parent, types.ModuleType(parent))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(sys.modules["vllm.model_executor.models"], name, module, raising=False)
+    return module
+
+
 def install_modules() -> None:
     """The same for a whole process (bench/gpu/throughput.py --fake: a dry run on the CPU)."""
     sys.modules.update(_modules())

@@ -5,10 +5,10 @@ vLLM's real modules by bench/gpu/check_encoder_batch.py (CPU with vLLM's source,
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 import pytest
+
+import fake_vllm
 
 from batchocr import deepencoder, ngram_sampler
 from batchocr.engines.presets import get_preset
@@ -67,12 +67,7 @@ def _fake_vllm_model(monkeypatch):
 
     cls = type("DeepseekOCRForCausalLM", (), {"_pixel_values_to_embedding": original})
     sub = type("UnlimitedOCRForCausalLM", (cls,), {})
-    module = types.ModuleType("vllm.model_executor.models.deepseek_ocr")
-    module.DeepseekOCRForCausalLM = cls
-    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.models"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(sys.modules["vllm.model_executor.models"], "deepseek_ocr", module, raising=False)
+    fake_vllm.model_module(monkeypatch, "deepseek_ocr", DeepseekOCRForCausalLM=cls)
     return cls, sub, original
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchocr import deepencoder, ngram_sampler, rswa_tiles
+from batchocr import deepencoder, ngram_sampler, rswa_tiles, workerext
 from batchocr.engines.presets import get_preset
 from batchocr.engines.vllm import VLLMOptions
 from batchocr.errors import ConfigError
@@ -79,7 +79,7 @@ def test_rswa_tiles_names_one_extension_with_the_other_patches_asked(monkeypatch
                                                            ["tiles", "encoder", "sampler"])):
         calls.clear()
         module, attr = f"batchocr.rswa_tiles.{name}".rsplit(".", 1)  # as vLLM's resolve_obj_by_qualname splits it
-        assert getattr(__import__(module, fromlist=[attr]), attr) is rswa_tiles._Extension
+        assert getattr(__import__(module, fromlist=[attr]), attr) is workerext.Extension
         assert calls == want
     with pytest.raises(AttributeError):
         rswa_tiles.NotAnExtension  # noqa: B018

@@ -71,16 +71,11 @@ def test_the_extension_pads_each_mlp_at_its_first_call_when_vllm_resolves_its_na
     first call (after any loader has filled them), and gives the same output; asking twice
     wraps once."""
     import importlib
-    import sys
-    import types
+
+    import fake_vllm
 
     cls = type("Qwen2_5_VisionMLP", (), {"forward": lambda self, x: _forward(self, x)})
-    module = types.ModuleType("vllm.model_executor.models.qwen2_5_vl")
-    module.Qwen2_5_VisionMLP = cls
-    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.models"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(sys.modules["vllm.model_executor.models"], "qwen2_5_vl", module, raising=False)
+    fake_vllm.model_module(monkeypatch, "qwen2_5_vl", Qwen2_5_VisionMLP=cls)
     original = cls.forward
     assert "VisionMlpPadExtension" not in vars(vitpad) and cls.forward is original
     module_name, name = vitpad.EXTENSION.rsplit(".", 1)
