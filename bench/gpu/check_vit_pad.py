@@ -32,12 +32,13 @@ def build(model_dir: str, device: str, dtype):
     config = AutoConfig.from_pretrained(model_dir)
     torch.set_default_dtype(dtype)
     torch.manual_seed(0)
-    with torch.device(device):
-        visual = Qwen2_5_VisionTransformer(config.vision_config, norm_eps=getattr(config, "rms_norm_eps", 1e-6),
-                                           prefix="visual")
+    # built as check_encoder_batch builds its modules (on the host, then moved), in the default dtype
+    # the vision attention's backend is chosen for
+    visual = Qwen2_5_VisionTransformer(config.vision_config, norm_eps=getattr(config, "rms_norm_eps", 1e-6),
+                                       prefix="visual")
     for p in visual.parameters():  # vLLM's layers allocate without initialising
         p.data.normal_(0, 0.02)
-    return visual.eval(), config
+    return visual.to(device=device, dtype=dtype).eval(), config
 
 
 def main() -> int:
