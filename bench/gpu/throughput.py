@@ -389,7 +389,7 @@ def kernel_class(name: str) -> str:
         return "attention"
     if any(k in low for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "s1681")):
         return "gemm"
-    if low.startswith("triton") or "triton" in low:
+    if "triton" in low:
         return "triton"
     return "other"
 
@@ -468,14 +468,13 @@ def step_breakdown(spans: list[dict]) -> dict:
             break  # its wall is unknown (no next step)
         n, tokens, gen, _ = (int(x) for x in STEP.fullmatch(e["name"]).groups())
         groups[n].append(row | {"wall_us": starts[k + 1] - e["ts"], "tokens": tokens, "gen": gen})
-    med = lambda xs: round(statistics.median(xs) / 1000, 2) if xs else None  # noqa: E731
+    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731 - over the group in hand
     out = {}
     for n, rows in sorted(groups.items()):
         out[str(n)] = {
-            "steps": len(rows), "prefill_tokens": med([r["tokens"] * 1000 for r in rows]),
-            "decoding": med([r["gen"] * 1000 for r in rows]),
-            "wall_ms": med([r["wall_us"] for r in rows]), "kernel_ms": med([r["kernel_us"] for r in rows]),
-            "kernels": med([r["kernels"] * 1000 for r in rows]),
+            "steps": len(rows), "prefill_tokens": med("tokens"), "decoding": med("gen"),
+            "wall_ms": round(med("wall_us") / 1000, 2), "kernel_ms": round(med("kernel_us") / 1000, 2),
+            "kernels": med("kernels"),
             "gpu_share_of_wall": round(sum(r["kernel_us"] for r in rows) / max(1, sum(r["wall_us"] for r in rows)), 3),
             "class_ms": {c: round(sum(r["class"][c] for r in rows) / len(rows) / 1000, 2)
                          for c in ("attention", "gemm", "triton", "other")},
