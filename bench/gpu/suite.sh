@@ -36,7 +36,7 @@
 # kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages); tp21-vitpad-check
 # (batchocr.vitpad on the real vision tower); tp21-7b-a0 (b against a' over 2,048 pages); tp21-2b-prof (the
 # 2B's engine core, a step's host time by function); tp21-first (a process's first requests, bench/gpu/first_requests.py);
-# tp21-7b-enc (the encoder's levers, the padded vision MLPs), tp21-2b-stream (stream_interval, torch_shm on the 2B).
+# tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -157,8 +157,9 @@ run() {  # one named run of the suite
     tp21-2b-admit) tp tp21-2b-admit "--model=$MODELS/qwen2-vl-2b" --pages 1024 --modes b --b-variants "admit_pages=0" ;;
     # issue 21's encoder levers on the 7B (1,024 pages each, b at the preset's admission; Qwen2.5-VL's encoder has
     # vLLM's compile and CUDA-graph support), and the 2B's CPU-bound engine core (fewer outputs a step)
+    # (~16 min; torch_shm, which moves pixels, not kernels, is in tp21-2b-stream and uocr-levers)
     tp21-7b-enc) tp tp21-7b-enc "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD" \
-                   --variant "$ENC_COMPILE" --variant "$ENC_GRAPHS" --variant "$TORCH_SHM" ;;
+                   --variant "$ENC_COMPILE" --variant "$ENC_GRAPHS" ;;
     # b/a' at issue 21's length: b (the defaults) and a' (vLLM's own defaults, `generate` in chunks of
     # 256, its own process) over 2,048 pages (~13 min)
     tp21-7b-a0) tp tp21-7b-a0 "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a0 ;;
