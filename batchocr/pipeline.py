@@ -266,6 +266,9 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
             first_request = getattr(engine, "first_request_at", None)  # vLLM: its first request taken
             if first_request is not None:
                 timings["first_request_s"] = first_request - started
+            warm_up = getattr(engine, "renderer_warm_up_s", None)  # vLLM: its renderer's first call
+            if warm_up is not None:
+                timings["renderer_warm_up_s"] = warm_up
             summary.timings = {k: round(v, 3) for k, v in timings.items()}
             summary.timings["render_workers_replaced"] = pool.replaced
             status = "failed" if failing else ("interrupted" if summary.interrupted else "done")

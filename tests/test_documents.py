@@ -164,7 +164,8 @@ def test_a_group_is_one_request_and_comes_back_a_row_a_page(monkeypatch):
     engine, fake = _engine(monkeypatch, mode="document")
     outs, rows = _run(engine, [_doc("a", 4), _doc("b", 3)])
     assert fake.added == fake.documents == 2
-    assert fake.renderer.kwargs == [{"image_size": 1024}] * 2  # base mode's 1024 view, not gundam's 640
+    # base mode's 1024 view, not gundam's 640 (the first call, the renderer's warm-up, is a page's: none)
+    assert fake.renderer.kwargs == [None] + [{"image_size": 1024}] * 2
     assert len(rows) == 7 and {r["mode"] for r in rows.values()} == {"document"}
     assert all(r["finish_reason"] == "stop" and r["error_type"] is None for r in rows.values())
     # each page its own words: the fake writes 3 + (w*7 + h) % 11 of them for a page of width w

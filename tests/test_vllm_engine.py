@@ -5,6 +5,7 @@ import json
 import logging
 import queue
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -208,6 +209,63 @@ def test_the_pipeline_with_the_vllm_engine_renders_to_the_presets_size(monkeypat
     t = record["timings"]
     assert 0 < t["first_page_s"] <= t["first_request_s"] < record["counts"]["seconds"]
     assert engine.first_request_at is not None and summary.timings["first_request_s"] == t["first_request_s"]
+    # and how long the renderer's first call, the warm-up, took
+    assert t["renderer_warm_up_s"] == engine.renderer_warm_up_s >= 0
+
+
+def _slow_first_renderer(llm, fail: bool = False):
+    """The stand-in's renderer made as vLLM's is in a fresh process: its first call slow (0.3 s,
+    the processor's set-up), the next ones quick; each call's span, image size and colour kept.
+    With fail, the first call raises (the pages' calls work)."""
+    renderer = llm.llm_engine.renderer
+    inner, calls = renderer.render_cmpl, []
+
+    def render_cmpl(prompts):
+        image = prompts[0]["multi_modal_data"]["image"]
+        start = time.monotonic()
+        first = not calls
+        calls.append({"start": start, "size": image.size, "pixel": image.getpixel((0, 0))})
+        if first:
+            time.sleep(0.3)
+        calls[-1]["end"] = time.monotonic()
+        if first and fail:
+            raise RuntimeError("no processor for a blank page")
+        return inner(prompts)
+
+    renderer.render_cmpl = render_cmpl
+    return calls
+
+
+@pytest.mark.parametrize("preset,size", [("qwen2.5-vl", (896, 1288)), ("unlimited-ocr", (1344, 1920))])
+def test_the_renderers_first_call_is_a_blank_page_made_alone_before_any_pages(monkeypatch, preset, size):
+    """Four prepare threads making the renderer's first calls at once paid its set-up four times
+    over on the H200 (18.8 s each against 4.8 s alone): the engine makes that call itself, once,
+    on a blank page of the preset's size, and no page's preparation starts before it ends."""
+    fake_vllm.install(monkeypatch)
+    llm = fake_vllm.LLM(max_num_seqs=4)
+    calls = _slow_first_renderer(llm)
+    engine = VLLMEngine(VLLMOptions(model="/models/fake", preset=preset, max_tokens=30, prepare_threads=4), llm=llm)
+    rows = _run(engine, _pages(12))
+    engine.close()
+    assert len(rows) == 12 and all(r["error_type"] is None and r["finish_reason"] == "stop" for r in rows)
+    warm, pages = calls[0], calls[1:]
+    assert warm["size"] == size and warm["pixel"] == (255, 255, 255)  # portrait, the preset's longest side
+    assert len(pages) == 12 and all(c["start"] >= warm["end"] for c in pages)
+    assert llm.llm_engine.added == 12  # the warm-up's call is not a request
+    assert engine.renderer_warm_up_s >= 0.3
+
+
+def test_a_failed_warm_up_costs_nothing_but_a_debug_line(monkeypatch, caplog):
+    fake_vllm.install(monkeypatch)
+    llm = fake_vllm.LLM(max_num_seqs=4)
+    calls = _slow_first_renderer(llm, fail=True)
+    with caplog.at_level(logging.DEBUG, logger="batchocr.engines.vllm"):
+        engine = VLLMEngine(VLLMOptions(model="/models/fake", max_tokens=30), llm=llm)
+        rows = _run(engine, _pages(5))
+    engine.close()
+    assert len(rows) == 5 and all(r["error_type"] is None and r["finish_reason"] == "stop" for r in rows) and len(calls) == 6
+    (said,) = [r for r in caplog.records if "warm-up" in r.getMessage()]
+    assert said.levelno == logging.DEBUG and "RuntimeError: no processor for a blank page" in said.getMessage()
 
 
 def test_a_missing_model_folder_is_a_config_error(monkeypatch):
@@ -484,6 +542,30 @@ def _instances(monkeypatch, n=2, **options):
     options.setdefault("max_num_seqs", 4)
     engine = VLLMEngine(VLLMOptions(model="/models/fake", instances=n, **options), llm=llms)
     return engine, [llm.llm_engine for llm in llms]
+
+
+def test_with_instances_no_warm_up_runs_while_an_engine_is_built(monkeypatch):
+    """vLLM forks each engine core from this process, and a processor run in it before a build hung
+    the engine core on the H200: with instances 3, built one after the other, the renderers'
+    warm-ups start once the last is built, one each."""
+    fake_vllm.install(monkeypatch)
+    events, real = [], fake_vllm.LLM.__init__
+
+    def build(self, *args, **kwargs):
+        events.append("build")
+        real(self, *args, **kwargs)
+        inner = self.llm_engine.renderer.render_cmpl
+        self.llm_engine.renderer.render_cmpl = lambda prompts: (events.append("warm-up"), inner(prompts))[1]
+        time.sleep(0.2)  # a build that takes a while: an earlier instance's warm-up would land in it
+        events.append("built")
+
+    monkeypatch.setattr(fake_vllm.LLM, "__init__", build)
+    engine = VLLMEngine(VLLMOptions(model="fake-model", instances=3, max_num_seqs=4))
+    for each in engine.instances:
+        each._warmed.result(timeout=5)
+    engine.close()
+    assert events == ["build", "built"] * 3 + ["warm-up"] * 3
+    assert engine.renderer_warm_up_s is not None
 
 
 def test_several_instances_share_the_pages_each_page_once(monkeypatch):

@@ -299,9 +299,10 @@ class _Request:
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, options: VLLMOptions, llm: Any | None = None):
+    def __init__(self, options: VLLMOptions, llm: Any | None = None, *, warm_up: bool = True):
         """`llm` is a vllm.LLM already built (tests pass a stand-in; with instances N, a list of
-        N); else one is built, or N, one after the other (each sizes its KV from what is left)."""
+        N); else one is built, or N, one after the other (each sizes its KV from what is left).
+        warm_up: start the renderer's warm-up now (an instance's waits until all are built)."""
         self.options = options
         self.preset = get_preset(options.preset)
         self.needs = Needs(image=True)
@@ -318,10 +319,15 @@ class VLLMEngine:
                                       kv_cache_gib=options.kv_cache_gib and options.kv_cache_gib / options.instances)
             try:
                 for each in llms:
-                    self.instances.append(type(self)(one, llm=each))
+                    self.instances.append(type(self)(one, llm=each, warm_up=False))
             except BaseException:
                 self.close()
                 raise
+            # vLLM forks each engine core from this process: no warm-up thread may be running
+            # torch or the image processor while it does (a processor run before the build hung
+            # the engine core on the H200: docs/GPU.md, fifteenth lease)
+            for each in self.instances:
+                each.start_warm_up()
             return
         try:
             from vllm import SamplingParams
@@ -352,6 +358,10 @@ class VLLMEngine:
         self.check = RepetitionCheck(options.repetition_span, options.repetition_max_period)
         self._ids = itertools.count()
         self._pool = ThreadPoolExecutor(options.prepare_threads, thread_name_prefix="batchocr-prepare")
+        self.warm_up_s: float | None = None
+        self._warmed: Future | None = None
+        if warm_up:
+            self.start_warm_up()
         self._accepted = 0  # requests vLLM took
         self._first_request_at: float | None = None  # time.monotonic() of this run's first request vLLM took
         self._held: list[tuple[str, dict]] = []  # refusals before any was taken: (signature, row)
@@ -366,6 +376,14 @@ class VLLMEngine:
         times = [getattr(e, "_first_request_at", None) for e in self.instances] or [self._first_request_at]
         times = [t for t in times if t is not None]
         return min(times) if times else None
+
+    @property
+    def renderer_warm_up_s(self) -> float | None:
+        """How long the renderer's first call (the warm-up) took, the longest of the instances'
+        with several; None until it has run."""
+        times = [getattr(e, "warm_up_s", None) for e in self.instances] or [self.warm_up_s]
+        times = [t for t in times if t is not None]
+        return max(times) if times else None
 
     @property
     def accelerator(self) -> dict:
@@ -417,11 +435,39 @@ class VLLMEngine:
     def _context(self) -> int:
         return self.options.max_model_len or self.preset.max_model_len
 
-    def _prepare(self, request: _Request) -> Any:
-        """Off the engine loop: the model's image processor and tokenizer, via vLLM's
-        renderer (thread-safe with the processor cache off, as in vLLM's server)."""
+    def start_warm_up(self) -> None:
+        """vLLM's renderer pays a one-time cost on its first call in a process, and four prepare
+        threads making their first calls at once paid it four times over (on the H200's host,
+        Qwen2-VL: 18.8 s each, against 4.8 s for one call alone, then 0.1 s a call; docs/GPU.md,
+        fifteenth lease). So one prepare thread pays it now, on a blank page, while the first
+        pages render, and every page's preparation waits for that. Once."""
+        if self._warmed is None:
+            self._warmed = self._pool.submit(self._warm_up)
+
+    def _warm_up(self) -> None:
+        """vLLM's renderer's first call, alone, on a blank page of the preset's size (portrait,
+        as scans are); never raises: where it fails, the pages' own calls say why."""
         from PIL import Image
 
+        side, multiple = self.preset.max_side, self.preset.size_multiple
+        width = max(multiple, int(side * 0.7) // multiple * multiple)
+        started = time.monotonic()
+        try:
+            blank = Image.new("RGB", (width, side), "white")
+            self.engine.renderer.render_cmpl([{"prompt": self.prompt, "multi_modal_data": {"image": blank}}])
+        except Exception as exc:  # noqa: BLE001
+            log.debug("the renderer's warm-up failed (the pages' calls will say why): %s: %s",
+                      type(exc).__name__, exc)
+        self.warm_up_s = round(time.monotonic() - started, 3)
+
+    def _prepare(self, request: _Request) -> Any:
+        """Off the engine loop: the model's image processor and tokenizer, via vLLM's
+        renderer (thread-safe with the processor cache off, as in vLLM's server); after
+        the warm-up's first call."""
+        from PIL import Image
+
+        if self._warmed is not None:
+            self._warmed.result()
         images = [Image.frombuffer("RGB", (p.width, p.height), p.image, "raw", "RGB", 0, 1) for p in request.pages]
         if request.document:
             prompt = {"prompt": self.preset.document_prompt(len(images)), "multi_modal_data": {"image": images}}
