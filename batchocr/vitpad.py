@@ -10,18 +10,25 @@ projection's operands are not 16-byte aligned and cuBLAS runs it with an Ampere 
 Padding the inner size with zeros changes no product: the extra gate and up rows are zero (and
 so is their bias), SiLU(0) x 0 = 0, and the down projection's extra columns are zero. Only the
 order in which bf16 sums are accumulated may differ with the kernel, as between any two GEMM
-kernels. The weights are padded once, at the MLP's first call (after vLLM has loaded them,
-whichever loader; at its memory profiling run), in place: 32 x 3 x 36 x 1,280 values more.
+kernels. The weights are padded once, in place, right after vLLM has loaded them (its
+`BaseModelLoader.load_model`, whichever weights: a checkpoint's or `load_format="dummy"`'s),
+so before the memory profile's run and before `compile_mm_encoder` traces the vision blocks:
+a compiled block sees the padded sizes. 32 x 3 x 36 x 1,280 values more.
 
     LLM(..., worker_extension_cls="batchocr.vitpad.VisionMlpPadExtension")
 
-Measured on the GPU by `bench/gpu/check_vit_pad.py` (the same vision tower's output, and its ms a
-page, before and after; suite.sh `tp21-vitpad-check`) and `tp21-7b-enc`'s `vitpad` variant (b with
-it against b); not a default until then.
+Measured on the H200 (docs/GPU.md, "Issue 21, fifteenth lease"): `bench/gpu/check_vit_pad.py`,
+the real vision tower with random weights, gave the same output (0.6% at most, bf16's rounding)
+in 26.6 ms a page against 31.9 (1.198x), the Ampere GEMM gone; `tp21-7b-enc`'s `vitpad` variant,
+b with it (then padded at the MLPs' first call), 1.044x b's pages/s end to end and 1.014x in the
+steady state at equal work. Not a default: with vLLM's `compile_mm_encoder` (1.079x steady) it
+is to be measured together first.
 Importing this module patches nothing and needs no torch.
 """
 
 from __future__ import annotations
+
+import logging
 
 from batchocr import workerext
 
@@ -82,23 +89,34 @@ def pad_mlp(mlp, multiple: int = MULTIPLE) -> bool:
     return True
 
 
+def pad_model(model, multiple: int = MULTIPLE) -> int:
+    """Every Qwen2.5-VL vision MLP of a loaded model padded; how many were."""
+    try:
+        from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VisionMLP
+    except ImportError:  # a vLLM without the model: nothing of it to pad
+        return 0
+    return sum(pad_mlp(module, multiple) for _, module in model.named_modules()
+               if isinstance(module, Qwen2_5_VisionMLP))
+
+
 def install() -> None:
-    """Pad each of Qwen2.5-VL's vision MLPs at its first call (idempotent)."""
-    from vllm.model_executor.models import qwen2_5_vl
+    """After vLLM's loader has loaded and processed a model's weights, pad its vision MLPs
+    (idempotent)."""
+    from vllm.model_executor.model_loader import base_loader
 
-    cls = qwen2_5_vl.Qwen2_5_VisionMLP
-    if getattr(cls, "_batchocr_padded_forward", False):
+    original = base_loader.process_weights_after_loading  # looked up there by load_model at each load
+    if getattr(original, "_batchocr_vitpad", False):
         return
-    forward = cls.forward
 
-    def padded_forward(self, x):
-        if not getattr(self, "_batchocr_padded", False):
-            pad_mlp(self)
-            self._batchocr_padded = True
-        return forward(self, x)
+    def process_weights_after_loading(model, model_config, target_device):
+        original(model, model_config, target_device)
+        n = pad_model(model)
+        if n:  # under vLLM's logger, so that the engine core's log says it
+            logging.getLogger("vllm.batchocr.vitpad").info(
+                "batchocr.vitpad: %d vision MLPs padded to an inner size multiple of %d", n, MULTIPLE)
 
-    cls.forward = padded_forward
-    cls._batchocr_padded_forward = True
+    process_weights_after_loading._batchocr_vitpad = True
+    base_loader.process_weights_after_loading = process_weights_after_loading
 
 
 # The extension installs when vLLM asks for it, and only then (batchocr/workerext.py).

@@ -65,35 +65,56 @@ def test_sizes_already_aligned_and_quantized_weights_are_left_alone():
     assert [vitpad.padded(n) for n in (3420, 3456, 1, 64)] == [3456, 3456, 64, 64]
 
 
-def test_the_extension_pads_each_mlp_at_its_first_call_when_vllm_resolves_its_name(monkeypatch):
+def test_the_extension_pads_each_vision_mlp_once_vllms_loader_has_loaded_the_weights(monkeypatch):
     """Importing the module patches nothing; resolving the name as vLLM's resolve_obj_by_qualname
-    does (split on the last dot) wraps the MLP's forward, which pads the layers once, at the
-    first call (after any loader has filled them), and gives the same output; asking twice
-    wraps once."""
+    does (split on the last dot; in the worker, before the model loads) wraps the loader's
+    process_weights_after_loading, which load_model looks up in its module at each load: after
+    the loader's own processing, each Qwen2.5-VL vision MLP is padded (and nothing else), so that
+    what runs, or what compile_mm_encoder traces, has the padded sizes; the output is the same;
+    asking twice wraps once."""
     import importlib
+    import sys
+    import types
 
     import fake_vllm
 
-    cls = type("Qwen2_5_VisionMLP", (), {"forward": lambda self, x: _forward(self, x)})
-    fake_vllm.model_module(monkeypatch, "qwen2_5_vl", Qwen2_5_VisionMLP=cls)
-    original = cls.forward
-    assert "VisionMlpPadExtension" not in vars(vitpad) and cls.forward is original
+    mlp_cls = type("Qwen2_5_VisionMLP", (), {"forward": lambda self, x: _forward(self, x)})
+    fake_vllm.model_module(monkeypatch, "qwen2_5_vl", Qwen2_5_VisionMLP=mlp_cls)
+    loader = types.ModuleType("vllm.model_executor.model_loader")
+    base = types.ModuleType("vllm.model_executor.model_loader.base_loader")
+    processed = []
+    base.process_weights_after_loading = lambda model, config, device: processed.append((model, config, device))
+    loader.base_loader = base
+    monkeypatch.setitem(sys.modules, loader.__name__, loader)
+    monkeypatch.setitem(sys.modules, base.__name__, base)
+    original = base.process_weights_after_loading
+    assert "VisionMlpPadExtension" not in vars(vitpad) and base.process_weights_after_loading is original
     module_name, name = vitpad.EXTENSION.rsplit(".", 1)
     ext = getattr(importlib.import_module(module_name), name)
     assert isinstance(ext, type) and not [a for a in vars(ext) if not a.startswith("__")]  # no Worker clashes
-    wrapped = cls.forward
+    wrapped = base.process_weights_after_loading
     assert wrapped is not original
     getattr(importlib.import_module(module_name), name)
-    assert cls.forward is wrapped  # once
+    assert base.process_weights_after_loading is wrapped  # once
+
     rng = np.random.default_rng(2)
-    mlp = cls()  # an instance of vLLM's class, with its layers
-    mlp.gate_up_proj, mlp.down_proj = (lambda m: (m.gate_up_proj, m.down_proj))(_mlp(rng))
+    mlps = []
+    for _ in range(3):  # vision blocks' MLPs, instances of vLLM's class with their layers
+        mlp = mlp_cls()
+        mlp.gate_up_proj, mlp.down_proj = (lambda m: (m.gate_up_proj, m.down_proj))(_mlp(rng))
+        mlps.append(mlp)
+    other = _mlp(rng)  # the language model's MLP: another class, left alone
+    model = SimpleNamespace(named_modules=lambda: [("visual", None), ("lm.mlp", other)]
+                            + [(f"visual.blocks.{i}.mlp", m) for i, m in enumerate(mlps)])
     x = rng.normal(size=(5, 160))
-    before = _forward(mlp, x)
-    assert mlp.down_proj.weight.data.shape[1] == 3420  # nothing padded until it runs
-    got = mlp.forward(x)
-    assert mlp.down_proj.weight.data.shape[1] == 3456
-    np.testing.assert_allclose(got, before, rtol=0, atol=1e-12 * np.abs(before).max())
-    np.testing.assert_allclose(mlp.forward(x), before, rtol=0, atol=1e-12 * np.abs(before).max())
+    before = [_forward(m, x) for m in mlps]
+    base.process_weights_after_loading(model, "config", "cuda")
+    assert processed == [(model, "config", "cuda")]  # vLLM's own processing first, once
+    assert [m.down_proj.weight.data.shape[1] for m in mlps] == [3456] * 3
+    assert other.down_proj.weight.data.shape[1] == 3420
+    for m, b in zip(mlps, before):
+        np.testing.assert_allclose(m.forward(x), b, rtol=0, atol=1e-12 * np.abs(b).max())
+    base.process_weights_after_loading(model, "config", "cuda")  # a second load: nothing more to pad
+    assert [m.down_proj.weight.data.shape[1] for m in mlps] == [3456] * 3
     with pytest.raises(AttributeError):
         vitpad.SomethingElse  # noqa: B018

@@ -36,7 +36,8 @@
 # kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages); tp21-vitpad-check
 # (batchocr.vitpad on the real vision tower); tp21-7b-a0 (b against a' over 2,048 pages); tp21-2b-prof (the
 # 2B's engine core, a step's host time by function); tp21-first (a process's first requests, bench/gpu/first_requests.py);
-# tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-2b-stream (stream_interval, torch_shm on the 2B).
+# tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-7b-enc2 (padding
+# and compile apart and together), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -67,6 +68,7 @@ ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":tr
 # Qwen2.5-VL's vision MLPs padded to an aligned inner size (batchocr.vitpad: 3,420 -> 3,456, the same
 # products), so that cuBLAS leaves its Ampere GEMM (8.4 ms of a page's prefill, fourteenth lease)
 VIT_PAD='vitpad=--engine-arg worker_extension_cls=batchocr.vitpad.VisionMlpPadExtension'
+VIT_PAD_COMPILE='vitpadcompile=--engine-arg worker_extension_cls=batchocr.vitpad.VisionMlpPadExtension --engine-arg compilation_config={"compile_mm_encoder":true}'
 # batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor;
 # unlimited-ocr's default since the sixth lease, so the runs that compare it with vLLM's encoder say --no-batch-encoder
 BATCH_ENCODER='batchenc=--batch-encoder'
@@ -160,6 +162,10 @@ run() {  # one named run of the suite
     # (~16 min; torch_shm, which moves pixels, not kernels, is in tp21-2b-stream and uocr-levers)
     tp21-7b-enc) tp tp21-7b-enc "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD" \
                    --variant "$ENC_COMPILE" --variant "$ENC_GRAPHS" ;;
+    # the fifteenth lease's two winners apart and together (the vision MLPs now padded at load, before
+    # compile_mm_encoder traces them), b with the renderer's warm-up (first_request_s), 1,024 pages (~16 min)
+    tp21-7b-enc2) tp tp21-7b-enc2 "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD" \
+                    --variant "$ENC_COMPILE" --variant "$VIT_PAD_COMPILE" ;;
     # b/a' at issue 21's length: b (the defaults) and a' (vLLM's own defaults, `generate` in chunks of
     # 256, its own process) over 2,048 pages (~13 min)
     tp21-7b-a0) tp tp21-7b-a0 "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a0 ;;
