@@ -141,7 +141,9 @@ def test_a_document_that_cannot_be_opened_ends_its_group():
 
 def _engine(monkeypatch, **options):
     fake_vllm.install(monkeypatch)
-    llm = fake_vllm.LLM(max_num_seqs=options.pop("max_num_seqs", 4), max_model_len=options.pop("max_model_len", 32768))
+    # the options and the stand-in alike: the engine's admission and queue follow max_num_seqs
+    options.setdefault("max_num_seqs", 4)
+    llm = fake_vllm.LLM(max_num_seqs=options["max_num_seqs"], max_model_len=options.pop("max_model_len", 32768))
     return VLLMEngine(VLLMOptions(model="/models/fake", preset="unlimited-ocr", **options), llm=llm), llm.llm_engine
 
 

@@ -81,7 +81,9 @@ def _pages(n: int, dark: set[int] = frozenset(), big: set[int] = frozenset()) ->
 
 def _engine(monkeypatch, **options):
     fake_vllm.install(monkeypatch)
-    llm = fake_vllm.LLM(max_num_seqs=options.pop("max_num_seqs", 4), max_model_len=options.pop("max_model_len", 4096))
+    # the options and the stand-in alike: the engine's admission and queue follow max_num_seqs
+    options.setdefault("max_num_seqs", 4)
+    llm = fake_vllm.LLM(max_num_seqs=options["max_num_seqs"], max_model_len=options.pop("max_model_len", 4096))
     return VLLMEngine(VLLMOptions(model="/models/fake", **options), llm=llm), llm.llm_engine
 
 
@@ -502,7 +504,8 @@ def test_the_first_requests_reach_vllm_before_the_whole_queue_is_pulled(monkeypa
     start, filling the whole queue first left the GPU idle while it was rendered and prepared
     (the first step 20 s into a 1,024-page run on the H200, queue_pages 352). In the steady
     state nothing changes: the queue is topped up as pages finish, and still fills."""
-    engine, fake = _engine(monkeypatch, queue_pages=40, max_tokens=50)
+    # admit_pages 0, so that the filled queue shows inside vLLM (admission in groups keeps it here)
+    engine, fake = _engine(monkeypatch, queue_pages=40, max_tokens=50, admit_pages=0)
     pulled, at_first_add = [], []
     add = fake.add_request
 

@@ -467,7 +467,7 @@ class VLLMEngine:
         from PIL import Image
 
         if self._warmed is not None:
-            self._warmed.result()
+            wait((self._warmed,))  # done, or cancelled by close(): the page is prepared either way
         images = [Image.frombuffer("RGB", (p.width, p.height), p.image, "raw", "RGB", 0, 1) for p in request.pages]
         if request.document:
             prompt = {"prompt": self.preset.document_prompt(len(images)), "multi_modal_data": {"image": images}}
