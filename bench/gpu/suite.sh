@@ -35,7 +35,8 @@
 # against b held to 256 on that engine, and a at 512), tp21-7b-prof (a one-page prefill step, kernel by
 # kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages); tp21-vitpad-check
 # (batchocr.vitpad on the real vision tower); tp21-7b-a0 (b against a' over 2,048 pages); tp21-2b-prof (the
-# 2B's engine core, a step's host time by function); tp21-first (a process's first requests, bench/gpu/first_requests.py);
+# 2B's engine core, a step's host time by function); tp21-first (a process's first requests, bench/gpu/first_requests.py;
+# tp21-first-prewarm: after transformers' processor ran before the build, which hung);
 # tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-7b-enc2 (padding
 # and compile apart and together), tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
@@ -173,11 +174,13 @@ run() {  # one named run of the suite
     # b's steady state profiled with Python calls traced (~3 min)
     tp21-2b-prof) tp tp21-2b-prof "--model=$MODELS/qwen2-vl-2b" --pages 768 --modes b --profile 900,30 --profile-stack ;;
     # a process's first requests (~15 s before the first reached vLLM, fourteenth lease): the renderer's
-    # first call alone, four threads' first calls at once, and after transformers' processor warmed
-    # before the build; three fresh processes on the 2B (~3 min)
+    # first call alone, four threads' first calls at once; two fresh processes on the 2B (~3 min)
     tp21-first) py tp21-first-one bench/gpu/first_requests.py "$MODELS/qwen2-vl-2b"
-                py tp21-first-threads bench/gpu/first_requests.py "$MODELS/qwen2-vl-2b" --fresh-threads
-                py tp21-first-prewarm bench/gpu/first_requests.py "$MODELS/qwen2-vl-2b" --pre-warm --fresh-threads ;;
+                py tp21-first-threads bench/gpu/first_requests.py "$MODELS/qwen2-vl-2b" --fresh-threads ;;
+    # transformers' processor run before vLLM's build: the engine core hung in the fifteenth lease
+    # (vLLM forks it), so a short limit; only to find out why (GPU.md, fifteenth lease)
+    tp21-first-prewarm) PY_TIMEOUT=240 py tp21-first-prewarm bench/gpu/first_requests.py "$MODELS/qwen2-vl-2b" \
+                          --pre-warm --fresh-threads ;;
     # the padded vision MLPs on vLLM's real vision tower alone: the same output, ms a page, the kernels (~1 min)
     tp21-vitpad-check) py tp21-vitpad-check bench/gpu/check_vit_pad.py "$MODELS/qwen2.5-vl-7b" --pages 4 ;;
     tp21-2b-stream) tp tp21-2b-stream "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
