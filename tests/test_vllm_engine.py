@@ -550,7 +550,8 @@ def _instances(monkeypatch, n=2, **options):
 def test_with_instances_no_warm_up_runs_while_an_engine_is_built(monkeypatch):
     """vLLM forks each engine core from this process, and a processor run in it before a build hung
     the engine core on the H200: with instances 3, built one after the other, the renderers'
-    warm-ups start once the last is built, one each."""
+    warm-ups start once the last is built, one each, one after the other (first calls made at
+    once each paid the set-up)."""
     fake_vllm.install(monkeypatch)
     events, real = [], fake_vllm.LLM.__init__
 
@@ -558,7 +559,14 @@ def test_with_instances_no_warm_up_runs_while_an_engine_is_built(monkeypatch):
         events.append("build")
         real(self, *args, **kwargs)
         inner = self.llm_engine.renderer.render_cmpl
-        self.llm_engine.renderer.render_cmpl = lambda prompts: (events.append("warm-up"), inner(prompts))[1]
+        def render_cmpl(prompts):
+            events.append("warm-up")
+            time.sleep(0.1)  # the first call's set-up: a second call made meanwhile would overlap it
+            out = inner(prompts)
+            events.append("warmed")
+            return out
+
+        self.llm_engine.renderer.render_cmpl = render_cmpl
         time.sleep(0.2)  # a build that takes a while: an earlier instance's warm-up would land in it
         events.append("built")
 
@@ -567,7 +575,7 @@ def test_with_instances_no_warm_up_runs_while_an_engine_is_built(monkeypatch):
     for each in engine.instances:
         each._warmed.result(timeout=5)
     engine.close()
-    assert events == ["build", "built"] * 3 + ["warm-up"] * 3
+    assert events == ["build", "built"] * 3 + ["warm-up", "warmed"] * 3
     assert engine.renderer_warm_up_s is not None
 
 
