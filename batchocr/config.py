@@ -53,6 +53,9 @@ def convert(cls: type[T], data: Mapping[str, Any] | Any, where: str, *, prefix: 
         raise ConfigError(line + more) from None
     except _Unserialisable as exc:
         raise ConfigError(f"{where}: a value of type {exc.args[0]} cannot be configuration") from None
+    except ConfigError as exc:  # the dataclass's own check (its __post_init__), naming its key
+        message = str(exc)
+        raise ConfigError(message if message.startswith(f"{where}: ") else f"{where}: {message}") from None
 
 
 class _Unserialisable(Exception):

@@ -73,7 +73,10 @@ class VLLMOptions:
     kv_cache_gib: Annotated[float, Gt(0)] | None = None
     max_model_len: int | None = None  # None = the preset's
     # Every page image is new: prefix caching and the processor cache only cost
-    # (vLLM's OCR recipes turn both off).
+    # (vLLM's OCR recipes turn both off). The processor cache must stay off: vLLM keeps a mirror
+    # of its engine core's cache here, updated as each request is prepared, which holds only if
+    # requests reach the engine core one at a time in that order, each of them; batchocr prepares
+    # them in several threads, and some never go (the renderer's warm-up, a refused page).
     enable_prefix_caching: bool = False
     mm_processor_cache_gb: float = 0.0
     limit_mm_per_prompt: Mapping[str, int] = field(default_factory=lambda: {"image": 1, "video": 0})
@@ -146,6 +149,12 @@ class VLLMOptions:
         if self.rswa_tiles and preset.name not in rswa_tiles.PRESETS:
             raise ConfigError(f"engines.vllm.rswa_tiles: skips the KV tiles R-SWA hides "
                               f"({', '.join(rswa_tiles.PRESETS)}); preset {preset.name} attends without R-SWA")
+        for key, value in (("mm_processor_cache_gb", self.mm_processor_cache_gb),
+                           ("engine_args.mm_processor_cache_gb", self.engine_args.get("mm_processor_cache_gb", 0))):
+            if value:
+                raise ConfigError(f"engines.vllm.{key}: got {value}, expected 0: vLLM's processor cache holds only "
+                                  f"for requests prepared one at a time, each sent; batchocr prepares them in "
+                                  f"threads, and every page image is new")
         if self.instances > 1 and self.tensor_parallel_size > 1:
             raise ConfigError(f"engines.vllm.instances: {self.instances} engines share one GPU; with "
                               f"tensor_parallel_size {self.tensor_parallel_size} use instances: 1")
