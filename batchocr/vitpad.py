@@ -117,6 +117,20 @@ def install() -> None:
 
     process_weights_after_loading._batchocr_vitpad = True
     base_loader.process_weights_after_loading = process_weights_after_loading
+    if not _loader_calls_it(base_loader):  # a vLLM whose loader moved on: the same output, unpadded
+        logging.getLogger("vllm.batchocr.vitpad").warning(
+            "batchocr.vitpad: this vLLM's BaseModelLoader.load_model does not call "
+            "process_weights_after_loading; the vision MLPs stay unpadded")
+
+
+def _loader_calls_it(base_loader) -> bool:
+    """vLLM's load_model calls process_weights_after_loading by its module's name (0.26's does)."""
+    import inspect
+
+    try:
+        return "process_weights_after_loading(" in inspect.getsource(base_loader.BaseModelLoader.load_model)
+    except (AttributeError, OSError, TypeError):
+        return False
 
 
 # The extension installs when vLLM asks for it, and only then (batchocr/workerext.py).

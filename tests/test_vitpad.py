@@ -84,6 +84,12 @@ def test_the_extension_pads_each_vision_mlp_once_vllms_loader_has_loaded_the_wei
     base = types.ModuleType("vllm.model_executor.model_loader.base_loader")
     processed = []
     base.process_weights_after_loading = lambda model, config, device: processed.append((model, config, device))
+
+    class BaseModelLoader:  # as vLLM 0.26's: its load_model calls the module's function by name
+        def load_model(self, model, config, device):
+            base.process_weights_after_loading(model, config, device)
+
+    base.BaseModelLoader = BaseModelLoader
     loader.base_loader = base
     monkeypatch.setitem(sys.modules, loader.__name__, loader)
     monkeypatch.setitem(sys.modules, base.__name__, base)
@@ -118,3 +124,32 @@ def test_the_extension_pads_each_vision_mlp_once_vllms_loader_has_loaded_the_wei
     assert [m.down_proj.weight.data.shape[1] for m in mlps] == [3456] * 3
     with pytest.raises(AttributeError):
         vitpad.SomethingElse  # noqa: B018
+
+
+def test_a_vllm_whose_loader_no_longer_calls_the_hook_is_a_warning(monkeypatch, caplog):
+    """A later vLLM whose load_model stopped calling process_weights_after_loading would leave the
+    MLPs unpadded (the same output, the old speed): the worker's log says so."""
+    import importlib
+    import logging
+    import sys
+    import types
+
+    import fake_vllm
+
+    fake_vllm.model_module(monkeypatch, "qwen2_5_vl", Qwen2_5_VisionMLP=type("Qwen2_5_VisionMLP", (), {}))
+    loader = types.ModuleType("vllm.model_executor.model_loader")
+    base = types.ModuleType("vllm.model_executor.model_loader.base_loader")
+    base.process_weights_after_loading = lambda model, config, device: None
+
+    class BaseModelLoader:
+        def load_model(self, model, config, device):
+            return model  # processes its weights some other way
+
+    base.BaseModelLoader = BaseModelLoader
+    loader.base_loader = base
+    monkeypatch.setitem(sys.modules, loader.__name__, loader)
+    monkeypatch.setitem(sys.modules, base.__name__, base)
+    with caplog.at_level(logging.WARNING, logger="vllm.batchocr.vitpad"):
+        getattr(importlib.import_module("batchocr.vitpad"), "VisionMlpPadExtension")
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "does not call process_weights_after_loading" in said
