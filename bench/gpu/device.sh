@@ -48,7 +48,18 @@ print({k: v for k, v in r.items() if k.startswith(("ratio", "rows_ratio", "stead
 PY
         ;;
       uocr-check*) grep -E '"(image_tokens|expected_image_tokens|failures)"' "$f" | head -12; tail -3 "$f" ;;
-      *) grep -E '^(a_|a0_|b_|c_|kv |\{)| child ' "$f" | cut -c1-330; tail -2 "$f" | cut -c1-300 ;;
+      *) grep -E '^(a_|a0_|b_|c_|kv |\{)| child ' "$f" | cut -c1-330; tail -2 "$f" | cut -c1-300
+         # a throughput.py run's modes in a line each: pages/s, steady, where its start went
+         [ -f "${f%.log}.json" ] && python3 - "${f%.log}.json" <<'PY' 2>/dev/null
+import json, sys
+r = json.load(open(sys.argv[1]))
+for name, m in r.items():
+    if isinstance(m, dict) and "pages_per_s" in m:
+        t, s = m.get("timings") or {}, m.get("steady") or {}
+        print("  ", name, m["pages_per_s"], "steady", s.get("pages_per_s"), "gpu", s.get("gpu_busy_pct"),
+              {k: t.get(k) for k in ("first_page_s", "renderer_warm_up_s", "first_request_s", "first_row_s")})
+PY
+         ;;
     esac
   done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
