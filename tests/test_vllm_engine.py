@@ -516,15 +516,15 @@ def test_the_first_requests_reach_vllm_before_the_whole_queue_is_pulled(monkeypa
 
     fake.add_request = counting_add
 
-    prepared, prepare = threading.Event(), engine._prepare
+    # set once a request's preparation is done as its future says (a callback runs after the
+    # future is marked done: set at the end of _prepare, the engine could still see it running)
+    prepared, start = threading.Event(), engine._start
 
-    def prepare_and_say(*a, **k):
-        try:
-            return prepare(*a, **k)
-        finally:
-            prepared.set()
+    def start_and_watch(request, preparing):
+        start(request, preparing)
+        preparing[-1][1].add_done_callback(lambda _: prepared.set())
 
-    engine._prepare = prepare_and_say
+    engine._start = start_and_watch
 
     def batches():
         for i, b in enumerate(_pages(120)):
