@@ -65,6 +65,30 @@ def test_sizes_already_aligned_and_quantized_weights_are_left_alone():
     assert [vitpad.padded(n) for n in (3420, 3456, 1, 64)] == [3456, 3456, 64, 64]
 
 
+def _base_loader(monkeypatch, process, calls_it: bool = True):
+    """vLLM's model_loader.base_loader for the test's duration: `process` as its
+    process_weights_after_loading, and a BaseModelLoader whose load_model calls it by the
+    module's name, as vLLM 0.26's does (calls_it), or processes its weights some other way."""
+    import sys
+    import types
+
+    loader = types.ModuleType("vllm.model_executor.model_loader")
+    base = types.ModuleType("vllm.model_executor.model_loader.base_loader")
+    base.process_weights_after_loading = process
+
+    def calling(self, model, config, device):
+        base.process_weights_after_loading(model, config, device)
+
+    def other(self, model, config, device):
+        return model
+
+    base.BaseModelLoader = type("BaseModelLoader", (), {"load_model": calling if calls_it else other})
+    loader.base_loader = base
+    monkeypatch.setitem(sys.modules, loader.__name__, loader)
+    monkeypatch.setitem(sys.modules, base.__name__, base)
+    return base
+
+
 def test_the_extension_pads_each_vision_mlp_once_vllms_loader_has_loaded_the_weights(monkeypatch):
     """Importing the module patches nothing; resolving the name as vLLM's resolve_obj_by_qualname
     does (split on the last dot; in the worker, before the model loads) wraps the loader's
@@ -73,26 +97,13 @@ def test_the_extension_pads_each_vision_mlp_once_vllms_loader_has_loaded_the_wei
     what runs, or what compile_mm_encoder traces, has the padded sizes; the output is the same;
     asking twice wraps once."""
     import importlib
-    import sys
-    import types
 
     import fake_vllm
 
     mlp_cls = type("Qwen2_5_VisionMLP", (), {"forward": lambda self, x: _forward(self, x)})
     fake_vllm.model_module(monkeypatch, "qwen2_5_vl", Qwen2_5_VisionMLP=mlp_cls)
-    loader = types.ModuleType("vllm.model_executor.model_loader")
-    base = types.ModuleType("vllm.model_executor.model_loader.base_loader")
     processed = []
-    base.process_weights_after_loading = lambda model, config, device: processed.append((model, config, device))
-
-    class BaseModelLoader:  # as vLLM 0.26's: its load_model calls the module's function by name
-        def load_model(self, model, config, device):
-            base.process_weights_after_loading(model, config, device)
-
-    base.BaseModelLoader = BaseModelLoader
-    loader.base_loader = base
-    monkeypatch.setitem(sys.modules, loader.__name__, loader)
-    monkeypatch.setitem(sys.modules, base.__name__, base)
+    base = _base_loader(monkeypatch, lambda model, config, device: processed.append((model, config, device)))
     original = base.process_weights_after_loading
     assert "VisionMlpPadExtension" not in vars(vitpad) and base.process_weights_after_loading is original
     module_name, name = vitpad.EXTENSION.rsplit(".", 1)
@@ -131,24 +142,11 @@ def test_a_vllm_whose_loader_no_longer_calls_the_hook_is_a_warning(monkeypatch, 
     MLPs unpadded (the same output, the old speed): the worker's log says so."""
     import importlib
     import logging
-    import sys
-    import types
 
     import fake_vllm
 
     fake_vllm.model_module(monkeypatch, "qwen2_5_vl", Qwen2_5_VisionMLP=type("Qwen2_5_VisionMLP", (), {}))
-    loader = types.ModuleType("vllm.model_executor.model_loader")
-    base = types.ModuleType("vllm.model_executor.model_loader.base_loader")
-    base.process_weights_after_loading = lambda model, config, device: None
-
-    class BaseModelLoader:
-        def load_model(self, model, config, device):
-            return model  # processes its weights some other way
-
-    base.BaseModelLoader = BaseModelLoader
-    loader.base_loader = base
-    monkeypatch.setitem(sys.modules, loader.__name__, loader)
-    monkeypatch.setitem(sys.modules, base.__name__, base)
+    _base_loader(monkeypatch, lambda model, config, device: None, calls_it=False)
     with caplog.at_level(logging.WARNING, logger="vllm.batchocr.vitpad"):
         getattr(importlib.import_module("batchocr.vitpad"), "VisionMlpPadExtension")
     (said,) = [r.getMessage() for r in caplog.records]

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterator, Literal, Mapping
+from typing import Annotated, Any, Callable, Iterator, Literal, Mapping
 
 import pyarrow as pa
 from annotated_types import Ge, Gt, Le
@@ -369,7 +369,7 @@ class VLLMEngine:
         self.check = RepetitionCheck(options.repetition_span, options.repetition_max_period)
         self._ids = itertools.count()
         self._pool = ThreadPoolExecutor(options.prepare_threads, thread_name_prefix="batchocr-prepare")
-        self.warm_up_s: float | None = None
+        self._warm_up_s: float | None = None
         self._warmed: Future | None = None
         if warm_up:
             self.start_warm_up()
@@ -379,22 +379,24 @@ class VLLMEngine:
         # Document mode: groups sent, given back a part a page, read again page by page (and why).
         self.groups = {"sent": 0, "split": 0, "fallback": 0} | {f"fallback_{r}": 0 for r in FALLBACK_REASONS}
 
+    def _over_instances(self, attr: str, pick: Callable[[list[float]], float]) -> float | None:
+        """An engine's `attr`, or with several instances `pick` of theirs; None where none is set."""
+        values = [getattr(e, attr) for e in self.instances or [self]]
+        values = [v for v in values if v is not None]
+        return pick(values) if values else None
+
     @property
     def first_request_at(self) -> float | None:
         """When vLLM took the run's first request (time.monotonic), the earliest of the instances'
         with several: between the first rendered pages and this, the requests' preparation (the
         image processor's first calls); after it, the GPU's prefill and decode."""
-        times = [getattr(e, "_first_request_at", None) for e in self.instances] or [self._first_request_at]
-        times = [t for t in times if t is not None]
-        return min(times) if times else None
+        return self._over_instances("_first_request_at", min)
 
     @property
     def renderer_warm_up_s(self) -> float | None:
         """How long the renderer's first call (the warm-up) took, the longest of the instances'
         with several; None until it has run."""
-        times = [getattr(e, "warm_up_s", None) for e in self.instances] or [self.warm_up_s]
-        times = [t for t in times if t is not None]
-        return max(times) if times else None
+        return self._over_instances("_warm_up_s", max)
 
     @property
     def accelerator(self) -> dict:
@@ -473,7 +475,7 @@ class VLLMEngine:
         except Exception as exc:  # noqa: BLE001
             log.debug("the renderer's warm-up failed (the pages' calls will say why): %s: %s",
                       type(exc).__name__, exc)
-        self.warm_up_s = round(time.monotonic() - started, 3)
+        self._warm_up_s = round(time.monotonic() - started, 3)
 
     def _prepare(self, request: _Request) -> Any:
         """Off the engine loop: the model's image processor and tokenizer, via vLLM's
