@@ -7,12 +7,24 @@ of each module that extension names (looked up then, so importing a module patch
 gives `Extension`, which has no methods that could clash with the Worker's.
 
     __getattr__ = workerext.resolver(__name__, {"NGramSamplerExtension": ("ngram_sampler",)})
+
+The patches change what vLLM's `torch.compile` traces (vitpad the vision MLPs' weight sizes), but
+vLLM keys its compile cache (`~/.cache/vllm/torch_compile_cache/torch_aot_compile/{hash}`) on a hash
+that leaves `worker_extension_cls` out (ParallelConfig.compute_hash's ignored factors, vLLM 0.26),
+and reloads an artifact if the vLLM files it traced are unchanged. So a graph compiled without a
+patch is reloaded with it, and the reverse: vitpad's padded weights then met a graph traced at the
+unpadded size and the engine core died (H200, 2026-12-04). `keyed` puts the extension's name and
+its modules' source hash into `additional_config`, which that hash covers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
-from typing import Callable, Mapping, Sequence
+import importlib.util
+from typing import Any, Callable, Mapping, Sequence
+
+KEY = "batchocr_worker_extension"  # in vLLM's additional_config
 
 
 class Extension:
@@ -31,4 +43,35 @@ def resolver(module: str, extensions: Mapping[str, Sequence[str]]) -> Callable[[
             importlib.import_module(f"batchocr.{patch}").install()
         return Extension
 
+    __getattr__.extensions = dict(extensions)
     return __getattr__
+
+
+def fingerprint(cls: str) -> str | None:
+    """`batchocr.MODULE.NAME`: NAME and a hash of the source of the modules it installs (and of
+    MODULE); None for a name that is not one of batchocr's extensions. Installs nothing."""
+    module, _, name = cls.rpartition(".")
+    if not module.startswith("batchocr."):
+        return None
+    try:
+        extensions = getattr(importlib.import_module(module).__getattr__, "extensions")
+    except (ImportError, AttributeError):
+        return None
+    if name not in extensions:
+        return None
+    digest = hashlib.sha256()
+    for mod in dict.fromkeys([module, *(f"batchocr.{patch}" for patch in extensions[name])]):
+        with open(importlib.util.find_spec(mod).origin, "rb") as f:
+            digest.update(f.read())
+    return f"{cls}@{digest.hexdigest()[:16]}"
+
+
+def keyed(args: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's engine arguments with a batchocr worker extension's fingerprint in
+    `additional_config`, so that vLLM's compile cache tells a patched model from a plain one; as
+    they were for any other extension, or an `additional_config` that is not a dict."""
+    mark = fingerprint(cls) if isinstance(cls := args.get("worker_extension_cls"), str) else None
+    extra = args.get("additional_config")
+    if mark is None or not (extra is None or isinstance(extra, dict)):
+        return args
+    return args | {"additional_config": {**(extra or {}), KEY: mark}}

@@ -10,7 +10,7 @@ import pytest
 
 import fake_vllm
 
-from batchocr import deepencoder, ngram_sampler
+from batchocr import deepencoder, ngram_sampler, workerext
 from batchocr.engines.presets import get_preset
 from batchocr.engines.vllm import VLLMOptions
 from batchocr.errors import ConfigError
@@ -37,7 +37,9 @@ def test_batch_encoder_names_one_worker_extension_for_what_is_asked():
     sampler = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=False, ngram_bans="sampler",
                           rswa_tiles=False).llm_args(p)
     assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION
-    assert {k: v for k, v in on.items() if k != "worker_extension_cls"} == off
+    # the extension and its mark for vLLM's compile cache (batchocr.workerext.keyed), nothing else
+    assert on["additional_config"] == {workerext.KEY: workerext.fingerprint(deepencoder.EXTENSION)}
+    assert {k: v for k, v in on.items() if k not in ("worker_extension_cls", "additional_config")} == off
 
 
 def test_batch_encoder_unset_is_the_preset_s_on_only_where_measured():

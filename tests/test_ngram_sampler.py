@@ -8,7 +8,7 @@ import fake_vllm
 import numpy as np
 import pytest
 
-from batchocr import ngram_sampler
+from batchocr import ngram_sampler, workerext
 from batchocr.ngram import NGramBan
 from batchocr.ngram_sampler import MAX_WHITELIST, RequestBans, apply_bans, window_bans
 
@@ -189,7 +189,8 @@ def test_ngram_bans_sampler_names_the_extension_in_the_processors_place(preset):
     sampler = VLLMOptions(model="/m", preset=preset, ngram_bans="sampler", **off).llm_args(p)
     assert "logits_processors" not in sampler
     assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION == "batchocr.ngram_sampler.NGramSamplerExtension"
-    assert {k: v for k, v in sampler.items() if k != "worker_extension_cls"} == {
+    assert sampler["additional_config"] == {workerext.KEY: workerext.fingerprint(ngram_sampler.EXTENSION)}
+    assert {k: v for k, v in sampler.items() if k not in ("worker_extension_cls", "additional_config")} == {
         k: v for k, v in default.items() if k != "logits_processors"}
     mine = VLLMOptions(model="/m", preset=preset, ngram_bans="sampler", **off,
                        engine_args={"worker_extension_cls": "my.ext:X"}).llm_args(p)

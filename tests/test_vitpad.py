@@ -151,3 +151,38 @@ def test_a_vllm_whose_loader_no_longer_calls_the_hook_is_a_warning(monkeypatch, 
         getattr(importlib.import_module("batchocr.vitpad"), "VisionMlpPadExtension")
     (said,) = [r.getMessage() for r in caplog.records]
     assert "does not call process_weights_after_loading" in said
+
+
+def test_a_patched_model_keys_vllm_s_compile_cache_apart(monkeypatch, tmp_path):
+    """vLLM 0.26 keys its torch.compile cache on a config hash that leaves worker_extension_cls out,
+    so a graph compiled unpadded was reloaded for the padded weights and the engine core died
+    (H200, 2026-12-04: 'expanded size 6840 must match 6912'). batchocr's engine arguments carry
+    the extension's name and its source's hash in additional_config, which that hash covers: a
+    patched and a plain engine differ there, and a change to the patch's code changes it again."""
+    import importlib.util
+
+    from batchocr import workerext
+    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm import VLLMOptions
+
+    def args(**engine_args):
+        return VLLMOptions(model="/m", preset="qwen2.5-vl", engine_args=engine_args).llm_args(get_preset("qwen2.5-vl"))
+
+    assert "additional_config" not in args()
+    padded = args(worker_extension_cls=vitpad.EXTENSION)
+    mark = padded["additional_config"][workerext.KEY]
+    assert mark.startswith(vitpad.EXTENSION + "@")
+    # a user's own additional_config keeps its keys, and gains the mark
+    mine = args(worker_extension_cls=vitpad.EXTENSION, additional_config={"x": 1})
+    assert mine["additional_config"] == {"x": 1, workerext.KEY: mark}
+    # another's extension, or a name batchocr's module does not have: as given
+    assert "additional_config" not in args(worker_extension_cls="my.ext.X")
+    assert "additional_config" not in args(worker_extension_cls="batchocr.vitpad.Nope")
+    # the mark follows the patch's code: the same source, the same mark; an edit, another
+    assert workerext.fingerprint(vitpad.EXTENSION) == mark
+    edited = tmp_path / "vitpad.py"
+    edited.write_text(open(vitpad.__file__).read().replace("MULTIPLE = 64", "MULTIPLE = 128"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: SimpleNamespace(origin=str(edited)) if name == "batchocr.vitpad" else real(name, *a))
+    assert workerext.fingerprint(vitpad.EXTENSION) not in (None, mark)

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Callable, Iterator, Literal, Mapping
 import pyarrow as pa
 from annotated_types import Ge, Gt, Le
 
-from batchocr import deepencoder, ngram, ngram_sampler, rswa_tiles, schema
+from batchocr import deepencoder, ngram, ngram_sampler, rswa_tiles, schema, workerext
 from batchocr.config import FORBID
 from batchocr.engines import parse_options, result
 from batchocr.engines.presets import Preset, document_presets, get_preset
@@ -264,7 +264,7 @@ class VLLMOptions:
             args["worker_extension_cls"] = deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION
         elif sampler:
             args["worker_extension_cls"] = ngram_sampler.EXTENSION
-        return args | dict(self.engine_args)
+        return workerext.keyed(args | dict(self.engine_args))
 
 
 @dataclass

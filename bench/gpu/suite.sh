@@ -167,6 +167,10 @@ run() {  # one named run of the suite
     # compile_mm_encoder traces them), b with the renderer's warm-up (first_request_s), 1,024 pages (~16 min)
     tp21-7b-enc2) tp tp21-7b-enc2 "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD" \
                     --variant "$ENC_COMPILE" --variant "$VIT_PAD_COMPILE" ;;
+    # the compile cache across engines on one machine: b compiles the vision tower unpadded, then the
+    # padded one must compile its own (in tp21-7b-enc2 it reloaded b's graph and died); 64 pages (~4 min)
+    tp21-vitpad-cache) tp tp21-vitpad-cache "--model=$MODELS/qwen2.5-vl-7b" --pages 64 --modes b \
+                         --engine-arg 'compilation_config={"compile_mm_encoder":true}' --variant "$VIT_PAD_COMPILE" ;;
     # b/a' at issue 21's length: b (the defaults) and a' (vLLM's own defaults, `generate` in chunks of
     # 256, its own process) over 2,048 pages (~13 min)
     tp21-7b-a0) tp tp21-7b-a0 "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a0 ;;
