@@ -732,3 +732,24 @@ def test_kv_cache_gib_is_vllm_s_kv_bytes_shared_by_instances_and_parts():
     assert vllm_engine.starts_alone({"model": "/m"})
     assert not vllm_engine.starts_alone({"model": "/m", "kv_cache_gib": 8})
     assert vllm_engine.starts_alone({"model": "/m", "engine_args": {"kv_cache_memory_bytes": 2**33}})  # each part's
+
+
+def test_qwen2_5_vl_s_vision_blocks_are_compiled_unless_the_user_says_otherwise():
+    """compile_mm_encoder is qwen2.5-vl's and olmocr-2's default (won twice at equal work on the
+    H200, docs/GPU.md); a user's compilation_config is laid over it key by key, so other compile
+    settings keep it and `compile_mm_encoder: false` turns it off; models whose encoder vLLM does
+    not compile get no such key; the preset's dict is not shared between runs."""
+    def args(preset="qwen2.5-vl", **engine_args):
+        return VLLMOptions(model="/m", preset=preset, engine_args=engine_args).llm_args(get_preset(preset))
+
+    assert args()["compilation_config"] == {"compile_mm_encoder": True}
+    assert args("olmocr-2")["compilation_config"] == {"compile_mm_encoder": True}
+    assert "compilation_config" not in args("qwen3-vl") and "compilation_config" not in args("unlimited-ocr")
+    assert args(compilation_config={"compile_mm_encoder": False})["compilation_config"] == {"compile_mm_encoder": False}
+    assert args(compilation_config={"cudagraph_capture_sizes": [1, 2]})["compilation_config"] == {
+        "compile_mm_encoder": True, "cudagraph_capture_sizes": [1, 2]}
+    assert args(compilation_config=3)["compilation_config"] == 3  # vLLM's level form replaces the whole
+    assert args("qwen3-vl", compilation_config={"mode": 0})["compilation_config"] == {"mode": 0}
+    mine = args()
+    mine["compilation_config"]["compile_mm_encoder"] = False
+    assert args()["compilation_config"] == {"compile_mm_encoder": True}

@@ -264,7 +264,19 @@ class VLLMOptions:
             args["worker_extension_cls"] = deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION
         elif sampler:
             args["worker_extension_cls"] = ngram_sampler.EXTENSION
-        return workerext.keyed(args | dict(self.engine_args))
+        return workerext.keyed(_merged(args, self.engine_args))
+
+
+def _merged(args: dict[str, Any], engine_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's engine_args over the engine's and preset's: a key replaces, except
+    `compilation_config`, whose keys are laid over the preset's where both are mappings (so that
+    `{cudagraph_capture_sizes: [...]}` keeps the preset's `compile_mm_encoder`, and
+    `{compile_mm_encoder: false}` turns it off)."""
+    out = args | dict(engine_args)
+    mine, theirs = engine_args.get("compilation_config"), args.get("compilation_config")
+    if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+        out["compilation_config"] = dict(theirs) | dict(mine)
+    return out
 
 
 @dataclass

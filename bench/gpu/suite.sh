@@ -38,7 +38,9 @@
 # 2B's engine core, a step's host time by function); tp21-first (a process's first requests, bench/gpu/first_requests.py;
 # tp21-first-prewarm: after transformers' processor ran before the build, which hung);
 # tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-7b-enc2 (padding
-# and compile apart and together), tp21-2b-stream (stream_interval, torch_shm on the 2B).
+# and compile apart and together), tp21-vitpad-cache (the padded compile after an unpadded one on one
+# machine), tp21-7b-enc3 (b, compiled since the sixteenth lease, against padded and uncompiled),
+# tp21-2b-stream (stream_interval, torch_shm on the 2B).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -65,7 +67,8 @@ SAMPLER_BANS='sampler=--ngram-bans sampler'
 # pixels to the engine core through shared memory rather than serialized (no spaces: split on them)
 ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":true}'
 TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm'
-ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":true}'
+ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":true}'  # qwen2.5-vl's default since the sixteenth lease
+NO_ENC_COMPILE='nocompile=--engine-arg compilation_config={"compile_mm_encoder":false}'
 # Qwen2.5-VL's vision MLPs padded to an aligned inner size (batchocr.vitpad: 3,420 -> 3,456, the same
 # products), so that cuBLAS leaves its Ampere GEMM (8.4 ms of a page's prefill, fourteenth lease)
 VIT_PAD='vitpad=--engine-arg worker_extension_cls=batchocr.vitpad.VisionMlpPadExtension'
@@ -171,6 +174,10 @@ run() {  # one named run of the suite
     # padded one must compile its own (in tp21-7b-enc2 it reloaded b's graph and died); 64 pages (~4 min)
     tp21-vitpad-cache) tp tp21-vitpad-cache "--model=$MODELS/qwen2.5-vl-7b" --pages 64 --modes b \
                          --engine-arg 'compilation_config={"compile_mm_encoder":true}' --variant "$VIT_PAD_COMPILE" ;;
+    # the padded vision MLPs over the compiled vision blocks (the qwen2.5-vl default since the sixteenth
+    # lease), and the blocks uncompiled: b, vitpad, nocompile, 1,024 pages each (~13 min)
+    tp21-7b-enc3) tp tp21-7b-enc3 "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD" \
+                    --variant "$NO_ENC_COMPILE" ;;
     # b/a' at issue 21's length: b (the defaults) and a' (vLLM's own defaults, `generate` in chunks of
     # 256, its own process) over 2,048 pages (~13 min)
     tp21-7b-a0) tp tp21-7b-a0 "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a0 ;;
