@@ -40,7 +40,7 @@
 # tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-7b-enc2 (padding
 # and compile apart and together), tp21-vitpad-cache (the padded compile after an unpadded one on one
 # machine), tp21-7b-enc3 (b, compiled since the sixteenth lease, against padded and uncompiled),
-# tp21-2b-stream (stream_interval, torch_shm on the 2B).
+# tp21-2b-stream (stream_interval, torch_shm on the 2B), tp21-2b-inst2 (the 2B on two engine instances).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -196,6 +196,11 @@ run() {  # one named run of the suite
     tp21-vitpad-check) py tp21-vitpad-check bench/gpu/check_vit_pad.py "$MODELS/qwen2.5-vl-7b" --pages 4 ;;
     tp21-2b-stream) tp tp21-2b-stream "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
                       --variant "stream8=--engine-arg stream_interval=8" --variant "$TORCH_SHM" ;;
+    # the 2B's host-bound engine core split in two (engines.vllm.instances 2: two engine cores in batchocr's
+    # one process, 0.45 of the GPU each; Unlimited-OCR's host-bound layout gained 1.39x steady, tenth
+    # lease): b against b with two instances, 2,048 pages (~8 min)
+    tp21-2b-inst2) TP_TIMEOUT=1100 tp tp21-2b-inst2 "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
+                     --variant "inst2=--instances 2" ;;
     tp21-2b) tp tp21-2b "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes a,b --b-variants "admit_pages=0;admit_pages=8" ;;
     # issue 14: 128 mixed documents (512 pages, half born-digital), auto and model twice, orders alternating
     route-7b) rt route-7b --engine vllm "--model=$MODELS/qwen2.5-vl-7b" --preset qwen2.5-vl --dummy 1000 \
