@@ -15,6 +15,7 @@ kernels. The weights are padded once, in place, right after vLLM has loaded them
 so before the memory profile's run and before `compile_mm_encoder` traces the vision blocks:
 a compiled block sees the padded sizes. 32 x 3 x 36 x 1,280 values more.
 
+    engines: {vllm: {vit_pad: true}}     # a job spec (qwen2.5-vl, olmocr-2), or by hand:
     LLM(..., worker_extension_cls="batchocr.vitpad.VisionMlpPadExtension",
         additional_config={"batchocr_worker_extension": workerext.fingerprint(EXTENSION)})
 
@@ -37,6 +38,7 @@ import logging
 from batchocr import workerext
 
 EXTENSION = "batchocr.vitpad.VisionMlpPadExtension"
+PRESETS = ("qwen2.5-vl", "olmocr-2")  # Qwen2.5-VL's vision tower (Qwen2_5_VisionMLP)
 MULTIPLE = 64
 # The weights' dtypes padded (torch's or numpy's names): FP8 and integer weights are a quantized
 # layer's, with scales and layouts of their own.

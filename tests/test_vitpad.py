@@ -186,3 +186,28 @@ def test_a_patched_model_keys_vllm_s_compile_cache_apart(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: SimpleNamespace(origin=str(edited)) if name == "batchocr.vitpad" else real(name, *a))
     assert workerext.fingerprint(vitpad.EXTENSION) not in (None, mark)
+
+
+def test_vit_pad_names_the_extension_for_qwen2_5_vl_s_presets_only():
+    """engines.vllm.vit_pad: true names batchocr.vitpad's extension (and keys vLLM's compile cache
+    with it); unset it is the preset's (off in every preset for now); false names none; a preset
+    with another vision tower is a ConfigError naming the key."""
+    from batchocr import workerext
+    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm import VLLMOptions
+    from batchocr.errors import ConfigError
+
+    def args(preset="qwen2.5-vl", **options):
+        return VLLMOptions(model="/m", preset=preset, **options).llm_args(get_preset(preset))
+
+    for preset in vitpad.PRESETS:
+        on = args(preset, vit_pad=True)
+        assert on["worker_extension_cls"] == vitpad.EXTENSION
+        assert on["additional_config"] == {workerext.KEY: workerext.fingerprint(vitpad.EXTENSION)}
+        assert on["compilation_config"] == {"compile_mm_encoder": True}  # the preset's compile stays
+        assert "worker_extension_cls" not in args(preset) and "worker_extension_cls" not in args(preset, vit_pad=False)
+        assert get_preset(preset).vit_pad is False
+    with pytest.raises(ConfigError, match="engines.vllm.vit_pad: .* preset unlimited-ocr has another"):
+        VLLMOptions(model="/m", preset="unlimited-ocr", vit_pad=True)
+    # unlimited-ocr's own extensions are untouched by vit_pad left unset or false
+    assert args("unlimited-ocr", vit_pad=False)["worker_extension_cls"] == args("unlimited-ocr")["worker_extension_cls"]

@@ -71,6 +71,9 @@ class Preset:
     # engines.vllm.rswa_tiles where the user sets none, in either mode (unlimited-ocr only):
     # batchocr.rswa_tiles' attention over the KV tiles R-SWA can see. Set from GPU runs at equal work.
     rswa_tiles: bool = False
+    # engines.vllm.vit_pad where the user sets none (Qwen2.5-VL's tower only): batchocr.vitpad's
+    # vision MLPs padded to an aligned size. Set from GPU runs at equal work.
+    vit_pad: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
     sampling_args: dict[str, Any] = field(default_factory=dict)
     postprocess: Callable[[str], str] = _identity

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Callable, Iterator, Literal, Mapping
 import pyarrow as pa
 from annotated_types import Ge, Gt, Le
 
-from batchocr import deepencoder, ngram, ngram_sampler, rswa_tiles, schema, workerext
+from batchocr import deepencoder, ngram, ngram_sampler, rswa_tiles, schema, vitpad, workerext
 from batchocr.config import FORBID
 from batchocr.engines import parse_options, result
 from batchocr.engines.presets import Preset, document_presets, get_preset
@@ -128,6 +128,10 @@ class VLLMOptions:
     # None: the preset's in either mode (on for unlimited-ocr, where it won on the H200 at equal
     # work in each), where this vLLM's kernel is the one the rewrite knows (else vLLM's own, with a warning).
     rswa_tiles: bool | None = None
+    # qwen2.5-vl, olmocr-2: the vision MLPs' inner size padded 3,420 -> 3,456 with zeros once
+    # loaded, so that cuBLAS runs a Hopper GEMM, not an Ampere one (batchocr.vitpad; the same
+    # output). None: the preset's (off for now: measured apart from compile_mm_encoder only).
+    vit_pad: bool | None = None
     # vLLM engines this run drives on its GPU, each its own engine core process with
     # gpu_memory_utilization / instances of the GPU's memory and max_num_seqs sequences, the
     # pages shared between them: one engine's host work (scheduling, a step's outputs) runs
@@ -149,6 +153,9 @@ class VLLMOptions:
         if self.rswa_tiles and preset.name not in rswa_tiles.PRESETS:
             raise ConfigError(f"engines.vllm.rswa_tiles: skips the KV tiles R-SWA hides "
                               f"({', '.join(rswa_tiles.PRESETS)}); preset {preset.name} attends without R-SWA")
+        if self.vit_pad and preset.name not in vitpad.PRESETS:
+            raise ConfigError(f"engines.vllm.vit_pad: pads Qwen2.5-VL's vision MLPs "
+                              f"({', '.join(vitpad.PRESETS)}); preset {preset.name} has another vision tower")
         for key, value in (("mm_processor_cache_gb", self.mm_processor_cache_gb),
                            ("engine_args.mm_processor_cache_gb", self.engine_args.get("mm_processor_cache_gb", 0))):
             if value:
@@ -175,6 +182,10 @@ class VLLMOptions:
     def encoder_batched(self, preset: Preset) -> bool:
         """batch_encoder as the engine uses it: where unset, the preset's."""
         return preset.batch_encoder if self.batch_encoder is None else self.batch_encoder
+
+    def mlps_padded(self, preset: Preset) -> bool:
+        """vit_pad as the engine uses it: where unset, the preset's."""
+        return preset.vit_pad if self.vit_pad is None else self.vit_pad
 
     def _tiles_by_default(self, preset: Preset) -> bool:
         """rswa_tiles unset, and the preset's on (both modes: measured in each, docs/GPU.md)."""
@@ -260,6 +271,8 @@ class VLLMOptions:
         # one worker extension installs what is asked
         if self.tiles_on(preset):
             args["worker_extension_cls"] = rswa_tiles.extension(self.encoder_batched(preset), sampler)
+        elif self.mlps_padded(preset):  # Qwen2.5-VL's presets: no n-gram bans, no other extension
+            args["worker_extension_cls"] = vitpad.EXTENSION
         elif self.encoder_batched(preset):
             args["worker_extension_cls"] = deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION
         elif sampler:

@@ -574,6 +574,8 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
         argv += ["--instances", str(args.instances)]
     if args.batch_encoder is not None:
         argv += ["--batch-encoder" if args.batch_encoder else "--no-batch-encoder"]
+    if args.vit_pad is not None:
+        argv += ["--vit-pad" if args.vit_pad else "--no-vit-pad"]
     for item in args.engine_arg:
         argv += ["--engine-arg", item]
     if args.fake:
@@ -630,6 +632,11 @@ def main() -> None:
                          "(neither flag: the preset's, on for unlimited-ocr)")
     ap.add_argument("--no-batch-encoder", dest="batch_encoder", action="store_const", const=False,
                     help="engines.vllm.batch_encoder off: vLLM's encoder, a page at a time")
+    ap.add_argument("--vit-pad", action="store_const", const=True, default=None,
+                    help="engines.vllm.vit_pad on: Qwen2.5-VL's vision MLPs padded to an aligned size "
+                         "(batchocr.vitpad; default: the preset's)")
+    ap.add_argument("--no-vit-pad", dest="vit_pad", action="store_const", const=False,
+                    help="engines.vllm.vit_pad off")
     ap.add_argument("--rswa-tiles", action="store_const", const=True, default=None,
                     help="engines.vllm.rswa_tiles on: R-SWA's attention reads only the KV tiles it can see "
                          "(default: the preset's, on for unlimited-ocr in page mode)")
@@ -730,7 +737,7 @@ def main() -> None:
     # with it on, b would read every page again alone, other work than a's
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
                           group_pages=args.group_pages, rswa_tiles=args.rswa_tiles,
-                          ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder,
+                          ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder, vit_pad=args.vit_pad,
                           load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=context, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
