@@ -149,139 +149,21 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     out.write_json(layout.run_record(run_id), record | {"status": "running"})
 
     keys = current_keys(out, shard.index, settings)
-    done = completed(keys)
-    listed = (lambda: iter(part.documents)) if part is not None else (lambda: _documents(source, out, spec))
-    documents = listed()
-    writer = PartWriter(out, shard.index, run_id, spec.commit)
-    inflight: dict[tuple[str, int], dict] = {}
-    timings = {"render_wait_s": 0.0, "engine_s": 0.0, "write_s": 0.0, **(start or {})}
-    bar = Progress(f"shard {shard}" + (f" part {part}" if part is not None else ""), progress,
-                   position=part.index if part is not None else None)
-    bar.count_documents(listed(), lambda doc: _committed(done, doc))  # in the background
-
-    def tasks() -> Iterator[RenderTask]:
-        for doc in documents:
-            resume = done.get((doc.doc_id, doc.etag), Resume(frozenset()))
-            if resume is None:
-                summary.documents_skipped += 1
-                continue
-            if summary.documents == 0 and out.exists(done_marker(shard.index)):
-                out.remove(done_marker(shard.index))  # there is work again: not done
-            summary.documents += 1
-            if grouper is not None:
-                grouper.expect(doc.doc_id, resume.skip)
-            bar.started(doc, len(resume.skip))
-            yield RenderTask(doc, resume.skip, resume.retry)
-
-    def write(rows: list[dict], by=engine) -> None:
-        t = time.monotonic()
-        timings.setdefault("first_row_s", t - started)  # from the run's start: what its start-up cost
-        now = dt.datetime.now(dt.UTC)
-        for row in rows:
-            if row.get("error_type") is not None and row["error_type"] not in schema.ERROR_TYPES:
-                raise BoundaryError(f"undeclared error_type {row['error_type']!r} (add it to schema.ERROR_TYPES and README)")
-            row.update(engine=by.name, model=by.model, run_id=run_id, shard=shard.index, processed_at=now)
-            summary.pages += 1
-            summary.error_pages += row["finish_reason"] == "error"
-            summary.skipped_pages += row["finish_reason"] == "skipped"
-        writer.add(pa.Table.from_pylist(rows, schema=schema.PAGE_TABLE))
-        bar.done(len(rows))
-        timings["write_s"] += time.monotonic() - t
-
-    def feed(pool: RenderPool, stop) -> Iterator[pa.RecordBatch]:
-        """Render errors go straight to the table; good pages go to the engine (in document
-        mode, a group of a document's pages a batch)."""
-        pages = pool.run(tasks(), stop=stop.is_set)
-        while True:
-            t = time.monotonic()
-            batch = next(pages, None)
-            timings["render_wait_s"] += time.monotonic() - t
-            if batch is None and grouper is not None and not stop.is_set():
-                yield from grouper.rest()
-            if batch is None or stop.is_set():
-                return
-            for doc, count in zip(batch.column("doc_id").to_pylist(), batch.column("page_count").to_pylist()):
-                bar.opened(doc, count)  # its first batch: now its pages are known
-            failed = batch.column("error_type").is_valid()
-            errors = batch.select(schema.CARRIED + ["error_type", "error_message", "attempts"]).filter(failed).to_pylist()
-            good = batch
-            if errors:
-                write([row | {"finish_reason": "error"} for row in errors])
-                good = batch.filter(pa.compute.invert(failed))  # copies the pixels: only when needed
-            routed, good = router.split(good) if needs.route else (None, good)
-            if routed is not None:  # a good text layer: the textlayer engine's rows, never the model
-                results = {(r["doc_id"], r["page_index"]): r for out in layer.run(iter([routed])) for r in out.to_pylist()}
-                meta = routed.select(schema.CARRIED).to_pylist()
-                if len(results) != len(meta):
-                    raise BoundaryError(f"textlayer: {len(meta)} routed pages in, {len(results)} rows out")
-                write([m | results[(m["doc_id"], m["page_index"])] for m in meta], by=layer)
-                summary.routed_pages += len(meta)
-            for row in good.select(schema.CARRIED).to_pylist():
-                key = (row["doc_id"], row["page_index"])
-                if key in inflight:
-                    raise BoundaryError(f"render: page {key} sent twice")
-                inflight[key] = row
-            if grouper is not None:
-                yield from grouper.add(batch, good)
-            elif good.num_rows:
-                yield good
-
-    def stamped(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The batches as they are, the first one's arrival at the engine timed from the run's start."""
-        for batch in batches:
-            timings.setdefault("first_page_s", time.monotonic() - started)
-            yield batch
-
-    group_pages = getattr(engine, "group_pages", 1)  # document mode: the engine reads pages in groups
-    grouper = Grouper(group_pages) if group_pages > 1 else None
-    needs = router.needs(engine.needs, spec.route)
-    layer = engines.create("textlayer", spec.engines.get("textlayer", {})) if needs.route else None
-    with RenderPool(render, needs, spec.storage_options) as pool:
+    run = _Shard(spec, engine, run_id, started, summary, out, part, start or {}, completed(keys),
+                 (lambda: iter(part.documents)) if part is not None else (lambda: _documents(source, out, spec)),
+                 progress)
+    with RenderPool(render, run.needs, spec.storage_options) as pool:
         try:
             t_engine = time.monotonic()
-            for results in engine.run(stamped(feed(pool, stop)), stop):
-                rows = []
-                for res in results.to_pylist():
-                    meta = inflight.pop((res["doc_id"], res["page_index"]), None)
-                    if meta is None:
-                        raise BoundaryError(f"engine {engine.name}: page {(res['doc_id'], res['page_index'])} output twice or never sent")
-                    rows.append(meta | res)
-                write(rows)
-            timings["engine_s"] = time.monotonic() - t_engine - timings["render_wait_s"] - timings["write_s"]
-            if inflight and not stop.is_set():
-                raise BoundaryError(f"engine {engine.name}: {len(inflight)} pages never output, e.g. {next(iter(inflight))}")
+            for results in engine.run(run.stamped(run.feed(pool, stop)), stop):
+                run.write(run.rows_of(results))
+            run.timings["engine_s"] = (time.monotonic() - t_engine - run.timings["render_wait_s"]
+                                       - run.timings["write_s"])
+            if run.inflight and not stop.is_set():
+                raise BoundaryError(f"engine {engine.name}: {len(run.inflight)} pages never output, "
+                                    f"e.g. {next(iter(run.inflight))}")
         finally:
-            failing = sys.exc_info()[1]  # what ends the run, if anything
-            flush_error = None
-            t = time.monotonic()
-            try:
-                writer.flush()  # commit whatever finished, whatever happened
-            except BatchocrError as exc:  # a full disk: the record still says the run failed
-                failing = failing or exc
-                flush_error = exc
-            timings["write_s"] += time.monotonic() - t
-            bar.close()
-            summary.interrupted = stop.is_set()
-            summary.seconds = time.monotonic() - started
-            first_request = getattr(engine, "first_request_at", None)  # vLLM: its first request taken
-            if first_request is not None:
-                timings["first_request_s"] = first_request - started
-            warm_up = getattr(engine, "renderer_warm_up_s", None)  # vLLM: its renderer's first call
-            if warm_up is not None:
-                timings["renderer_warm_up_s"] = warm_up
-            summary.timings = {k: round(v, 3) for k, v in timings.items()}
-            summary.timings["render_workers_replaced"] = pool.replaced
-            status = "failed" if failing else ("interrupted" if summary.interrupted else "done")
-            try:
-                # engine_params again: what it counted (document mode's groups) is known now
-                out.write_json(layout.run_record(run_id), record | {"engine_params": engine.describe()}
-                               | _finish(summary, status, writer) | {
-                    "accelerator": held | {"seconds": round(summary.seconds * held["count"], 3)}})
-            except BatchocrError:
-                if failing is None:
-                    raise  # else the run's own error is the one to tell
-            if flush_error is not None and sys.exc_info()[1] is None:
-                raise flush_error
+            run.end(sys.exc_info()[1], stop, pool, record, held)
 
     if summary.interrupted:
         exc = Interrupted(summary.line() + " (finished pages committed; rerun to resume)")
@@ -295,6 +177,159 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
                   before.count("error") + summary.error_pages, set(keys.column("run_id").to_pylist()) | {run_id},
                   {"run_id": run_id, "seconds": round(summary.seconds, 3), "pages": summary.pages})
     return summary
+
+
+class _Shard:
+    """One run's way through its shard (or part): the documents still to do as render tasks,
+    rendered pages to the engine (render errors and routed pages straight to rows), the engine's
+    results matched to the pages sent, rows to the part writer, and what the run took: counts in
+    the summary, `timings`, the progress bar, and at the end the run record."""
+
+    def __init__(self, spec: JobSpec, engine, run_id: str, started: float, summary: RunSummary, out: Store,
+                 part: "Part | None", start: dict[str, float], done: dict, listed, progress: bool):
+        self.engine, self.run_id, self.started, self.summary, self.out = engine, run_id, started, summary, out
+        self.shard, self.done = spec.shard, done
+        self.documents = listed()
+        self.writer = PartWriter(out, self.shard.index, run_id, spec.commit)
+        self.inflight: dict[tuple[str, int], dict] = {}  # pages sent to the engine, by (doc_id, page_index)
+        self.timings = {"render_wait_s": 0.0, "engine_s": 0.0, "write_s": 0.0, **start}
+        self.bar = Progress(f"shard {self.shard}" + (f" part {part}" if part is not None else ""), progress,
+                            position=part.index if part is not None else None)
+        self.bar.count_documents(listed(), lambda doc: _committed(done, doc))  # in the background
+        group_pages = getattr(engine, "group_pages", 1)  # document mode: the engine reads pages in groups
+        self.grouper = Grouper(group_pages) if group_pages > 1 else None
+        self.needs = router.needs(engine.needs, spec.route)
+        self.layer = engines.create("textlayer", spec.engines.get("textlayer", {})) if self.needs.route else None
+
+    def tasks(self) -> Iterator[RenderTask]:
+        """The listed documents not yet complete in OUT, each with the pages it has already."""
+        summary = self.summary
+        for doc in self.documents:
+            resume = self.done.get((doc.doc_id, doc.etag), Resume(frozenset()))
+            if resume is None:
+                summary.documents_skipped += 1
+                continue
+            if summary.documents == 0 and self.out.exists(done_marker(self.shard.index)):
+                self.out.remove(done_marker(self.shard.index))  # there is work again: not done
+            summary.documents += 1
+            if self.grouper is not None:
+                self.grouper.expect(doc.doc_id, resume.skip)
+            self.bar.started(doc, len(resume.skip))
+            yield RenderTask(doc, resume.skip, resume.retry)
+
+    def write(self, rows: list[dict], by=None) -> None:
+        by = by or self.engine
+        t = time.monotonic()
+        self.timings.setdefault("first_row_s", t - self.started)  # from the run's start: what its start-up cost
+        now = dt.datetime.now(dt.UTC)
+        summary = self.summary
+        for row in rows:
+            if row.get("error_type") is not None and row["error_type"] not in schema.ERROR_TYPES:
+                raise BoundaryError(f"undeclared error_type {row['error_type']!r} (add it to schema.ERROR_TYPES and README)")
+            row.update(engine=by.name, model=by.model, run_id=self.run_id, shard=self.shard.index, processed_at=now)
+            summary.pages += 1
+            summary.error_pages += row["finish_reason"] == "error"
+            summary.skipped_pages += row["finish_reason"] == "skipped"
+        self.writer.add(pa.Table.from_pylist(rows, schema=schema.PAGE_TABLE))
+        self.bar.done(len(rows))
+        self.timings["write_s"] += time.monotonic() - t
+
+    def feed(self, pool: RenderPool, stop) -> Iterator[pa.RecordBatch]:
+        """Render errors go straight to the table; good pages go to the engine (in document
+        mode, a group of a document's pages a batch)."""
+        pages = pool.run(self.tasks(), stop=stop.is_set)
+        grouper = self.grouper
+        while True:
+            t = time.monotonic()
+            batch = next(pages, None)
+            self.timings["render_wait_s"] += time.monotonic() - t
+            if batch is None and grouper is not None and not stop.is_set():
+                yield from grouper.rest()
+            if batch is None or stop.is_set():
+                return
+            for doc, count in zip(batch.column("doc_id").to_pylist(), batch.column("page_count").to_pylist()):
+                self.bar.opened(doc, count)  # its first batch: now its pages are known
+            failed = batch.column("error_type").is_valid()
+            errors = batch.select(schema.CARRIED + ["error_type", "error_message", "attempts"]).filter(failed).to_pylist()
+            good = batch
+            if errors:
+                self.write([row | {"finish_reason": "error"} for row in errors])
+                good = batch.filter(pa.compute.invert(failed))  # copies the pixels: only when needed
+            routed, good = router.split(good) if self.needs.route else (None, good)
+            if routed is not None:  # a good text layer: the textlayer engine's rows, never the model
+                self._routed(routed)
+            for row in good.select(schema.CARRIED).to_pylist():
+                key = (row["doc_id"], row["page_index"])
+                if key in self.inflight:
+                    raise BoundaryError(f"render: page {key} sent twice")
+                self.inflight[key] = row
+            if grouper is not None:
+                yield from grouper.add(batch, good)
+            elif good.num_rows:
+                yield good
+
+    def _routed(self, routed: pa.RecordBatch) -> None:
+        """Pages with a good text layer: the textlayer engine's rows."""
+        results = {(r["doc_id"], r["page_index"]): r for out in self.layer.run(iter([routed])) for r in out.to_pylist()}
+        meta = routed.select(schema.CARRIED).to_pylist()
+        if len(results) != len(meta):
+            raise BoundaryError(f"textlayer: {len(meta)} routed pages in, {len(results)} rows out")
+        self.write([m | results[(m["doc_id"], m["page_index"])] for m in meta], by=self.layer)
+        self.summary.routed_pages += len(meta)
+
+    def stamped(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The batches as they are, the first one's arrival at the engine timed from the run's start."""
+        for batch in batches:
+            self.timings.setdefault("first_page_s", time.monotonic() - self.started)
+            yield batch
+
+    def rows_of(self, results: pa.RecordBatch) -> list[dict]:
+        """The engine's results, each joined to the page it was sent for (once, and only a page sent)."""
+        rows = []
+        for res in results.to_pylist():
+            meta = self.inflight.pop((res["doc_id"], res["page_index"]), None)
+            if meta is None:
+                raise BoundaryError(f"engine {self.engine.name}: page {(res['doc_id'], res['page_index'])} "
+                                    f"output twice or never sent")
+            rows.append(meta | res)
+        return rows
+
+    def end(self, failing: BaseException | None, stop: threading.Event, pool: RenderPool,
+            record: dict[str, Any], held: dict[str, Any]) -> None:
+        """Commit whatever finished, whatever happened (`failing`: what ends the run, if anything),
+        and write the run record with its status; a failed flush is raised unless the run is
+        failing already, and a failed record only if nothing else is."""
+        engine, summary, timings = self.engine, self.summary, self.timings
+        flush_error = None
+        t = time.monotonic()
+        try:
+            self.writer.flush()
+        except BatchocrError as exc:  # a full disk: the record still says the run failed
+            failing = failing or exc
+            flush_error = exc
+        timings["write_s"] += time.monotonic() - t
+        self.bar.close()
+        summary.interrupted = stop.is_set()
+        summary.seconds = time.monotonic() - self.started
+        first_request = getattr(engine, "first_request_at", None)  # vLLM: its first request taken
+        if first_request is not None:
+            timings["first_request_s"] = first_request - self.started
+        warm_up = getattr(engine, "renderer_warm_up_s", None)  # vLLM: its renderer's first call
+        if warm_up is not None:
+            timings["renderer_warm_up_s"] = warm_up
+        summary.timings = {k: round(v, 3) for k, v in timings.items()}
+        summary.timings["render_workers_replaced"] = pool.replaced
+        status = "failed" if failing else ("interrupted" if summary.interrupted else "done")
+        try:
+            # engine_params again: what it counted (document mode's groups) is known now
+            self.out.write_json(layout.run_record(self.run_id), record | {"engine_params": engine.describe()}
+                                | _finish(summary, status, self.writer) | {
+                "accelerator": held | {"seconds": round(summary.seconds * held["count"], 3)}})
+        except BatchocrError:
+            if failing is None:
+                raise  # else the run's own error is the one to tell
+        if flush_error is not None and sys.exc_info()[1] is None:
+            raise flush_error
 
 
 def current_keys(out: Store, shard: int, settings: dict[str, Any]) -> pa.Table:
