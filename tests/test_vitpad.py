@@ -153,6 +153,14 @@ def test_a_vllm_whose_loader_no_longer_calls_the_hook_is_a_warning(monkeypatch, 
     assert "does not call process_weights_after_loading" in said
 
 
+def _llm_args(preset="qwen2.5-vl", **options):
+    """vLLM's engine arguments as batchocr's engine builds them for a preset and options."""
+    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm import VLLMOptions
+
+    return VLLMOptions(model="/m", preset=preset, **options).llm_args(get_preset(preset))
+
+
 def test_a_patched_model_keys_vllm_s_compile_cache_apart(monkeypatch, tmp_path):
     """vLLM 0.26 keys its torch.compile cache on a config hash that leaves worker_extension_cls out,
     so a graph compiled unpadded was reloaded for the padded weights and the engine core died
@@ -162,11 +170,9 @@ def test_a_patched_model_keys_vllm_s_compile_cache_apart(monkeypatch, tmp_path):
     import importlib.util
 
     from batchocr import workerext
-    from batchocr.engines.presets import get_preset
-    from batchocr.engines.vllm import VLLMOptions
 
     def args(**engine_args):
-        return VLLMOptions(model="/m", preset="qwen2.5-vl", engine_args=engine_args).llm_args(get_preset("qwen2.5-vl"))
+        return _llm_args(engine_args=engine_args)
 
     assert "additional_config" not in args()
     padded = args(worker_extension_cls=vitpad.EXTENSION)
@@ -197,8 +203,7 @@ def test_vit_pad_names_the_extension_for_qwen2_5_vl_s_presets_only():
     from batchocr.engines.vllm import VLLMOptions
     from batchocr.errors import ConfigError
 
-    def args(preset="qwen2.5-vl", **options):
-        return VLLMOptions(model="/m", preset=preset, **options).llm_args(get_preset(preset))
+    args = _llm_args
 
     for preset in vitpad.PRESETS:
         on = args(preset, vit_pad=True)

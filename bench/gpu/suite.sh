@@ -71,9 +71,10 @@ ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":tr
 NO_ENC_COMPILE='nocompile=--engine-arg compilation_config={"compile_mm_encoder":false}'
 # Qwen2.5-VL's vision MLPs padded to an aligned inner size (batchocr.vitpad: 3,420 -> 3,456, the same
 # products), so that cuBLAS leaves its Ampere GEMM (8.4 ms of a page's prefill, fourteenth lease)
-VIT_PAD='vitpad=--engine-arg worker_extension_cls=batchocr.vitpad.VisionMlpPadExtension'
-VIT_PAD_OPT='vitpad=--vit-pad'  # the same, as engines.vllm.vit_pad names it (since the sixteenth lease)
-VIT_PAD_COMPILE='vitpadcompile=--engine-arg worker_extension_cls=batchocr.vitpad.VisionMlpPadExtension --engine-arg compilation_config={"compile_mm_encoder":true}'
+# (engines.vllm.vit_pad; until the sixteenth lease `--engine-arg worker_extension_cls=batchocr.vitpad.
+# VisionMlpPadExtension`, which names the same extension)
+VIT_PAD='vitpad=--vit-pad'
+VIT_PAD_COMPILE='vitpadcompile=--vit-pad --engine-arg compilation_config={"compile_mm_encoder":true}'
 # batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor;
 # unlimited-ocr's default since the sixth lease, so the runs that compare it with vLLM's encoder say --no-batch-encoder
 BATCH_ENCODER='batchenc=--batch-encoder'
@@ -177,7 +178,7 @@ run() {  # one named run of the suite
                          --engine-arg 'compilation_config={"compile_mm_encoder":true}' --variant "$VIT_PAD_COMPILE" ;;
     # the padded vision MLPs over the compiled vision blocks (the qwen2.5-vl default since the sixteenth
     # lease), and the blocks uncompiled: b, vitpad, nocompile, 1,024 pages each (~13 min)
-    tp21-7b-enc3) tp tp21-7b-enc3 "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD_OPT" \
+    tp21-7b-enc3) tp tp21-7b-enc3 "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b --variant "$VIT_PAD" \
                     --variant "$NO_ENC_COMPILE" ;;
     # b/a' at issue 21's length: b (the defaults) and a' (vLLM's own defaults, `generate` in chunks of
     # 256, its own process) over 2,048 pages (~13 min)
