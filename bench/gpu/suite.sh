@@ -40,7 +40,8 @@
 # tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-7b-enc2 (padding
 # and compile apart and together), tp21-vitpad-cache (the padded compile after an unpadded one on one
 # machine), tp21-7b-enc3 (b, compiled since the sixteenth lease, against padded and uncompiled),
-# tp21-2b-stream (stream_interval, torch_shm on the 2B), tp21-2b-inst2 (the 2B on two engine instances).
+# tp21-2b-stream (stream_interval, torch_shm on the 2B), tp21-2b-inst2 (the 2B on two engine instances),
+# tp21-2b-stream8 (stream_interval 8 alone, 1,024 pages), tp21-2b-stream2 (the same beside a control and 32).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -198,8 +199,17 @@ run() {  # one named run of the suite
     tp21-vitpad-check) py tp21-vitpad-check bench/gpu/check_vit_pad.py "$MODELS/qwen2.5-vl-7b" --pages 4 ;;
     tp21-2b-stream) tp tp21-2b-stream "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
                       --variant "stream8=--engine-arg stream_interval=8" --variant "$TORCH_SHM" ;;
+    # the same lever alone on half the pages, for the end of a lease (~6 min with the install)
+    tp21-2b-stream8) tp tp21-2b-stream8 "--model=$MODELS/qwen2-vl-2b" --pages 1024 --modes b \
+                       --variant "stream8=--engine-arg stream_interval=8" ;;
+    # stream_interval again beside a control: `same` is b's own arguments in a child process, as every
+    # variant runs (stream8 gained 1.054/1.040 in the seventeenth lease, partly a quicker start in its
+    # child); 32 matches the repetition guard's look every 32 tokens; 1,024 pages (~11 min)
+    tp21-2b-stream2) tp tp21-2b-stream2 "--model=$MODELS/qwen2-vl-2b" --pages 1024 --modes b --variant "same=" \
+                       --variant "stream8=--engine-arg stream_interval=8" \
+                       --variant "stream32=--engine-arg stream_interval=32" ;;
     # the 2B's host-bound engine core split in two (engines.vllm.instances 2: two engine cores in batchocr's
-    # one process, 0.45 of the GPU each; Unlimited-OCR's host-bound layout gained 1.39x steady, tenth
+    # one process, 0.45 of the GPU each; Unlimited-OCR's host-bound layout gained 1.39x steady, issue 20's ninth
     # lease): b against b with two instances, 2,048 pages (~8 min)
     tp21-2b-inst2) TP_TIMEOUT=1100 tp tp21-2b-inst2 "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
                      --variant "inst2=--instances 2" ;;
