@@ -23,11 +23,11 @@ def dry_run(tmp_path, *argv) -> dict:
 def test_throughput_dry_run_and_plot(tmp_path):
     r = dry_run(tmp_path, "--pages", "24", "--max-num-seqs", "4", "--chunk", "8", "--render-workers", "1",
                 "--modes", "a,c,b,a0", "--b-variants", "queue_pages=2", "--variant", "seqs8=--max-num-seqs 8 --admit-pages 2",
-                "--variant", "engines2=--engines 2", "--warmup", "8")
+                "--variant", "engines2=--engines 2", "--variant", "same=", "--warmup", "8")
     assert r["pages"] == 24
     assert r["warmup"]["requests"] == 8  # off the clock, before every mode: the work below is unchanged
     modes = ("a_vllm_alone", "c_batch_at_a_time", "b_batchocr", "b_queue_pages_2", "a0_vllm_defaults", "b_seqs8",
-             "b_engines2")
+             "b_engines2", "b_same")
     for mode in modes:
         assert r[mode]["pages_per_s"] > 0, mode
         # what each mode did is on its record: pages, attempts, finish reasons, every token handed out
@@ -53,6 +53,10 @@ def test_throughput_dry_run_and_plot(tmp_path):
     for key in ("ratio_b_batchocr/a_vllm_alone", "ratio_b_batchocr/c_batch_at_a_time",
                 "ratio_b_batchocr/a0_vllm_defaults", "ratio_b_engines2/b_batchocr"):
         assert r[key] > 0, key
+    # the control: b's own engine arguments in a child, and each variant against it as well as against b
+    assert r["b_same"]["llm_args"] == r["llm_args"] and r["b_same"]["child_args"] == ""
+    assert r["ratio_b_seqs8/b_same"] > 0 and r["ratio_b_same/b_batchocr"] > 0
+    assert not any(k.startswith("ratio_b_same/b_same") or k.startswith("ratio_b_batchocr/b_same") for k in r)
     png = tmp_path / "tp.png"
     subprocess.run([sys.executable, str(ROOT / "bench/gpu/plot.py"), str(tmp_path / "tp.json"), str(png)],
                    check=True, timeout=120)

@@ -11,6 +11,8 @@
   (b_NAME) b again with other engine arguments (--variant NAME=ARGS), each in its own process
        after this one's engine is gone (a_NAME too where ARGS has `--modes a,b`: that engine's a,
        so another mode's b/a is in the same run); `--engines N`: N engine processes on the one GPU.
+       `--variant same=` (no ARGS) is a control, b's own arguments in a child process as every
+       variant runs: each other variant's ratio to it is reported too.
 
 Every mode's record holds its work: pages, attempts, finish reasons, the tokens of the rows and
 every token handed out (aborted attempts too), and the engine core's own count; `equal_work`
@@ -1105,6 +1107,9 @@ def main() -> None:
              ("a0_vllm_defaults", "a_vllm_alone")]
     pairs += [(k, "b_batchocr") for k in report if k.startswith("b_") and k != "b_batchocr"]
     pairs += [(f"b_{k[2:]}", k) for k in report if k.startswith("a_") and k != "a_vllm_alone"]  # b/a in a variant
+    # A control: --variant same= is b's own arguments in a child process, as every variant runs (a
+    # child started 1.3 s sooner on a warm machine, seventeenth lease); each variant against it too.
+    pairs += [(k, "b_same") for k in report if k.startswith("b_") and k not in ("b_batchocr", "b_same")]
     for x, y in pairs:
         if isinstance(report.get(x), dict) and isinstance(report.get(y), dict):
             report[f"ratio_{x}/{y}"] = round(report[x]["pages_per_s"] / report[y]["pages_per_s"], 3)
