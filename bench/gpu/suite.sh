@@ -67,7 +67,8 @@ SAMPLER_BANS='sampler=--ngram-bans sampler'
 # lease): vLLM's encoder CUDA graphs (V1 runner only; DeepSeek-OCR's encoder supports them), and its
 # pixels to the engine core through shared memory rather than serialized (no spaces: split on them)
 ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":true}'
-TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm'
+# vLLM 0.26 refuses torch_shm unless its workers are spawned (config/vllm.py:1139-1148)
+TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm --env VLLM_WORKER_MULTIPROC_METHOD=spawn'
 ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":true}'  # qwen2.5-vl's default since the sixteenth lease
 NO_ENC_COMPILE='nocompile=--engine-arg compilation_config={"compile_mm_encoder":false}'
 # Qwen2.5-VL's vision MLPs padded to an aligned inner size (batchocr.vitpad: 3,420 -> 3,456, the same
@@ -204,10 +205,11 @@ run() {  # one named run of the suite
                        --variant "stream8=--engine-arg stream_interval=8" ;;
     # stream_interval again beside a control: `same` is b's own arguments in a child process, as every
     # variant runs (stream8 gained 1.054/1.040 in the seventeenth lease, partly a quicker start in its
-    # child); 32 matches the repetition guard's look every 32 tokens; 1,024 pages (~11 min)
+    # child); 32 matches the repetition guard's look every 32 tokens; and torch_shm (the pages' pixels
+    # to the engine core through shared memory, not its input socket); 1,024 pages (~11.5 min)
     tp21-2b-stream2) tp tp21-2b-stream2 "--model=$MODELS/qwen2-vl-2b" --pages 1024 --modes b --variant "same=" \
                        --variant "stream8=--engine-arg stream_interval=8" \
-                       --variant "stream32=--engine-arg stream_interval=32" ;;
+                       --variant "stream32=--engine-arg stream_interval=32" --variant "$TORCH_SHM" ;;
     # the 2B's host-bound engine core split in two (engines.vllm.instances 2: two engine cores in batchocr's
     # one process, 0.45 of the GPU each; Unlimited-OCR's host-bound layout gained 1.39x steady, issue 20's ninth
     # lease): b against b with two instances, 2,048 pages (~8 min)
