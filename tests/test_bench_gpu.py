@@ -329,3 +329,41 @@ def test_processes_bench_document_mode(tmp_path):
     assert run["rc"] == 0 and run["rows"] == 16 and run["output_tokens"] == 16 * 12, run["stderr_tail"]
     rows = pq.read_table(work / "out-2" / "pages", partitioning=None).to_pylist()
     assert {r["mode"] for r in rows} == {"document"} and run["finish_reasons"] == ["error"]
+
+
+def test_steps_splits_a_steady_window_into_prefill_and_decode_steps(tmp_path):
+    """bench/gpu/steps.py on a timeline whose answer is known: 10 admissions of 16 pages, each a
+    100 ms prefill step then 19 decode steps of 10 ms, 200 pages finished; a mode on two engines
+    is not split."""
+    import gzip
+
+    steps, t = [[999.99, 240, 0, 0.1, 240, 1]], 1000.0  # before the window: not counted
+    for _ in range(10):
+        steps.append([t, 256, 0, 0.1, 240, 0])  # 16 admitted: the running count jumps
+        t += 0.100
+        for j in range(1, 20):  # then pages finish as the batch decodes
+            steps.append([t, 256 - (j * 16) // 19, 0, 0.1, 256, 1])
+            t += 0.010
+    steps.append([t, 240, 0, 0.1, 240, 0])  # the last step's end
+    window = {"window_start_abs": 1000.0, "window_end_abs": t, "pages": 200}
+    report = {"engine_steps": steps, "b_batchocr": {"steady": window},
+              "b_inst2": {"instances": 2, "steady": window}, "a_vllm_alone": {"steady": None}}
+    path = tmp_path / "run.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(report, f)
+    out = tmp_path / "steps.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench/gpu/steps.py"), str(path), "--json", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(out.read_text())
+    b = got["b_batchocr"]
+    assert b["steps"] == 200 and b["prefill_steps"] == 10 and b["decode_steps"] == 190
+    assert b["prefill_s"] == 1.0 and b["decode_s"] == 1.9 and b["decode_median_ms"] == 10.0
+    assert b["prefill_ms_per_page"] == 5.0 and b["decode_ms_per_page"] == 9.5 and b["ms_per_page"] == 14.5
+    # the running count's jumps: the first admission's is from a step before the window
+    assert b["groups"] == 9 and b["pages_per_group"] == 22.2 and b["prefill_share"] == 0.345
+    assert "interleave" in got["b_inst2"]["error"] and "a_vllm_alone" not in got  # no steady window: not a mode
+    assert "| b_batchocr | 200 | 10, 1.0 s (34%) | 5.0 |" in done.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "bench/gpu/steps.py"), str(tmp_path / "none.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
