@@ -12,9 +12,13 @@ of decode steps. Admission groups show as jumps of the running count.
     python bench/gpu/steps.py run.json --modes b_batchocr --long 3 --json steps.json
 
 A step is counted as a prefill step when it is longer than `--long` times the window's median
-step (the median is a decode step: they are most of the steps). A mode run on several engines
-at once (`instances`, `engines`) has their steps interleaved, so its gaps are not step lengths:
-it is reported as such and not split.
+step (the median is a decode step: they are most of the steps). That holds where pages are
+admitted in groups, as b does (a group's prefill in a few long steps, then tens of decode
+steps); where vLLM admits a page a step as it frees a sequence (a, `admit_pages: 0`), most
+steps carry a prefill, the median is one of them, and the split means little (it shows as a
+"pages a group" near the window's pages). A mode run on several engines at once (`instances`,
+`engines`) has their steps interleaved, so its gaps are not step lengths: it is reported as
+such and not split.
 """
 
 from __future__ import annotations
