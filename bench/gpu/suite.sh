@@ -41,7 +41,7 @@
 # and compile apart and together), tp21-vitpad-cache (the padded compile after an unpadded one on one
 # machine), tp21-7b-enc3 (b, compiled since the sixteenth lease, against padded and uncompiled),
 # tp21-2b-stream (stream_interval, torch_shm on the 2B), tp21-2b-inst2 (the 2B on two engine instances),
-# tp21-2b-stream8 (stream_interval 8 alone, 1,024 pages), tp21-2b-stream2 (the same beside a control and 32).
+# tp21-2b-stream8 (stream_interval 8 alone, 1,024 pages), tp21-2b-stream2 (8, 32 and torch_shm beside a control).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
