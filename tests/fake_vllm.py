@@ -1,5 +1,6 @@
 """A stand-in for vLLM at its API boundary only (what batchocr calls): `vllm.SamplingParams`,
-`vllm.sampling_params.RequestOutputKind`, and an `LLM` whose `llm_engine` has
+`vllm.sampling_params.RequestOutputKind`, `vllm.EngineArgs` (a dataclass of some of its real
+fields: batchocr checks engine_args' keys against it), and an `LLM` whose `llm_engine` has
 `renderer.render_cmpl`, `add_request`, `step`, `abort_request`, `engine_core.shutdown`,
 `get_supported_tasks`.
 
@@ -14,6 +15,7 @@ whose answer is parsed: grounding tags), cut where max_tokens cuts it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import os
@@ -261,10 +263,23 @@ class LLM:
         return [done[i] for i in ids]
 
 
+# vllm.EngineArgs: where LLM's other keywords go (a dataclass; these are some of vLLM 0.26's
+# 221 fields: what batchocr passes and what its docs name).
+ENGINE_ARGS_FIELDS = (
+    "model", "tokenizer", "dtype", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+    "gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype", "tensor_parallel_size", "quantization",
+    "load_format", "enforce_eager", "enable_prefix_caching", "limit_mm_per_prompt", "mm_processor_kwargs",
+    "mm_processor_cache_gb", "mm_tensor_ipc", "mm_encoder_attn_backend", "compilation_config", "attention_config",
+    "logits_processors", "worker_extension_cls", "additional_config", "disable_log_stats", "stream_interval",
+    "async_scheduling", "hf_overrides", "profiler_config", "trust_remote_code")
+EngineArgs = dataclasses.make_dataclass("EngineArgs", [(name, object, None) for name in ENGINE_ARGS_FIELDS])
+
+
 def _modules() -> dict[str, types.ModuleType]:
     vllm = types.ModuleType("vllm")
     vllm.__version__ = "fake"
     vllm.LLM = LLM
+    vllm.EngineArgs = EngineArgs
     vllm.SamplingParams = SamplingParams
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.RequestOutputKind = RequestOutputKind

@@ -276,6 +276,87 @@ def test_a_missing_model_folder_is_a_config_error(monkeypatch):
         VLLMEngine(VLLMOptions(model="/models/nowhere"))
 
 
+def test_an_engine_arg_vllm_does_not_take_is_named_before_the_model_loads(monkeypatch):
+    """engines.vllm.engine_args go to vllm.LLM as they are: a key it does not take (neither its
+    own parameter nor a vllm.EngineArgs field) is exit 2 naming it, the nearest key offered,
+    before any model loads; one it takes reaches it."""
+    fake_vllm.install(monkeypatch)
+    before = fake_vllm.LLM.built
+    with pytest.raises(ConfigError) as caught:
+        VLLMEngine(VLLMOptions(model="fake-model", engine_args={"stream_interval": 8, "kv_cache_dtyp": "fp8"}))
+    assert str(caught.value) == ("engines.vllm.engine_args.kv_cache_dtyp: not an argument of vllm.LLM in vLLM fake "
+                                 "(did you mean kv_cache_dtype?)")
+    assert caught.value.exit_code == 2 and fake_vllm.LLM.built == before  # nothing loaded
+    engine = VLLMEngine(VLLMOptions(model="fake-model", engine_args={"stream_interval": 8, "max_num_seqs": 4}))
+    assert engine.llm.kwargs["stream_interval"] == 8 and fake_vllm.LLM.built == before + 1
+    engine.close()
+
+
+def test_vllm_refusing_the_engine_s_arguments_or_failing_to_start_is_one_line(monkeypatch):
+    """What vllm.LLM raises while it builds, in one line, no traceback: a value its configs
+    refuse (pydantic's ValidationError, a ValueError) is the configuration's, exit 2, naming
+    vLLM's field and never the value given; its engine core failing to start is the run's,
+    exit 1."""
+    import pydantic
+    from typing import Literal
+
+    class MultiModalConfig(pydantic.BaseModel):  # as vLLM 0.26's, config/multimodal.py
+        mm_tensor_ipc: Literal["direct_rpc", "torch_shm"] = "direct_rpc"
+
+    def refusing(exc_of):
+        def build(self, **kwargs):
+            raise exc_of(kwargs)
+        return build
+
+    def validation(kwargs):
+        try:
+            MultiModalConfig(mm_tensor_ipc=kwargs["mm_tensor_ipc"])
+        except pydantic.ValidationError as exc:
+            return exc
+
+    fake_vllm.install(monkeypatch)
+    cases = [
+        (validation, {"mm_tensor_ipc": "hf_abcdef-secret"}, 2,
+         "engine vllm: vLLM refused the engine's arguments: mm_tensor_ipc: Input should be 'direct_rpc' or "
+         "'torch_shm' (engines.vllm's options and engine_args go to vllm.LLM)"),
+        (lambda kw: ValueError("torch_shm is known to fail without VLLM_WORKER_MULTIPROC_METHOD set to spawn\nmore"),
+         {"mm_tensor_ipc": "torch_shm"}, 2,
+         "engine vllm: vLLM refused the engine's arguments: ValueError: torch_shm is known to fail without "
+         "VLLM_WORKER_MULTIPROC_METHOD set to spawn (engines.vllm's options and engine_args go to vllm.LLM)"),
+        (lambda kw: RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}"),
+         {}, 1,
+         "the vLLM engine failed to start: RuntimeError: Engine core initialization failed. See root cause above. "
+         "Failed core proc(s): {} (vLLM's log above says why)"),
+    ]
+    for exc_of, engine_args, code, line in cases:
+        monkeypatch.setattr(fake_vllm.LLM, "__init__", refusing(exc_of))
+        with pytest.raises(BatchocrError) as caught:
+            VLLMEngine(VLLMOptions(model="fake-model", engine_args=engine_args))
+        assert str(caught.value) == line and caught.value.exit_code == code
+        assert "secret" not in str(caught.value) and caught.value.__cause__ is None
+
+
+def test_the_cli_names_a_bad_engine_arg_in_one_line_exit_2(tmp_path):
+    """The same through `batchocr run`, vLLM stood in for in the process: exit 2, one line, no
+    traceback, no run started."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = tmp_path / "job.yaml"
+    job.write_text(f"source: {SAMPLES}\nout: {tmp_path / 'out'}\nengine: vllm\n"
+                   "engines: {vllm: {model: fake-model, engine_args: {stream_intervl: 8}}}\n")
+    tests = Path(__file__).resolve().parent
+    boot = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import fake_vllm; fake_vllm.install_modules(); "
+            "from batchocr.cli import entry; sys.argv[0] = 'batchocr'; entry()")
+    done = subprocess.run([sys.executable, "-c", boot, str(tests), "run", "--job", str(job), "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("Error: engines.vllm.engine_args.stream_intervl: not an argument "
+                                                     "of vllm.LLM in vLLM fake (did you mean stream_interval?)")
+    assert "Traceback" not in done.stderr
+
+
 def test_a_model_that_cannot_generate_stops_at_start(monkeypatch):
     """A folder vLLM loads as an embedding model: one line at start, not a row per page."""
     fake_vllm.install(monkeypatch)

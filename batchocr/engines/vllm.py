@@ -384,7 +384,8 @@ class VLLMEngine:
             if options.model.startswith(("/", "./", "../")) and not os.path.isdir(options.model):
                 # A wrong path is the user's to fix: exit 2 fails the Kubernetes Job at once.
                 raise ConfigError(f"engine vllm: model folder {options.model} does not exist")
-            llm = LLM(**options.llm_args(self.preset))
+            _check_engine_args(LLM, options.engine_args)
+            llm = _build(LLM, options.llm_args(self.preset))
         self.llm = llm
         self.engine = llm.llm_engine
         _check_can_generate(self.engine, options.model)
@@ -944,6 +945,70 @@ def _engine_failure(engine: Any, exc: Exception) -> BatchocrError:
 
 def _engine_dead(engine: Any) -> bool:
     return bool(getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_dead", False))
+
+
+def _check_engine_args(llm_cls: type, engine_args: Mapping[str, Any]) -> None:
+    """engines.vllm.engine_args go to vllm.LLM as they are, and a key it does not take stopped
+    the build with a TypeError's traceback, exit 1 (a Job retries that). Here, before the model
+    loads: exit 2 and one line naming the key, with the nearest vLLM knows. Known: the LLM's
+    own parameters and vllm.EngineArgs' fields (where its other keywords go)."""
+    if not engine_args:
+        return
+    try:
+        from vllm import EngineArgs
+    except ImportError:  # a vLLM without it: its own build says what it refuses
+        return
+    import difflib
+    import inspect
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)} | {
+        name for name, p in inspect.signature(llm_cls.__init__).parameters.items()
+        if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    for key in engine_args:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), sorted(known), n=1)
+            import vllm
+
+            raise ConfigError(f"engines.vllm.engine_args.{key}: not an argument of vllm.LLM in vLLM "
+                              f"{getattr(vllm, '__version__', '?')}" + (f" (did you mean {near[0]}?)" if near else ""))
+
+
+def _build(llm_cls: type, args: dict[str, Any]) -> Any:
+    """vllm.LLM(**args), its failures in one line. vLLM refusing a value (its configs' checks:
+    ValueError, pydantic's ValidationError, which is one, or TypeError) is the configuration's:
+    exit 2, fail the Job. Its engine-core process failing to start (RuntimeError: no GPU memory
+    left, a CUDA error) or a file it could not read (OSError: a model hub out of reach) is
+    systemic: exit 1, a retry may help; vLLM's log above the line has the engine core's own
+    traceback. Either way no traceback of batchocr's (at debug level, the full one)."""
+    try:
+        return llm_cls(**args)
+    except (TypeError, ValueError) as exc:
+        log.debug("vllm.LLM refused its arguments", exc_info=True)
+        raise ConfigError(f"engine vllm: vLLM refused the engine's arguments: {_refusal(exc)} (engines.vllm's "
+                          "options and engine_args go to vllm.LLM)") from None
+    except (RuntimeError, OSError) as exc:
+        log.debug("vllm.LLM failed to start", exc_info=True)
+        raise BatchocrError(f"the vLLM engine failed to start: {type(exc).__name__}: {_first_line(exc)} (vLLM's "
+                            "log above says why)") from None
+
+
+def _refusal(exc: Exception) -> str:
+    """Where and why vLLM refused: a pydantic ValidationError's first error (the field's path
+    and the rule, never the value given: engine_args may hold a token), else the first line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ())) or type(exc).__name__
+            return f"{where}: {first.get('msg', '')}"[:300]
+        except Exception:  # noqa: BLE001 - not pydantic's after all: its text below
+            pass
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else "")[:300]
 
 
 def _check_can_generate(engine: Any, model: str) -> None:
