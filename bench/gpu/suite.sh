@@ -198,6 +198,9 @@ run() {  # one named run of the suite
                           --pre-warm --fresh-threads ;;
     # the padded vision MLPs on vLLM's real vision tower alone: the same output, ms a page, the kernels (~1 min)
     tp21-vitpad-check) py tp21-vitpad-check bench/gpu/check_vit_pad.py "$MODELS/qwen2.5-vl-7b" --pages 4 ;;
+    # batchocr's engine_args checks against the real vLLM: the benchmarks' keys taken, a misspelt one
+    # named, refused values in one line (no engine core starts; ~40 s, mostly vLLM's import)
+    vllm-args) py vllm-args bench/gpu/check_engine_args.py "$MODELS/qwen2-vl-2b" ;;
     tp21-2b-stream) tp tp21-2b-stream "--model=$MODELS/qwen2-vl-2b" --pages 2048 --modes b \
                       --variant "stream8=--engine-arg stream_interval=8" --variant "$TORCH_SHM" ;;
     # the same lever alone on half the pages, for the end of a lease (~6 min with the install)
