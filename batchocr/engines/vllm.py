@@ -955,6 +955,7 @@ def _check_engine_args(llm_cls: type, engine_args: Mapping[str, Any]) -> None:
     if not engine_args:
         return
     try:
+        import vllm
         from vllm import EngineArgs
     except ImportError:  # a vLLM without it: its own build says what it refuses
         return
@@ -967,8 +968,6 @@ def _check_engine_args(llm_cls: type, engine_args: Mapping[str, Any]) -> None:
     for key in engine_args:
         if key not in known:
             near = difflib.get_close_matches(str(key), sorted(known), n=1)
-            import vllm
-
             raise ConfigError(f"engines.vllm.engine_args.{key}: not an argument of vllm.LLM in vLLM "
                               f"{getattr(vllm, '__version__', '?')}" + (f" (did you mean {near[0]}?)" if near else ""))
 
