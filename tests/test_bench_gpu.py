@@ -346,7 +346,9 @@ def test_steps_splits_a_steady_window_into_prefill_and_decode_steps(tmp_path):
             t += 0.010
     steps.append([t, 240, 0, 0.1, 240, 0])  # the last step's end
     window = {"window_start_abs": 1000.0, "window_end_abs": t, "pages": 200}
-    report = {"engine_steps": steps, "b_batchocr": {"steady": window},
+    report = {"engine_steps": steps, "b_batchocr": {"steady": window, "work": {"attempts": {"1": 256}}},
+              "equal_work": {"equal": True, "pages": {"b_batchocr": 256}, "tokens": {"b_batchocr": 9000},
+                             "prompt_tokens": {"b_batchocr": 40000}},
               "b_inst2": {"instances": 2, "steady": window}, "a_vllm_alone": {"steady": None}}
     path = tmp_path / "run.json.gz"
     with gzip.open(path, "wt") as f:
@@ -364,6 +366,9 @@ def test_steps_splits_a_steady_window_into_prefill_and_decode_steps(tmp_path):
     assert b["groups"] == 9 and b["pages_per_group"] == 22.2 and b["prefill_share"] == 0.345
     assert "interleave" in got["b_inst2"]["error"] and "a_vllm_alone" not in got  # no steady window: not a mode
     assert "| b_batchocr | 200 | 10, 1.0 s (34%) | 5.0 |" in done.stdout
+    # the work that makes the modes comparable, as the run recorded it
+    assert ('equal work: True {"b_batchocr": {"pages": 256, "prompt_tokens": 40000, "output_tokens": 9000, '
+            '"attempts": {"1": 256}}') in done.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "bench/gpu/steps.py"), str(tmp_path / "none.json")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr

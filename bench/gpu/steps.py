@@ -6,7 +6,8 @@ the gap from one step to the next is that step's length, and the steps fall in t
 step that carries new pages' prefill (vision encoder and prompt, the running pages' decode
 riding along) is several times as long as a pure decode step. This splits the window's time
 between the two and divides by the pages finished in it: ms a page of prefill steps, ms a page
-of decode steps. Admission groups show as jumps of the running count.
+of decode steps. Admission groups show as jumps of the running count. The modes' work (pages,
+prompt and output tokens, attempts, throughput.py's `equal_work`) is printed under the table.
 
     python bench/gpu/steps.py docs/gpu/tp21-7b-enc3-2026-12-04.json.gz
     python bench/gpu/steps.py run.json --modes b_batchocr --long 3 --json steps.json
@@ -86,6 +87,16 @@ def analyse(report: dict, names: list[str] | None = None, long: float = 3.0) -> 
     return out
 
 
+def work(report: dict, names) -> str:
+    """The modes' work as the run recorded it (throughput.py's equal_work and each mode's
+    attempts): what makes their ms a page comparable."""
+    eq = report.get("equal_work") or {}
+    each = {n: {"pages": (eq.get("pages") or {}).get(n), "prompt_tokens": (eq.get("prompt_tokens") or {}).get(n),
+                "output_tokens": (eq.get("tokens") or {}).get(n),
+                "attempts": ((report.get(n) or {}).get("work") or {}).get("attempts")} for n in names}
+    return f"equal work: {eq.get('equal')} {json.dumps(each)}"
+
+
 def table(result: dict) -> str:
     head = ("| mode | pages | prefill steps: count, time (share) | their ms a page | decode steps: count, median "
             "| their ms a page | ms a page in all (pages/s) | pages a group |")
@@ -118,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = analyse(report, [m for m in args.modes.split(",") if m] or None, args.long)
     print(table(result))
+    print(work(report, result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        args.json.write_text(json.dumps(result | {"equal_work": report.get("equal_work")}, indent=1))
     return 0
 
 
