@@ -19,12 +19,13 @@ a compiled block sees the padded sizes. 32 x 3 x 36 x 1,280 values more.
     LLM(..., worker_extension_cls="batchocr.vitpad.VisionMlpPadExtension",
         additional_config={"batchocr_worker_extension": workerext.fingerprint(EXTENSION)})
 
-Measured on the H200 (docs/GPU.md, "Issue 21, fifteenth lease" and "sixteenth lease"):
+Measured on the H200 (docs/GPU.md, "Issue 21", fifteenth to seventeenth leases):
 `bench/gpu/check_vit_pad.py`, the real vision tower with random weights, gave the same output
 (0.6% at most, bf16's rounding) in 26.6 ms a page against 31.9 (1.198x), the Ampere GEMM gone;
 b with it, 1.044x and 1.031x b's pages/s end to end, 1.014x and 1.039x in the steady state, at
 equal work. Not a default: over vLLM's compiled vision blocks (`compile_mm_encoder`, the
-qwen2.5-vl preset's default since) it is not measured yet. The padded sizes must not meet a
+qwen2.5-vl preset's default since) it gave 1.007x steady (1.027x end to end, mostly the
+baseline's cold compile). The padded sizes must not meet a
 graph compiled unpadded: vLLM's compile cache does not hash `worker_extension_cls`, so batchocr's
 engine arguments add the extension's fingerprint to `additional_config` (batchocr.workerext.keyed);
 `LLM(...)` built by hand needs the same, or `VLLM_DISABLE_COMPILE_CACHE=1`.

@@ -130,7 +130,8 @@ class VLLMOptions:
     rswa_tiles: bool | None = None
     # qwen2.5-vl, olmocr-2: the vision MLPs' inner size padded 3,420 -> 3,456 with zeros once
     # loaded, so that cuBLAS runs a Hopper GEMM, not an Ampere one (batchocr.vitpad; the same
-    # output). None: the preset's (off for now: measured apart from compile_mm_encoder only).
+    # output). None: the preset's (off in every preset: over the compiled vision blocks, the
+    # presets' default, 1.007x steady on the H200; docs/GPU.md, seventeenth lease).
     vit_pad: bool | None = None
     # vLLM engines this run drives on its GPU, each its own engine core process with
     # gpu_memory_utilization / instances of the GPU's memory and max_num_seqs sequences, the
@@ -637,7 +638,7 @@ class VLLMEngine:
         line, and no row claims a per-page error."""
         if self._accepted or not rows:
             return rows
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        reason = _named(exc)
         signature = re.sub(r"\d+", "N", reason)
         released = [r for sig, r in self._held if sig != signature]
         self._held = [(sig, r) for sig, r in self._held if sig == signature] + [(signature, r) for r in rows]
@@ -987,8 +988,7 @@ def _build(llm_cls: type, args: dict[str, Any]) -> Any:
                           "options and engine_args go to vllm.LLM)") from None
     except (RuntimeError, OSError) as exc:
         log.debug("vllm.LLM failed to start", exc_info=True)
-        raise BatchocrError(f"the vLLM engine failed to start: {type(exc).__name__}: {_first_line(exc)} (vLLM's "
-                            "log above says why)") from None
+        raise BatchocrError(f"the vLLM engine failed to start: {_named(exc)} (vLLM's log above says why)") from None
 
 
 def _refusal(exc: Exception) -> str:
@@ -1002,12 +1002,13 @@ def _refusal(exc: Exception) -> str:
             return f"{where}: {first.get('msg', '')}"[:300]
         except Exception:  # noqa: BLE001 - not pydantic's after all: its text below
             pass
-    return f"{type(exc).__name__}: {_first_line(exc)}"
+    return _named(exc)
 
 
-def _first_line(exc: BaseException) -> str:
+def _named(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message, at most 300 characters."""
     lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else "")[:300]
+    return f"{type(exc).__name__}: {(lines[0] if lines else '')[:300]}"
 
 
 def _check_can_generate(engine: Any, model: str) -> None:
