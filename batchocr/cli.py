@@ -237,10 +237,13 @@ def eval_(out, truth, max_cer, storage):
     Example:
         batchocr eval out/demo --truth samples/truth --max-cer 0.02
     """
+    from batchocr import producer
     from batchocr.evaluate import evaluate_output, page_line
+    from batchocr.storage import Store
     from batchocr.table import read_pages
 
-    result = evaluate_output(read_pages(out, storage), truth)
+    pages = read_pages(out, storage)
+    result = evaluate_output(pages, truth, producer.stale_in(Store(out, storage)))
     for row in result.pages.iter_rows(named=True):
         click.echo(page_line(row))
     for page in result.missing:
@@ -314,11 +317,13 @@ def export(out, dest, fmt, storage):
         batchocr export out/demo out/demo-documents --format markdown
         batchocr export az://results/run1 az://exports/run1 --format jsonl
     """
+    from batchocr import producer
     from batchocr.export import export as export_documents
     from batchocr.storage import Store
     from batchocr.table import read_pages
 
-    done = export_documents(read_pages(out, storage), Store(dest, storage), fmt)
+    pages = read_pages(out, storage)
+    done = export_documents(pages, Store(dest, storage), fmt, producer.stale_in(Store(out, storage)))
     click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
                f"into {plural(done.files, 'file')} -> {dest}")
 

@@ -75,14 +75,16 @@ def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
     return Evaluation(frame, missing)
 
 
-def evaluate_output(pages: pl.LazyFrame, truth_dir: str | Path) -> Evaluation:
+def evaluate_output(pages: pl.LazyFrame, truth_dir: str | Path,
+                    stale: frozenset[str] | set[str] = frozenset()) -> Evaluation:
     """CER of an output's page table (as `read_pages` gives it), one row per page:
-    a page redone before compaction (a changed document, a retry) counts once, the
-    row `batchocr compact` would keep."""
+    a page redone before compaction (a changed document, a retry, a `--reprocess`) counts
+    once, the row `batchocr compact` would keep. stale: runs made with settings OUT no
+    longer has (batchocr.producer.stale_in)."""
     from batchocr.compact import dedupe
 
     rows = dedupe(pages.select("doc_id", "source_etag", "source_uri", "page_index", "page_count", "text",
-                               "finish_reason", "processed_at").collect())
+                               "finish_reason", "processed_at", "run_id").collect(), stale)
     return evaluate(rows, truth_dir)
 
 

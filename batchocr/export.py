@@ -7,7 +7,8 @@ for (an error, skipped or missing page is marked in its place, never dropped).
 
 One shard is read at a time (a document's rows are all in its shard), so memory
 holds one shard's text, not the whole output's. Before compaction a redone page
-can have several rows: one per (doc_id, page_index) is kept by compaction's rule.
+can have several rows: one per (doc_id, page_index) is kept by compaction's rule
+(after a `--reprocess`, a row of the current settings over an older run's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from batchocr.storage import Store
 
 FORMATS = ("markdown", "text", "jsonl")
 COLUMNS = ["doc_id", "source_uri", "source_etag", "page_index", "page_count", "text", "finish_reason",
-           "error_type", "error_message", "processed_at"]
+           "error_type", "error_message", "processed_at", "run_id"]
 FORM_FEED = "\f"
 
 
@@ -93,13 +94,14 @@ def to_json(doc: dict[str, Any], pages: list[dict[str, Any]]) -> str:
     return json.dumps({**doc, "pages": pages}, ensure_ascii=False)
 
 
-def export(pages: pl.LazyFrame, dest: Store, fmt: str) -> Exported:
+def export(pages: pl.LazyFrame, dest: Store, fmt: str, stale: frozenset[str] | set[str] = frozenset()) -> Exported:
+    """stale: runs made with settings OUT no longer has (batchocr.producer.stale_in)."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
     shards = pages.select(pl.col("shard").unique().sort()).collect()["shard"].to_list()
     documents = page_total = marked = files = 0
     for shard in shards:
-        rows = dedupe(pages.filter(pl.col("shard") == shard).select(COLUMNS).collect())
+        rows = dedupe(pages.filter(pl.col("shard") == shard).select(COLUMNS).collect(), stale)
         lines = []
         for doc in rows.sort("source_uri", "doc_id", "page_index").partition_by("doc_id", maintain_order=True):
             first = doc.row(0, named=True)

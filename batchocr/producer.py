@@ -104,3 +104,14 @@ def stale_runs(out: Store, run_ids: Iterable[str]) -> set[str]:
     if not out.exists(PRODUCER):
         return set()
     return other_runs(out, run_ids, out.read_json(PRODUCER))
+
+
+def stale_in(out: Store, records: list[dict[str, Any]] | None = None) -> set[str]:
+    """The runs of OUT's run records (read here unless given) that ran with settings other
+    than OUT's now: after a `--reprocess`, their rows lose to the current settings' rows, by
+    compaction's rule, which export, eval and report apply before compaction too."""
+    if not out.exists(PRODUCER):
+        return set()
+    now = out.read_json(PRODUCER)
+    records = out.read_jsons(layout.RUNS) if records is None else records
+    return {r["run_id"] for r in records if r.get("run_id") and of_record(r) != now}

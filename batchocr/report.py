@@ -36,7 +36,7 @@ def scan(pages: pl.LazyFrame) -> pl.LazyFrame:
     return pages.with_columns(route).select(*COLUMNS, pl.col("text").str.len_chars().alias("text_chars"))
 
 
-def one_row_per_page(rows: pl.DataFrame) -> pl.DataFrame:
+def one_row_per_page(rows: pl.DataFrame, stale: frozenset[str] | set[str] = frozenset()) -> pl.DataFrame:
     """dedupe(rows), applied only to the documents it can change: those with a page
     of several rows, several versions, or a document row beside page rows. A
     compacted or clean output has none, and sorting every row is what costs memory
@@ -47,7 +47,7 @@ def one_row_per_page(rows: pl.DataFrame) -> pl.DataFrame:
                        | ((pl.col("low") < 0) & (pl.col("n") > 1)))["doc_id"].implode()
     if redo.list.len()[0] == 0:
         return rows
-    return pl.concat([rows.filter(~pl.col("doc_id").is_in(redo)), dedupe(rows.filter(pl.col("doc_id").is_in(redo)))])
+    return pl.concat([rows.filter(~pl.col("doc_id").is_in(redo)), dedupe(rows.filter(pl.col("doc_id").is_in(redo)), stale)])
 
 
 def distribution(values: pl.Series) -> dict[str, float] | None:
@@ -114,24 +114,26 @@ def load_report(out: str, storage_options: dict[str, Any] | None = None, **optio
     """The report of an OUT, as `batchocr report` prints it: its page table and its run
     records (for the header and the cost). options: build_report's (truth, top,
     limit, gpu_hourly_usd)."""
-    from batchocr import layout
+    from batchocr import layout, producer
     from batchocr.storage import Store
     from batchocr.table import read_pages
 
     pages = read_pages(out, storage_options)
-    runs = Store(out, storage_options).read_jsons(layout.RUNS)
-    return build_report(pages, out=out, runs=runs, **options)
+    store = Store(out, storage_options)
+    runs = store.read_jsons(layout.RUNS)
+    return build_report(pages, out=out, runs=runs, stale=producer.stale_in(store, runs), **options)
 
 
 def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, top: int = 10,
                  limit: int = 100, runs: list[dict[str, Any]] | None = None,
-                 gpu_hourly_usd: float | None = None) -> Report:
+                 gpu_hourly_usd: float | None = None, stale: frozenset[str] | set[str] = frozenset()) -> Report:
     """pages: the page table (batchocr.read_pages). truth: a folder for evaluate().
-    runs: the OUT's run records (OUT/_runs/*.json), for the header and the cost
-    (load_report reads both)."""
+    runs: the OUT's run records (OUT/_runs/*.json), for the header and the cost.
+    stale: runs made with settings OUT no longer has, whose rows lose to the current
+    settings' (batchocr.producer.stale_in; load_report reads all three)."""
     raw = scan(pages).collect()
     read = raw.height
-    rows = one_row_per_page(raw)
+    rows = one_row_per_page(raw, stale)
     del raw
     page_rows = rows.filter(pl.col("page_index") >= 0)
     counts = lambda col: dict(rows.drop_nulls(col)[col].value_counts(sort=True).iter_rows())  # noqa: E731
@@ -182,7 +184,7 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
                         "output_tokens": t} for d, i, r, t in flagged_head.iter_rows()],
         routes=dict(page_rows.drop_nulls("route")["route"].value_counts(sort=True).iter_rows()),
         route_saving=route_saving(page_rows),
-        cer=_cer(pages, truth) if truth else None,
+        cer=_cer(pages, truth, stale) if truth else None,
         cost=cost.summarise(runs, page_rows.height, gpu_hourly_usd, by_run) if runs else None,
         timeline=timeline(page_rows["processed_at"]),
         runs=sorted((run_brief(r, run_rows) for r in runs or []), key=lambda r: (r["started_at"] or "", r["run_id"])),
@@ -298,10 +300,10 @@ def _uris(pages: pl.LazyFrame, doc_ids: list[str]) -> dict[str, str]:
     return dict(found.iter_rows())
 
 
-def _cer(pages: pl.LazyFrame, truth: str) -> dict[str, Any]:
+def _cer(pages: pl.LazyFrame, truth: str, stale: frozenset[str] | set[str]) -> dict[str, Any]:
     from batchocr.evaluate import evaluate_output
 
-    result = evaluate_output(pages, truth)
+    result = evaluate_output(pages, truth, stale)
     return {"overall": result.cer, "chars": result.chars, "errors": result.errors,
             "pages": result.pages.to_dicts(), "missing": result.missing}
 

@@ -120,3 +120,35 @@ def test_out_remembers_what_made_it_and_reprocess_redoes_its_pages(rapidocr_run,
     assert rows.height == 10 and rows.select("doc_id", "page_index").is_unique().all()
     assert set(rows["engine"]) == {"textlayer"}  # the redone rows, not rapidocr's text
     assert json.loads((out / "_producer.json").read_text())["engine"] == "textlayer"
+
+
+def test_before_compaction_export_report_and_eval_keep_the_row_compaction_keeps_after_reprocess(
+        rapidocr_run, tmp_path):
+    """After --reprocess, the older run's rows are stale: compaction keeps the current
+    settings' row for a page even where it is an error and the stale one has text. export,
+    report and eval read an uncompacted OUT by the same rule, so what they say does not change
+    when OUT is compacted (rerun with a pixel limit that refuses the samples' images: error
+    rows where the first run's rows have text)."""
+    import shutil
+
+    from conftest import SAMPLES
+
+    out = tmp_path / "out"
+    shutil.copytree(rapidocr_run[0], out)
+    (tmp_path / "small.yaml").write_text("render:\n  max_image_pixels: 1000\n")
+    run_cli("run", str(SAMPLES), str(out), "-q", "--job", str(tmp_path / "small.yaml"), "--reprocess")
+
+    def views(tag: str) -> tuple:
+        run_cli("export", str(out), str(tmp_path / f"docs-{tag}"), "--format", "jsonl", check=True)
+        exported = sorted((json.loads(line) for f in sorted((tmp_path / f"docs-{tag}").glob("*.jsonl"))
+                           for line in f.read_text().splitlines()), key=lambda doc: doc["doc_id"])
+        report = json.loads(run_cli("report", str(out), "--json", check=True).stdout)
+        ev = run_cli("eval", str(out), "--truth", str(SAMPLES / "truth"))
+        return (exported, {k: report[k] for k in ("pages", "finish_reasons", "error_types", "models")},
+                ev.stdout, ev.returncode)
+
+    before = views("before")
+    compact(Store(str(out)))
+    after = views("after")
+    assert "too_large" in after[1]["error_types"], "no current error row: this would show nothing"
+    assert before == after
