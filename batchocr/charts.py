@@ -60,9 +60,21 @@ def _time_unit(seconds: float) -> tuple[float, str]:
     return (1, "s") if seconds < 120 else (60, "min") if seconds < 2 * 3600 else (3600, "h")
 
 
+def _labels(labels: list[str]) -> list[str]:
+    """Bar labels from the data (file names, run ids) as matplotlib should show them: a `$`
+    escaped (two of them would start its mathtext: a parse error, or garbled text), and each
+    label once (two documents of one name in two folders are two bars, not one drawn twice)."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append((label if seen[label] == 1 else f"{label} ({seen[label]})").replace("$", r"\$"))
+    return out
+
+
 def _barh(ax, labels: list[str], values: list[float], **kw) -> None:
     """Horizontal bars, the first label on top, each bar's value written at its end."""
-    bars = ax.barh(labels[::-1], values[::-1], **kw)
+    bars = ax.barh(_labels(labels)[::-1], values[::-1], **kw)
     ax.bar_label(bars, labels=[f"{v:,.3g}" if isinstance(v, float) else f"{v:,}" for v in values[::-1]],
                  padding=3, fontsize=8)
     ax.margins(x=0.12)
@@ -221,7 +233,7 @@ def _cost(r: Report):
     for i, (label, color) in enumerate((("start-up, before the first row", "C1"), ("reading pages", "C0"),
                                         ("after the last row", "C7"))):
         values = [p[i] / div for _, p in phases]
-        ax.barh([name for name, _ in phases][::-1], values[::-1], left=left[::-1], color=color, label=label)
+        ax.barh(_labels([name for name, _ in phases])[::-1], values[::-1], left=left[::-1], color=color, label=label)
         left = [a + b for a, b in zip(left, values)]
     c = r.cost
     price = (f"; ${c['usd_per_million_pages']:,.2f} per million pages at ${c['gpu_hourly_usd']:g} an hour"

@@ -256,3 +256,22 @@ def test_report_over_a_million_rows(tmp_path):
                                      for d in pc.value_counts(reasons["finish_reason"]).to_pylist()}
     assert sum(m["pages"] for m in got["per_minute"]) == 1_000_000 and len(got["per_minute"]) == 180
     assert result["peak_mb"] < 1500, f"peak RSS {result['peak_mb']:.0f} MB"
+
+
+def test_report_charts_show_file_names_with_dollars_and_names_alike(rapidocr_run):
+    """Bar labels come from file names: two `$` in one start matplotlib's mathtext (a parse
+    error: report --html crashed), and two documents of one name in two folders are two bars."""
+    import dataclasses
+
+    from batchocr.charts import _png, figures
+    from batchocr.report import load_report
+
+    r = load_report(str(rapidocr_run[0]))
+    docs = r.slowest_documents[:3]
+    names = ["s/price_$5_to_$10.pdf", "a/same.pdf", "b/same.pdf"]
+    r = dataclasses.replace(r, slowest_documents=[d | {"source_uri": f"file:///{n}"} for d, n in zip(docs, names)])
+    fig = figures(r)["Slowest documents"]
+    assert _png(fig)  # drawn: no mathtext error
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_yticklabels()][::-1] == [r"price_\$5_to_\$10.pdf", "same.pdf", "same.pdf (2)"]
+    assert len(ax.patches) == 3
