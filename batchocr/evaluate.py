@@ -16,6 +16,7 @@ import polars as pl
 from rapidfuzz.distance import Levenshtein
 
 from batchocr.errors import ConfigError
+from batchocr.sources import native
 
 
 def normalise(text: str) -> str:
@@ -58,16 +59,35 @@ def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
     }
     if not truth:
         raise ConfigError(f"no truth files in {truth_dir} (expected <document name>/<page_index>.txt)")
-    rows, seen = [], set()
-    for uri, index, text, reason in pages.select("source_uri", "page_index", "text", "finish_reason").iter_rows():
-        key = (posixpath.basename(uri), index)
-        if key not in truth:
-            continue
-        seen.add(key)
-        ref = truth[key]
+    names = {name for name, _ in truth}
+    uris: dict[str, set[str]] = {}  # a truth name -> the documents of that file name
+    rows, seen, unopened = [], set(), set()
+
+    def score(name: str, index: int, text: str | None, reason: str) -> None:
+        seen.add((name, index))
+        ref = truth[(name, index)]
         errors = levenshtein(normalise(text or ""), ref)
-        rows.append({"document": key[0], "page_index": index, "chars": len(ref), "errors": errors,
+        rows.append({"document": name, "page_index": index, "chars": len(ref), "errors": errors,
                      "cer": errors / len(ref) if ref else float(errors > 0), "finish_reason": reason})
+
+    for uri, index, text, reason in pages.select("source_uri", "page_index", "text", "finish_reason").iter_rows():
+        name = native(posixpath.basename(uri))  # the file's own name: source_uri spells % as %25
+        if name not in names:
+            continue
+        uris.setdefault(name, set()).add(uri)
+        if index < 0:  # a document that could not be opened: its pages count, every character wrong
+            unopened.add(name)
+        elif (name, index) in truth:
+            score(name, index, text, reason)
+    alike = {name: sorted(u) for name, u in uris.items() if len(u) > 1}
+    if alike:
+        name, found = next(iter(sorted(alike.items())))
+        raise ConfigError(f"truth {truth_dir}/{name}/ matches {len(found)} documents of that file name "
+                          f"({found[0]}, {found[1]}{', ...' if len(found) > 2 else ''}): truth is matched by "
+                          "file name, so evaluate them in OUTs of their own")
+    for name, index in sorted(set(truth) - seen):
+        if name in unopened:
+            score(name, index, None, "error")
     missing = sorted(f"{name}/{index}" for name, index in set(truth) - seen)
     schema = {"document": pl.String, "page_index": pl.Int32, "chars": pl.Int64, "errors": pl.Int64,
               "cer": pl.Float64, "finish_reason": pl.String}

@@ -197,3 +197,32 @@ def test_eval_counts_a_redone_page_once(tmp_path):
     overall = [line for line in once.splitlines() if line.startswith("overall:")]
     assert overall and overall == [line for line in twice.splitlines() if line.startswith("overall:")]
     assert sum(line.startswith("report.pdf ") for line in twice.splitlines()) == 3
+
+
+def test_eval_matches_truth_by_the_files_own_name_and_scores_an_unopened_document(tmp_path):
+    """Truth is DIR/<document file name>/: a name with `%` (spelt %25 in source_uri) is
+    matched; a document that could not be opened has one document row, and its truth pages
+    count with every character wrong (not as missing: that made the CER better when a whole
+    document failed); two documents of one file name cannot be told apart: exit 2."""
+    src, truth, out = tmp_path / "src", tmp_path / "truth", tmp_path / "out"
+    src.mkdir()
+    shutil.copy(SAMPLES / "report.pdf", src / "100% report.pdf")
+    (src / "broken.pdf").write_bytes(b"%PDF-1.7 not really\n" * 10)
+    shutil.copytree(SAMPLES / "truth" / "report.pdf", truth / "100% report.pdf")
+    (truth / "broken.pdf").mkdir()
+    (truth / "broken.pdf" / "0.txt").write_text("twelve chars")
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    proc = run_cli("eval", str(out), "--truth", str(truth))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "missing" not in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("100% report.pdf ") for line in lines) == 3
+    (broken,) = [line for line in lines if line.startswith("broken.pdf ")]
+    assert "12/12" in broken and "CER 100.00%" in broken and broken.endswith("error")
+
+    (src / "sub").mkdir()
+    shutil.copy(src / "100% report.pdf", src / "sub" / "100% report.pdf")
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    proc = run_cli("eval", str(out), "--truth", str(truth))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "matches 2 documents of that file name" in proc.stderr and "sub/100%25 report.pdf" in proc.stderr
