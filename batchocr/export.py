@@ -2,7 +2,8 @@
 for (an error, skipped or missing page is marked in its place, never dropped).
 
 - markdown: DEST/<file name>.<doc_id>.md, a `<!-- page N -->` line before each page
-- text: DEST/<file name>.<doc_id>.txt, pages separated by a form feed (as pdftotext does)
+- text: DEST/<file name>.<doc_id>.txt, pages separated by a form feed (as pdftotext does);
+  a page not read is `[page N not read: why]`, a cut-off one has `[page N cut off: why]` before its text
 - jsonl: DEST/documents-<shard>.jsonl, one line per document with its pages
 
 One shard is read at a time (a document's rows are all in its shard), so memory
@@ -38,10 +39,16 @@ class Exported:
     files: int
 
 
+NAME_BYTES = 160  # of the file name kept: with the doc_id, the suffix and a temp name's, under 255
+
+
 def file_name(uri: str, doc_id: str) -> str:
-    """The document's file name, made safe, and its doc_id: two documents of one
-    name in different folders get different files."""
+    """The document's file name, made safe and cut to NAME_BYTES of UTF-8 (a file system's
+    names end at 255 bytes), and its doc_id: two documents of one name in different folders,
+    or of one long name's start, get different files."""
     name = re.sub(r"[^\w.-]+", "_", posixpath.basename(uri.rstrip("/"))) or "document"
+    if len(name.encode()) > NAME_BYTES:
+        name = name.encode()[:NAME_BYTES].decode(errors="ignore")
     return f"{name}.{doc_id}"
 
 
@@ -86,7 +93,10 @@ def to_markdown(uri: str, pages: list[dict[str, Any]]) -> str:
 
 
 def to_text(pages: list[dict[str, Any]]) -> str:
-    return FORM_FEED.join(p["text"] if p["text"] is not None else f"[{_label(p)} not read: {_note(p)}]"
+    """A page not read is a line in brackets in its place; a page cut off (length,
+    repetition) has one before its text."""
+    return FORM_FEED.join(f"[{_label(p)} not read: {_note(p)}]" if p["text"] is None
+                          else f"[{_label(p)} cut off: {_note(p)}]\n{p['text']}" if _note(p) else p["text"]
                           for p in pages)
 
 

@@ -207,3 +207,32 @@ def test_exported_markdown_parses_with_the_pages_headings_lists_and_tables(tmp_p
     assert items == ["Stainless steel body", "Quiet fan cover", "Dry-run protection", "Ten-year spare parts"]
     cells = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type in ("th_open", "td_open")]
     assert cells[:4] == ["Part no.", "Description", "Qty", "Price"] and "Shaft seal kit" in cells
+
+
+def test_text_export_marks_cut_off_pages_before_their_text(tmp_path):
+    """length and repetition pages keep their text, marked as markdown marks them: the
+    count of marked pages is what the files hold."""
+    resumed_output(tmp_path / "out")
+    proc = _export(tmp_path / "out", tmp_path / "t", "text")
+    assert "(4 marked)" in proc.stdout
+    pages = {p.name.split(".pdf.")[0]: p.read_text().split(FORM_FEED) for p in (tmp_path / "t").iterdir()}
+    assert pages["a"] == ["alpha", "beta!", "[page 3 cut off: length]\ngamma"]
+    assert pages["c"] == ["[page 1 cut off: repetition]\nnew c"]
+    marked = sum(t.startswith("[") for texts in pages.values() for t in texts)
+    assert marked == 4
+
+
+def test_export_of_a_long_file_name_fits_the_file_systems_name_limit(tmp_path):
+    """A name of 244 bytes (80 CJK characters) is legal; with the doc_id, the suffix and a
+    temporary name's it was over 255 bytes: OSError, and the documents after it unexported."""
+    from synthetic import row, write_part
+
+    long = "文" * 80 + "x.pdf"
+    write_part(tmp_path / "out", "x", [row(f"file:///s/{long}", 0, 0, text="long", page_count=1),
+                                       row("file:///s/zz-short.pdf", 0, 1, text="short", page_count=1)])
+    for fmt, suffix in (("markdown", ".md"), ("text", ".txt")):
+        proc = _export(tmp_path / "out", tmp_path / fmt, fmt)
+        assert "exported 2 documents" in proc.stdout
+        names = sorted(p.name for p in (tmp_path / fmt).iterdir())
+        assert len(names) == 2 and all(len(n.encode()) <= 200 and n.endswith(suffix) for n in names)
+        assert names[0].startswith("zz-short.pdf.") and names[1].startswith("文" * 53 + ".")
