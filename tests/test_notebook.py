@@ -54,3 +54,23 @@ def test_readmes_command_writes_the_results_page(rapidocr_run, tmp_path):
     assert len(re.findall(r'<img[^>]+src="data:image/png;base64,', page)) == len(titles)
     assert "overall CER 0." in page and "missing from the output: none" in page
     assert "fax.tiff" in page and "report.pdf" in page
+
+
+def test_notebook_runs_on_an_output_whose_documents_all_failed_to_open(tmp_path):
+    """An OUT of document rows only (nothing could be opened): no timeline, no page with
+    truth; every cell still runs (the timeline and CER cells raised TypeError/ColumnNotFound)."""
+    from nbclient import NotebookClient
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "a.pdf").write_bytes(b"not a pdf at all\n" * 8)
+    (src / "b.pdf").write_bytes(b"%PDF-1.7 broken\n" * 8)
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    os.environ["BATCHOCR_OUT"] = str(out)  # the kernel inherits this process's environment
+    try:
+        NotebookClient(nb, timeout=180, resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        del os.environ["BATCHOCR_OUT"]
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "no timeline" in text and "no page of OUT has truth" in text
