@@ -153,7 +153,8 @@ def plan(source, out, shards, storage):
     size). A later `batchocr run SOURCE OUT --shard I/N` takes shard I's documents
     from the plan, so every pod agrees and blobs added mid-run wait for the next
     plan. Planning again over an existing plan keeps every planned document on
-    its shard and balances only the new ones.
+    its shard and balances only the new ones; a document with rows in OUT
+    already stays on the shard that holds them (nothing is redone elsewhere).
 
     \b
     Example:

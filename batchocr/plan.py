@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from batchocr.errors import ConfigError
 from batchocr.layout import PLAN
 from batchocr.layout import plan_shard as shard_file
-from batchocr.sink import to_parquet
+from batchocr.sink import committed_keys, shards_present, to_parquet
 from batchocr.sources import DocRef, list_documents
 from batchocr.storage import Store
 
@@ -73,9 +73,21 @@ def planned_documents(out: Store, shard: int) -> Iterator[DocRef]:
         yield DocRef(uri=row["uri"], size=row["size"], etag=row["etag"], mtime=row["mtime"])
 
 
+def output_shards(out: Store) -> dict[str, int]:
+    """doc_id -> the shard whose folder holds committed rows of the document (the
+    lowest, where an OUT from before this check has it in several)."""
+    where: dict[str, int] = {}
+    for shard in reversed(shards_present(out)):
+        where.update((d, shard) for d in committed_keys(out, shard).column("doc_id").to_pylist())
+    return where
+
+
 def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
     """List SOURCE once and write the plan. An existing plan is extended: its
-    documents keep their shards (their output is there), new ones are balanced in."""
+    documents keep their shards (their output is there), new ones are balanced in.
+    A document with rows in OUT already (runs without a plan, or by hash with
+    another count) stays on the shard that holds them: compaction dedupes within a
+    shard, so a page redone on another one would stay twice."""
     if shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {shards}")
     old = read_plan(out)
@@ -90,7 +102,14 @@ def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
             raise ConfigError(f"{out.url} has a plan for {old.source}, not {source.canonical}")
         for i in range(shards):
             keep.update((d.uri, i) for d in planned_documents(out, i))
-    assignment = balance(list_documents(source), shards, keep)
+    done = output_shards(out)
+    if done and max(done.values()) >= shards:
+        raise ConfigError(f"{out.url} has output in shard {max(done.values())}: a plan of {shards} shards would "
+                          f"redo its documents on another shard. Use --shards {max(done.values()) + 1} or more, "
+                          "or a new OUT.")
+    docs = list(list_documents(source))
+    keep.update((d.uri, done[d.doc_id]) for d in docs if d.uri not in keep and d.doc_id in done)
+    assignment = balance(docs, shards, keep)
     for i, docs in assignment.items():
         rows = [{"uri": d.uri, "size": d.size, "etag": d.etag, "mtime": d.mtime} for d in sorted(docs, key=lambda d: d.uri)]
         out.write_atomic(shard_file(i), to_parquet(pa.Table.from_pylist(rows, schema=DOCS)))

@@ -103,3 +103,27 @@ def test_status_of_a_partial_shard_and_compact_dedupes(tmp_path):
     assert len(list((out / "pages" / "shard-00000").glob("*.parquet"))) == 1
     proc = run_cli("compact", str(out), check=True)  # idempotent
     assert "1 part, 3 rows -> 1 part, 3 rows" in proc.stdout
+
+
+def test_planning_an_out_with_output_keeps_its_documents_on_their_shard(tmp_path):
+    """Documents done by runs without a plan stay on the shard that holds their rows:
+    compaction dedupes within a shard, so one redone on another shard would stay twice."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=6, pages=2)
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)  # 0/1: all on shard 0
+    text_corpus(src / "new", documents=2, pages=1)
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+    planned = [{d.uri for d in planned_documents(Store(str(out)), i)} for i in range(2)]
+    assert planned[0] >= {f"file://{src}/doc{i:05d}.pdf" for i in range(6)}
+    assert len(planned[0] | planned[1]) == 8
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", "0/2", check=True)
+    assert "nothing to do (6 documents already done)" in proc.stdout
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", "1/2", check=True)
+    run_cli("compact", str(out), check=True)
+    pages = read_pages(str(out)).collect()
+    assert pages.height == 6 * 2 + 2 and pages.select("doc_id", "page_index").n_unique() == 14
+
+    # Without that plan, a plan of fewer shards than OUT's output has would move documents off theirs.
+    shutil.rmtree(out / "_plan")
+    with pytest.raises(ConfigError, match=r"output in shard 1: a plan of 1 shards .* --shards 2"):
+        make_plan(Store(str(src)), Store(str(out)), 1)
