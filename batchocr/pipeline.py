@@ -28,6 +28,7 @@ from batchocr.render import RenderTask
 from batchocr.renderpool import RenderPool
 from batchocr.sharding import shard_of
 from batchocr.signals import graceful_stop
+from batchocr.status import check_shard_count
 from batchocr.layout import done_marker, shard_dir
 from batchocr.sink import PartWriter, Resume, committed_keys, completed
 from batchocr.sources import DocRef, list_documents
@@ -106,6 +107,7 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     summary = RunSummary(run_id=run_id, shard=str(shard), out=spec.out)
 
     _check_stores(spec, source, out)  # before the engine loads; a missing SOURCE leaves no run record
+    check_shard_count(out, shard, spec.out)  # OUT's shard count (no plan), or exit 2 naming both
     expected = None  # what OUT is to remember, known before the engine loads
     start = {"turn_wait_s": 0.0, "engine_start_s": 0.0}  # the run's start: a part's turn, the engine's build
     if engine is None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batchocr import layout
+from batchocr.errors import ConfigError
 from batchocr.plan import PlanInfo, read_plan
 from batchocr.layout import done_marker
 from batchocr.sink import committed_keys, shards_present
+from batchocr.spec import Shard
 from batchocr.storage import Store
 
 
@@ -32,6 +34,34 @@ def shard_count(out: Store, plan: PlanInfo | None, markers: list[str]) -> int:
     for run in out.read_jsons(layout.RUNS):
         counts.append(int(run.get("spec", {}).get("shard", {}).get("count", 1)))
     return max(counts + [s + 1 for s in shards_present(out)])
+
+
+def output_shard_counts(out: Store) -> set[int]:
+    """The shard counts (N of --shard I/N) that OUT's output was made with: from its
+    done-markers, else (no shard done yet) from the records of runs that may have
+    committed rows (one still running or killed, or one that wrote parts). The
+    markers first: a CronJob's OUT has many run records, and a marker per shard."""
+    counts = {m["shards"] for rel in out.find(layout.DONE, suffix=".json") if "shards" in (m := out.read_json(rel))}
+    if counts:
+        return counts
+    return {int(run.get("spec", {}).get("shard", {}).get("count", 1)) for run in out.read_jsons(layout.RUNS)
+            if run.get("status") == "running" or run.get("parts")}
+
+
+def check_shard_count(out: Store, shard: Shard, url: str) -> None:
+    """A run without a plan has the shard count of OUT's output: a document's shard
+    depends on the count, and one that moves is redone on its new shard, where
+    compaction (within a shard) never meets its old rows. Writes nothing; run before
+    the engine loads. With a plan, the plan's count is the one compared (pipeline)."""
+    if read_plan(out) is not None:
+        return
+    counts = sorted(output_shard_counts(out))
+    if counts and counts != [shard.count]:
+        held = " and ".join(map(str, counts))
+        same = f"Run with --shard I/{counts[0]}, or" if len(counts) == 1 else "Run"
+        raise ConfigError(f"OUT {url} holds output of {held} {'shard' if counts == [1] else 'shards'}, this run is "
+                          f"shard {shard}: its documents would be redone on other shards. {same} `batchocr plan "
+                          f"SOURCE OUT --shards {shard.count}` first to change the count without redoing them")
 
 
 def status(out: Store) -> list[ShardStatus]:

@@ -83,6 +83,43 @@ def test_a_rerun_processes_exactly_the_new_and_changed_documents(tmp_path):
         assert "nothing to do" in proc.stdout
 
 
+def test_another_shard_count_on_the_same_out_is_exit_2_until_it_is_planned(tmp_path):
+    """A document's shard depends on the count: a run with another count would redo
+    documents on shards where compaction never meets their old rows. It stops with one
+    line naming both counts, writing nothing; `batchocr plan` with the new count keeps
+    done documents where their rows are, so the runs then redo nothing."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=4, pages=2)
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)  # 0/1
+    written = sorted(p.relative_to(out) for p in out.rglob("*"))
+
+    def refused(*args, **env):
+        proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", *args, env=env)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        assert "holds output of 1 shard, this run is shard 1/3" in proc.stderr
+        assert "--shards 3" in proc.stderr
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == written
+
+    refused(JOB_COMPLETION_INDEX="1", BATCHOCR_SHARDS="3")  # an Indexed Job's pods with another completions
+    refused("--shard", "1/3", "--processes", "2")  # before any part starts
+    # A shard not done (no done-marker): its run records say what count made the rows.
+    marker = out / "_done" / "shard-00000.json"
+    kept = marker.read_bytes()
+    marker.unlink()
+    written.remove(marker.relative_to(out))
+    refused(JOB_COMPLETION_INDEX="1", BATCHOCR_SHARDS="3")
+    marker.write_bytes(kept)
+
+    text_corpus(src / "new", documents=2, pages=1)
+    run_cli("plan", str(src), str(out), "--shards", "3", check=True)
+    for i in range(3):  # with the plan, its count is the one compared
+        run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", f"{i}/3", check=True)
+    compact(Store(str(out)))
+    table = read_pages(str(out)).select("doc_id", "page_index").collect()
+    assert table.height == table.n_unique() == 4 * 2 + 2
+
+
 def test_out_remembers_what_made_it_and_reprocess_redoes_its_pages(rapidocr_run, tmp_path, monkeypatch):
     """A rerun on the same OUT with another engine (or model, preset, prompt, route,
     render settings) stops with exit 2 naming both, before any engine is built,
