@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pyarrow as pa
 
 from batchocr import __version__, cost, engines, layout, producer, router, schema
+from batchocr.compact import kept_counts
 from batchocr.grouping import Grouper
 from batchocr.errors import BatchocrError, BoundaryError, ConfigError, Interrupted, StorageError
 from batchocr.plan import planned_documents, read_plan
@@ -30,7 +31,7 @@ from batchocr.sharding import shard_of
 from batchocr.signals import graceful_stop
 from batchocr.status import check_shard_count
 from batchocr.layout import done_marker, shard_dir
-from batchocr.sink import PartWriter, Resume, committed_keys, completed
+from batchocr.sink import KEY_COLUMNS, PartWriter, Resume, committed_keys, completed
 from batchocr.sources import DocRef, list_documents
 from batchocr.spec import JobSpec, RenderSpec, Shard
 from batchocr.storage import Store
@@ -173,10 +174,11 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
         raise exc
     if part is not None:  # the shard is done when every part is: the parent marks it
         return summary
-    # Every page of the shard has a row now: only then is the marker written.
-    before = keys.column("finish_reason").to_pylist()
-    _write_marker(out, shard, summary.documents + summary.documents_skipped, len(before) + summary.pages,
-                  before.count("error") + summary.error_pages, set(keys.column("run_id").to_pylist()) | {run_id},
+    # Every page of the shard has a row now: only then is the marker written, with what compaction keeps.
+    written = [out.read_parquet(p, KEY_COLUMNS) for p in run.writer.parts]  # this run's rows' keys
+    pages, errors = kept_counts(pa.concat_tables([keys, *written]))
+    _write_marker(out, shard, summary.documents + summary.documents_skipped, pages, errors,
+                  set(keys.column("run_id").to_pylist()) | {run_id},
                   {"run_id": run_id, "seconds": round(summary.seconds, 3), "pages": summary.pages})
     return summary
 
@@ -360,9 +362,7 @@ def mark_done(out: Store, shard: Shard, documents: int, last_run: dict[str, Any]
     """The done-marker of a shard whose parts are all done (batchocr/parts.py), from
     what is committed now (as a run alone counts it)."""
     keys = current_keys(out, shard.index, settings)
-    reasons = keys.column("finish_reason").to_pylist()
-    _write_marker(out, shard, documents, len(reasons), reasons.count("error"),
-                  set(keys.column("run_id").to_pylist()), last_run)
+    _write_marker(out, shard, documents, *kept_counts(keys), set(keys.column("run_id").to_pylist()), last_run)
 
 
 def _write_marker(out: Store, shard: Shard, documents: int, pages: int, error_pages: int, run_ids: set[str],

@@ -1,6 +1,7 @@
 """The plan: a partition of the container, balanced by size, stable when extended;
 status and compact read back what runs left."""
 
+import json
 import shutil
 
 import pytest
@@ -92,6 +93,9 @@ def test_status_of_a_partial_shard_and_compact_dedupes(tmp_path):
     (src / "report.pdf").write_bytes((SAMPLES / "report.pdf").read_bytes() + b"\n")
     run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
     assert read_pages(str(out)).collect().height == 6
+    # The done-marker counts what compaction keeps: the latest version's pages, once each.
+    marker = json.loads((out / "_done" / "shard-00000.json").read_text())
+    assert (marker["pages"], marker["error_pages"]) == (3, 0)
     (out / "_done" / "shard-00000.json").unlink()
     proc = run_cli("status", str(out), check=True)
     assert "partial" in proc.stdout and "0/1 shards done, 1 partial" in proc.stdout
