@@ -206,7 +206,8 @@ def compact(out, storage):
     A page redone by a resumed run can have rows in two parts; compaction keeps
     the row of the document's latest version, a text row over an error row,
     otherwise the latest. Safe to run while a run writes: parts committed
-    meanwhile are left alone.
+    meanwhile are left alone, and a run or `status` that reads the shard
+    meanwhile reads the compacted file in place of the parts it replaced.
 
     \b
     Example:

@@ -19,8 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchocr import layout, producer, schema
-from batchocr.layout import shard_dir
-from batchocr.sink import shards_present, to_parquet
+from batchocr.sink import read_parts, shards_present, to_parquet
 from batchocr.storage import Store
 
 
@@ -63,10 +62,9 @@ def kept_counts(keys: pa.Table) -> tuple[int, int]:
 
 
 def compact_shard(out: Store, shard: int) -> Compacted | None:
-    parts = out.find(shard_dir(shard), suffix=".parquet")
+    parts, tables = read_parts(out, shard, lambda p: schema.conform(pq.read_table(io.BytesIO(out.read_bytes(p)))))
     if not parts:
         return None
-    tables = [schema.conform(pq.read_table(io.BytesIO(out.read_bytes(p)))) for p in parts]
     rows = pl.from_arrow(pa.concat_tables(tables))
     stale = producer.stale_runs(out, rows["run_id"].unique().to_list())
     kept = dedupe(rows, stale)  # sorted by (doc_id, page_index) already

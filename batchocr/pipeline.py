@@ -7,6 +7,7 @@ plus the progress bar, SIGTERM/SIGINT, the run record and the done-marker.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import platform
@@ -151,11 +152,19 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     producer.remember(out, settings, spec.reprocess, spec.out)  # checked again, then OUT takes them
     out.write_json(layout.run_record(run_id), record | {"status": "running"})
 
-    keys = current_keys(out, shard.index, settings)
-    run = _Shard(spec, engine, run_id, started, summary, out, part, start or {}, completed(keys),
-                 (lambda: iter(part.documents)) if part is not None else (lambda: _documents(source, out, spec)),
-                 progress)
-    with RenderPool(render, run.needs, spec.storage_options) as pool:
+    pooled = contextlib.ExitStack()
+    try:  # run.end below writes the record's last word; a failure before it must not leave it "running"
+        keys = current_keys(out, shard.index, settings)
+        run = _Shard(spec, engine, run_id, started, summary, out, part, start or {}, completed(keys),
+                     (lambda: iter(part.documents)) if part is not None else (lambda: _documents(source, out, spec)),
+                     progress)
+        pool = pooled.enter_context(RenderPool(render, run.needs, spec.storage_options))
+    except BaseException:
+        with contextlib.suppress(BatchocrError):  # the run's own error is the one to tell
+            out.write_json(layout.run_record(run_id), record | {
+                "status": "failed", "finished_at": dt.datetime.now(dt.UTC).isoformat()})
+        raise
+    with pooled:
         try:
             t_engine = time.monotonic()
             for results in engine.run(run.stamped(run.feed(pool, stop)), stop):

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchocr import layout, schema
-from batchocr.errors import ConfigError
+from batchocr.errors import ConfigError, StorageError
 from batchocr.layout import shard_dir
 from batchocr.spec import CommitSpec
 from batchocr.storage import Store
@@ -24,6 +24,8 @@ KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reas
 # A page (or document) that hung or killed its renderer once is tried again by the
 # next run; a row of these with attempts >= 2 is final.
 RETRIED_ERRORS = ("timeout", "renderer_crashed")
+# Listings of a shard a reader makes before it gives up on parts that vanish as it reads them (read_parts).
+PART_READS = 10
 
 
 def shards_present(store: Store) -> list[int]:
@@ -83,14 +85,37 @@ class PartWriter:
         self._last_commit = self.clock()
 
 
+def read_parts(store: Store, shard: int, read: Callable[[str], pa.Table]) -> tuple[list[str], list[pa.Table]]:
+    """A shard's part files (paths, in name order) and each one `read`. Compaction
+    (batchocr compact) may delete a part between the listing and its read: it
+    commits the compacted file first, so the shard is listed again and the parts
+    new to that listing are read (each part is immutable: one read stays good
+    while the part is listed). A few small requests a part: in parallel, so a
+    shard of a thousand parts does not wait on them one after another."""
+    tables: dict[str, pa.Table] = {}
+
+    def attempt(rel: str) -> pa.Table | None:
+        try:
+            return read(rel)
+        except FileNotFoundError:
+            return None
+
+    for _ in range(PART_READS):
+        parts = store.find(shard_dir(shard), suffix=".parquet")
+        tables = {p: t for p, t in tables.items() if p in parts}  # gone: compacted into a part listed now
+        new = [p for p in parts if p not in tables]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            tables.update((p, t) for p, t in zip(new, pool.map(attempt, new)) if t is not None)
+        if len(tables) == len(parts):
+            return parts, [tables[p] for p in parts]
+    raise StorageError(f"{store.url.rstrip('/')}/{shard_dir(shard)}: its part files kept disappearing while "
+                       f"read ({PART_READS} listings): is something other than batchocr compact deleting them?")
+
+
 def committed_keys(store: Store, shard: int) -> pa.Table:
     """The key columns (KEY_COLUMNS) of every row committed in a shard: only those
     columns' bytes are read (resume and status never download the text)."""
-    parts = store.find(shard_dir(shard), suffix=".parquet")
-    # A few small requests a part: in parallel, so a shard of a thousand parts
-    # does not wait on them one after another.
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        tables = list(pool.map(lambda rel: store.read_parquet(rel, KEY_COLUMNS), parts))
+    _, tables = read_parts(store, shard, lambda rel: store.read_parquet(rel, KEY_COLUMNS))
     if not tables:
         return pa.table({c: pa.array([], schema.PAGE_TABLE.field(c).type) for c in KEY_COLUMNS})
     return pa.concat_tables(tables)

@@ -1,0 +1,85 @@
+"""`batchocr compact` while runs and `status` use the same shard: compaction commits its
+file, then deletes the parts it replaced; a reader that listed those parts reads the
+compacted file instead."""
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from batchocr import schema
+from batchocr.compact import compact_shard
+from batchocr.errors import StorageError
+from batchocr.sink import PartWriter, committed_keys
+from batchocr.spec import CommitSpec
+from batchocr.storage import Store
+from conftest import run_cli
+from corpus import text_corpus
+
+
+def _rows(doc: str, n: int = 2) -> pa.Table:
+    return pa.Table.from_pylist([
+        {"doc_id": doc, "source_uri": f"file:///{doc}", "source_etag": "e", "page_index": i, "page_count": n,
+         "text": f"page {i}", "finish_reason": "stop", "run_id": "r"} for i in range(n)
+    ], schema=schema.PAGE_TABLE)
+
+
+def _shard_of_three_parts(tmp_path) -> Store:
+    store = Store(str(tmp_path))
+    writer = PartWriter(store, 0, "r", CommitSpec(every_pages=1))
+    for doc in ("a", "b", "c"):
+        writer.add(_rows(doc))
+    assert len(writer.parts) == 3
+    return store
+
+
+def _sorted(keys: pa.Table) -> list[tuple]:
+    return sorted(zip(*keys.select(["doc_id", "page_index", "run_id"]).to_pydict().values()))
+
+
+def test_a_reader_whose_listed_parts_compaction_deletes_reads_the_compacted_file(tmp_path):
+    store = _shard_of_three_parts(tmp_path)
+    before = _sorted(committed_keys(store, 0))
+    listed, real_find, compacted = [], store.find, []
+
+    def find(rel, suffix=""):  # the reader lists the 3 parts; compaction then replaces them, before any read
+        parts = real_find(rel, suffix)
+        listed.append(parts)
+        if len(listed) == 1:
+            compacted.append(compact_shard(store, 0))
+        return parts
+
+    store.find = find
+    keys = committed_keys(store, 0)
+    assert compacted[0].parts_before == 3 and len(listed[0]) == 3
+    assert len(real_find("pages/shard-00000")) == 1  # the compacted file alone
+    assert _sorted(keys) == before  # every row once: read from the compacted file
+
+
+def test_parts_that_keep_vanishing_are_one_storage_error(tmp_path):
+    store = _shard_of_three_parts(tmp_path)
+
+    def gone(rel, columns):
+        raise FileNotFoundError(rel)
+
+    store.read_parquet = gone
+    with pytest.raises(StorageError, match="kept disappearing"):
+        committed_keys(store, 0)
+
+
+def test_a_run_that_fails_reading_its_shard_says_failed_in_its_record(tmp_path, monkeypatch):
+    """A failure after the run record is written (here: the shard's committed keys cannot be
+    read) leaves the record "failed", not "running" for good."""
+    from batchocr import pipeline
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=1, pages=1)
+
+    def broken(*args):
+        raise StorageError("out/pages/shard-00000: reading: OSError: broken")
+
+    monkeypatch.setattr(pipeline, "committed_keys", broken)
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q")
+    assert proc.returncode == 1 and "broken; committed work is intact" in proc.stderr
+    [record] = [json.loads(p.read_text()) for p in (out / "_runs").iterdir()]
+    assert record["status"] == "failed" and record["finished_at"]
