@@ -5,7 +5,8 @@
     OUT/_runs/<run_id>.json                             one record per run
     OUT/_producer.json                                  what produced OUT: engine, model, settings (producer.py)
     OUT/_plan/shard-NNNNN.parquet, OUT/_plan/plan.json  a frozen plan (batchocr plan)
-    OUT/_tmp/                                           local disk: part files being written (STAGING; gone when empty)
+    OUT/_tmp/                                           local disk: part files being written (STAGING; gone when empty;
+                                                        a killed writer's temp: removed by a run once an hour old)
 
 Why `shard-NNNNN` and not hive's `shard=NNNNN`: `shard` is a column of every
 row, and a `key=value` folder makes pandas, pyarrow and duckdb add a second

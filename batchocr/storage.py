@@ -14,6 +14,7 @@ import json
 import os
 import posixpath
 import re
+import time
 import urllib.parse
 import uuid
 from typing import Any, Iterable, Iterator, Mapping
@@ -29,6 +30,10 @@ AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 # Variables whose values are secrets wherever they appear (see redact).
 SECRET_VARIABLES = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
                     "AZURE_CLIENT_SECRET")
+# A temp file this old (by its modification time) is a dead writer's (Store.remove_stale_temps):
+# a live one writes its file in seconds; generous for a stalled network disk and a clock
+# that differs from the file server's.
+STALE_TEMP_S = 3600.0
 _SECRET_FIELDS = re.compile(
     r"(?i)\b(AccountKey|SharedAccessSignature|sig|account_key|sas_token|connection_string|client_secret)"
     r"(\s*[=:]\s*)([^;&\s'\",]+)")
@@ -288,15 +293,21 @@ class Store:
     def remove_stale_temps(self, rel: str, staging: str | None = None) -> None:
         """Temp files a killed writer left for files under rel (local disk only:
         uploads leave none), beside them or under `staging` (see write_atomic).
-        Other folders' temps are left to their own writers."""
+        Other folders' temps are left to their own writers. A temp is stale once
+        STALE_TEMP_S old: a younger one can be a live writer's (`batchocr compact`,
+        another part process or pod on the shard), whose rename would fail without it."""
         if not self.is_local:
             return
         folder = self.path(rel if staging is None else staging)
         prefix = "." if staging is None else _temp_prefix(rel.rstrip("/") + "/")
         if os.path.isdir(folder):
+            before = time.time() - STALE_TEMP_S
             for name in os.listdir(folder):
                 if name.startswith(prefix) and name.endswith(".tmp"):
-                    os.unlink(os.path.join(folder, name))
+                    path = os.path.join(folder, name)
+                    with contextlib.suppress(FileNotFoundError):  # renamed or removed since listed
+                        if os.stat(path).st_mtime < before:
+                            os.unlink(path)
             if staging is not None:
                 _remove_if_empty(folder)
 

@@ -1,8 +1,10 @@
 """`batchocr compact` while runs and `status` use the same shard: compaction commits its
 file, then deletes the parts it replaced; a reader that listed those parts reads the
-compacted file instead."""
+compacted file instead, and a writer starting meanwhile leaves compaction's staged file alone."""
 
 import json
+import os
+import time
 
 import pyarrow as pa
 import pytest
@@ -12,7 +14,7 @@ from batchocr.compact import compact_shard
 from batchocr.errors import StorageError
 from batchocr.sink import PartWriter, committed_keys
 from batchocr.spec import CommitSpec
-from batchocr.storage import Store
+from batchocr.storage import STALE_TEMP_S, Store
 from conftest import run_cli
 from corpus import text_corpus
 
@@ -65,6 +67,31 @@ def test_parts_that_keep_vanishing_are_one_storage_error(tmp_path):
     store.read_parquet = gone
     with pytest.raises(StorageError, match="kept disappearing"):
         committed_keys(store, 0)
+
+
+def test_a_writer_starting_while_compaction_stages_its_file_leaves_that_file(tmp_path, monkeypatch):
+    """A run's PartWriter clears the shard's stale temps: only stale ones (a killed writer's,
+    STALE_TEMP_S old), not compaction's file being written (nor another live writer's)."""
+    store = _shard_of_three_parts(tmp_path)
+    staging = tmp_path / "_tmp"
+    staging.mkdir()
+    stale = staging / "pages__shard-00000__part-r-00009.parquet.0badc0de.tmp"  # left by a killed run
+    stale.write_bytes(b"half")
+    old = time.time() - STALE_TEMP_S - 60
+    os.utime(stale, (old, old))
+    real_fsync, seen = os.fsync, []
+
+    def fsync(fd):  # compaction's temp is written: a run starts on the shard now
+        seen.append(sorted(os.listdir(staging)))
+        PartWriter(store, 0, "r2", CommitSpec())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    done = compact_shard(store, 0)
+    assert len(seen) == 1 and len(seen[0]) == 2  # the stale temp and compaction's
+    assert done.parts_before == 3 and done.rows_after == 6
+    assert [p.rsplit("/", 1)[1][:13] for p in store.find("pages/shard-00000")] == ["part-compact-"]
+    assert not staging.exists()  # the stale temp went, then the folder with compaction's rename
 
 
 def test_a_run_that_fails_reading_its_shard_says_failed_in_its_record(tmp_path, monkeypatch):

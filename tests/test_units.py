@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,7 +19,7 @@ from batchocr.sharding import shard_of
 from batchocr.sink import FIRST_COMMIT_S, PartWriter, Resume, completed, committed_keys, to_parquet
 from batchocr.sources import list_documents
 from batchocr.spec import CommitSpec, Shard, load_job
-from batchocr.storage import Store
+from batchocr.storage import STALE_TEMP_S, Store
 
 
 def _dp_levenshtein(a: str, b: str) -> int:
@@ -202,6 +203,13 @@ def test_page_rows_round_trip_through_parquet(rows):
     assert back.equals(table)
 
 
+def _age(*paths) -> None:
+    """A temp file as a killed writer leaves it: older than STALE_TEMP_S."""
+    old = time.time() - STALE_TEMP_S - 60
+    for path in paths:
+        os.utime(path, (old, old))
+
+
 def test_store_write_atomic_leaves_no_temp_and_replaces(tmp_path):
     store = Store(str(tmp_path))
     store.write_atomic("a/b.json", b"1")
@@ -209,6 +217,9 @@ def test_store_write_atomic_leaves_no_temp_and_replaces(tmp_path):
     assert (tmp_path / "a/b.json").read_bytes() == b"2"
     assert os.listdir(tmp_path) == ["a"] and os.listdir(tmp_path / "a") == ["b.json"]
     (tmp_path / "a" / ".x.parquet.1234.tmp").write_bytes(b"half")
+    store.remove_stale_temps("a")  # young: it may be a live writer's
+    assert sorted(os.listdir(tmp_path / "a")) == [".x.parquet.1234.tmp", "b.json"]
+    _age(tmp_path / "a" / ".x.parquet.1234.tmp")
     store.remove_stale_temps("a")
     assert os.listdir(tmp_path / "a") == ["b.json"]
     # Staged under a folder of its own (part files: readers list their folder whole).
@@ -218,6 +229,7 @@ def test_store_write_atomic_leaves_no_temp_and_replaces(tmp_path):
     (tmp_path / "_tmp").mkdir()
     (tmp_path / "_tmp" / "a__x.parquet.1234abcd.tmp").write_bytes(b"half")  # left by a killed writer of a/
     (tmp_path / "_tmp" / "ab__y.parquet.1234abcd.tmp").write_bytes(b"live")  # another folder's writer
+    _age(tmp_path / "_tmp" / "a__x.parquet.1234abcd.tmp", tmp_path / "_tmp" / "ab__y.parquet.1234abcd.tmp")
     store.write_atomic("a/d.parquet", b"4", staging="_tmp")  # a folder with other temps stays
     store.remove_stale_temps("a", staging="_tmp")
     assert os.listdir(tmp_path / "_tmp") == ["ab__y.parquet.1234abcd.tmp"]
