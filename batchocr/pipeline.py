@@ -24,7 +24,7 @@ from batchocr import __version__, cost, engines, layout, producer, router, schem
 from batchocr.compact import kept_counts
 from batchocr.grouping import Grouper
 from batchocr.errors import BatchocrError, BoundaryError, ConfigError, Interrupted, StorageError
-from batchocr.plan import planned_documents, read_plan
+from batchocr.plan import PlanInfo, planned_documents, read_plan
 from batchocr.progress import Progress
 from batchocr.render import RenderTask
 from batchocr.renderpool import RenderPool
@@ -112,6 +112,8 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     check_shard_count(out, shard, spec.out)  # OUT's shard count (no plan), or exit 2 naming both
     expected = None  # what OUT is to remember, known before the engine loads
     start = {"turn_wait_s": 0.0, "engine_start_s": 0.0}  # the run's start: a part's turn, the engine's build
+    if part is None:
+        _plan(source, out, spec)  # a plan of other shards or another SOURCE: exit 2 before anything is written
     if engine is None:
         expected = _producer_settings(spec)
         producer.check(out, expected, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
@@ -416,15 +418,22 @@ def _producer_settings(spec: JobSpec) -> dict[str, Any]:
 
 def _documents(source: Store, out: Store, spec: JobSpec) -> Iterator[DocRef]:
     """This shard's documents: from the plan in OUT if there is one, else the listing."""
-    plan = read_plan(out)
     shard = spec.shard
-    if plan is None:
+    if _plan(source, out, spec) is None:
         return (d for d in list_documents(source) if shard_of(d.uri, shard.count) == shard.index)
-    if plan.shards != shard.count:
+    return planned_documents(out, shard.index)
+
+
+def _plan(source: Store, out: Store, spec: JobSpec) -> PlanInfo | None:
+    """OUT's plan, if it has one, checked against the run's shards and SOURCE (exit 2 if it is another's)."""
+    plan = read_plan(out)
+    if plan is None:
+        return None
+    if plan.shards != spec.shard.count:
         raise ConfigError(f"{spec.out} has a plan of {plan.shards} shards: run with --shard I/{plan.shards}")
     if plan.source != source.canonical:
         raise ConfigError(f"{spec.out} has a plan for {plan.source}, not {source.canonical}")
-    return planned_documents(out, shard.index)
+    return plan
 
 
 def _run_record(spec: JobSpec, engine, run_id: str, started_at: dt.datetime) -> dict[str, Any]:

@@ -49,6 +49,17 @@ def test_extending_a_plan_keeps_every_planned_document_on_its_shard(old, new, n)
     assert {d.uri: i for i, shard in second.items() for d in shard if d.uri in keep} == keep
 
 
+def test_a_run_of_other_shards_than_the_plan_is_refused_before_it_writes(tmp_path):
+    """A plan of 2 shards and `run --shard 0/3`: exit 2 naming the plan's count, from
+    the configuration alone: no _producer.json and no run record left in OUT."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=2, pages=1)
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", "0/3", "-q")
+    assert proc.returncode == 2 and "plan of 2 shards: run with --shard I/2" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["_plan"]
+
+
 def test_plan_on_disk_then_run_each_shard_then_status_and_compact(tmp_path):
     src = tmp_path / "src"
     text_corpus(src, documents=12, pages=2)
