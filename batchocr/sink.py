@@ -99,6 +99,10 @@ def read_parts(store: Store, shard: int, read: Callable[[str], pa.Table]) -> tup
             return read(rel)
         except FileNotFoundError:
             return None
+        except pa.ArrowException as exc:  # not Parquet: written by something else, or damaged
+            raise StorageError(f"{store.url.rstrip('/')}/{rel}: not a readable part file "
+                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); move it out "
+                               "of OUT and rerun: its pages are redone") from None
 
     for _ in range(PART_READS):
         parts = store.find(shard_dir(shard), suffix=".parquet")

@@ -110,3 +110,19 @@ def test_a_run_that_fails_reading_its_shard_says_failed_in_its_record(tmp_path, 
     assert proc.returncode == 1 and "broken; committed work is intact" in proc.stderr
     [record] = [json.loads(p.read_text()) for p in (out / "_runs").iterdir()]
     assert record["status"] == "failed" and record["finished_at"]
+
+
+def test_a_part_file_that_is_not_parquet_stops_status_and_a_run_in_one_line(tmp_path):
+    """Not batchocr's (a stray copy) or damaged: a systemic fault of OUT, named, exit 1, and
+    what to do; not a pyarrow traceback."""
+    src = tmp_path / "src"
+    text_corpus(src, documents=1, pages=2)
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    (bad,) = list((out / "pages" / "shard-00000").glob("*.parquet"))
+    bad.write_bytes(b"garbage, not parquet" * 10)
+    for args in (["status", str(out)], ["run", str(src), str(out), "--engine", "textlayer", "-q"]):
+        proc = run_cli(*args)
+        assert proc.returncode == 1, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"{bad.name}: not a readable part file" in proc.stderr and "move it out of OUT" in proc.stderr
