@@ -245,7 +245,9 @@ def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[pymu
     """The matrix from page points to pixels, and the resulting dpi, for one page.
 
     PDF pages render at spec.dpi. Image files keep their own pixels: their page is
-    sized in points from the image's own resolution, so zoom = pixels / points.
+    sized in points from the image's own resolution, so zoom = pixels / points,
+    the points of the image's own width as it lies on the page (an EXIF orientation
+    of 5-8 turns the image: its width is then the page's height).
     Then max_side and max_pixels scale down, never up; size_multiple rounds both
     sides down to a multiple (a VLM's patch grid: its processor then has nothing
     to resize).
@@ -255,8 +257,8 @@ def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[pymu
         zoom = spec.dpi / 72
     else:
         info = page.get_image_info()
-        native_w = info[0]["width"] if info else rect.width
-        zoom = native_w / rect.width if rect.width else 1.0
+        drawn_w = math.hypot(*info[0]["transform"][:2]) if info else 0.0  # the image's width in points
+        zoom = info[0]["width"] / drawn_w if drawn_w else 1.0
     w, h = rect.width * zoom, rect.height * zoom
     shrink = 1.0
     if spec.max_side and max(w, h) > spec.max_side:

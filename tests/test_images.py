@@ -1,0 +1,84 @@
+"""Image files as documents: their own pixels, the way they are meant to be seen."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+from batchocr.render import RenderTask, render_document
+from batchocr.schema import Needs
+from batchocr.sources import DocRef
+from batchocr.spec import RenderSpec
+
+TEXT = ["Invoice 4711 total 1234.56", "due by 2026-12-31"]
+# EXIF orientation -> how the camera stored an upright picture (the inverse of what a viewer does)
+STORED = {1: None, 2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+          4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90,
+          7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_270}
+
+
+def _doc(path) -> DocRef:
+    return DocRef(uri=f"file://{path}", size=path.stat().st_size, etag="x")
+
+
+def _rows(path, spec=RenderSpec()) -> list[dict]:
+    return [row for batch in render_document(RenderTask(_doc(path)), spec, Needs(image=True), {})
+            for row in batch.to_pylist()]
+
+
+def _pixels(row: dict) -> np.ndarray:
+    return np.frombuffer(row["image"], np.uint8).reshape(row["height"], row["width"], 3)
+
+
+@pytest.fixture(scope="module")
+def oriented(tmp_path_factory):
+    """An upright 1200x160 picture of two lines of text, and a JPEG of it for each EXIF
+    orientation (1-8), stored as a camera stores it: turned or mirrored, the tag
+    telling viewers how to show it upright."""
+    folder = tmp_path_factory.mktemp("exif")
+    upright = Image.new("L", (1200, 160), 255)
+    draw = ImageDraw.Draw(upright)
+    for i, line in enumerate(TEXT):
+        draw.text((30, 20 + i * 60), line, fill=0, font=ImageFont.load_default(size=28))
+    files = {}
+    for orientation, turn in STORED.items():
+        stored = upright.transpose(turn) if turn is not None else upright
+        exif = stored.getexif()
+        exif[0x0112] = orientation
+        files[orientation] = folder / f"exif{orientation}.jpg"
+        stored.save(files[orientation], quality=95, dpi=(150, 150), exif=exif.tobytes())
+        with Image.open(files[orientation]) as im:  # the viewer's picture is the upright one
+            assert ImageOps.exif_transpose(im).size == upright.size
+    return np.asarray(upright), files
+
+
+def test_an_exif_oriented_image_keeps_its_own_pixels_upright(oriented):
+    """Orientations 5-8 (phone photos: 6 and 8) turn the picture; it used to be
+    scaled by its stored width over the turned page's width: this 1200x160 strip
+    came out 160x21 (56x fewer pixels), a portrait one enlarged."""
+    upright, files = oriented
+    for orientation, path in files.items():
+        (row,) = _rows(path)
+        assert (row["height"], row["width"]) == upright.shape, f"orientation {orientation}"
+        assert row["dpi"] == 150.0, f"orientation {orientation}"
+        gray = _pixels(row)[:, :, 0].astype(int)
+        off = np.abs(gray - upright).mean()  # JPEG's losses only
+        assert off < 1, f"orientation {orientation}: not upright"
+        for turned in (gray[::-1, ::-1], gray[::-1], gray[:, ::-1]):  # what the check tells apart
+            assert np.abs(turned - upright).mean() > 5
+
+
+def test_an_exif_oriented_image_reads_upright_with_rapidocr(oriented):
+    """At the wrong scale (160x21) rapidocr read nothing."""
+    from batchocr.engines.rapidocr import RapidOCREngine, RapidOCROptions
+
+    _, files = oriented
+    engine = RapidOCREngine(RapidOCROptions(threads=1))
+    try:
+        for orientation in (6, 8):  # a phone held one way or the other
+            (row,) = _rows(files[orientation])
+            text, _ = engine.recognise(_pixels(row))
+            assert text.split() == " ".join(TEXT).split(), f"orientation {orientation}: {text!r}"
+    finally:
+        engine.close()
