@@ -102,12 +102,23 @@ class _Fsspec:
         if self.fs.isfile(root):
             yield root, self.fs.info(root)
             return
-        yield from self._walk_folder(root)
+        yield from self._walk_folder(root, frozenset())
 
-    def _walk_folder(self, folder: str) -> Iterator[tuple[str, dict]]:
+    def _walk_folder(self, folder: str, above: frozenset[tuple[int, int]]) -> Iterator[tuple[str, dict]]:
         """Files in name order, each folder's files before its subfolders. Not
         fs.walk: it drops a folder it cannot list, as if it were empty (and
-        fsspec 2026.9 does not pass on_error="raise" down to subfolders)."""
+        fsspec 2026.9 does not pass on_error="raise" down to subfolders).
+        On local disk a symbolic link to a folder is walked as the folder (fsspec
+        lists it as type "other"), unless it leads back to a folder above it:
+        `above` holds their (st_dev, st_ino)."""
+        if isinstance(self.fs, LocalFileSystem):
+            try:
+                st = os.stat(folder)
+            except FileNotFoundError:
+                return
+            if (st.st_dev, st.st_ino) in above:
+                return  # a loop: its files are listed already
+            above |= {(st.st_dev, st.st_ino)}
         try:
             entries = self.fs.ls(folder, detail=True)
         except FileNotFoundError:
@@ -116,13 +127,16 @@ class _Fsspec:
         folders = []
         for entry in entries:
             name = entry["name"].rstrip("/")
-            if entry.get("type") == "directory":
+            if entry.get("type") == "directory" or (entry.get("islink") and self._is_local_folder(name)):
                 if name != folder:
                     folders.append(name)
             else:
                 yield name, entry
         for sub in folders:
-            yield from self._walk_folder(sub)
+            yield from self._walk_folder(sub, above)
+
+    def _is_local_folder(self, path: str) -> bool:
+        return isinstance(self.fs, LocalFileSystem) and os.path.isdir(path)
 
     def explain(self, exc: BaseException, where: str) -> BatchocrError:
         if where.endswith(": writing") and getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):

@@ -93,6 +93,25 @@ def test_a_folder_that_cannot_be_listed_stops_the_run(tmp_path):
     assert not (out / "_done").exists()
 
 
+def test_a_symbolic_link_to_a_folder_is_walked_and_a_loop_is_not(tmp_path):
+    """fsspec lists a link to a folder as type "other": its documents were skipped
+    without a word."""
+    text_pdf((tmp_path / "real" / "deep").mkdir(parents=True) or tmp_path / "real" / "deep" / "a.pdf", 2)
+    src = tmp_path / "src"
+    text_pdf(src.mkdir() or src / "b.pdf", 1)
+    os.symlink("../real", src / "linked")
+    os.symlink(".", src / "self")  # loops: a folder above the link
+    os.symlink("..", src / "up")  # up/real is outside; up/src is the root again
+    os.symlink("nowhere", src / "dangling.pdf")  # still a document: its row says why
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    rows = read_pages(str(out)).collect()
+    got = sorted(zip(rows["source_uri"].str.strip_prefix(f"file://{src}/"), rows["page_index"], rows["error_type"]))
+    assert got == [("b.pdf", 0, None), ("dangling.pdf", -1, "unreadable"),
+                   ("linked/deep/a.pdf", 0, None), ("linked/deep/a.pdf", 1, None),
+                   ("up/real/deep/a.pdf", 0, None), ("up/real/deep/a.pdf", 1, None)]
+
+
 def _keys(rows: list[dict]):
     import pyarrow as pa
 
