@@ -341,6 +341,9 @@ def entry(argv: list[str] | None = None) -> None:
     which would turn a configuration error into a retried crash. Everything batchocr
     writes is committed before `main` returns, so nothing is lost by skipping it.
     """
+    for stream in (sys.stdout, sys.stderr):  # a path given in bytes that are not UTF-8 is printed as given
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
     try:
         main.main(args=argv, prog_name="batchocr")
         code = EXIT_OK

@@ -44,8 +44,16 @@ def convert(cls: type[T], data: Mapping[str, Any] | Any, where: str, *, prefix: 
     `secret` are never shown."""
     from pydantic import ValidationError
 
+    adapter = _adapter(cls)
     try:
-        return _adapter(cls).validate_json(json.dumps(_plain(data), default=_unserialisable), strict=not strings)
+        plain = _plain(data)
+        text = json.dumps(plain, default=_unserialisable, ensure_ascii=False)
+        try:
+            utf8 = text.encode()
+        except UnicodeEncodeError:  # a path's bytes that are not UTF-8 (os.fsdecode's escapes): not JSON
+            adapter.validate_json(text.encode(errors="replace"), strict=not strings)  # checked with "?" for them
+            return adapter.validate_python(plain, strict=False)  # then built from the values themselves
+        return adapter.validate_json(utf8, strict=not strings)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         line = _describe(cls, errors[0], where, prefix, secret)

@@ -148,6 +148,9 @@ class _Fsspec:
         return None, None
 
 
+_ROOT_FDS: dict[str, int] = {}  # Store.local_path's descriptors, by root
+
+
 class Store:
     """A folder on any fsspec filesystem: a local path, az://container/prefix, memory://..."""
 
@@ -237,9 +240,24 @@ class Store:
         footer twice.)"""
         with self._faults("reading", rel):
             if self.is_local:
-                return pq.read_table(self.path(rel), columns=columns)
+                return pq.read_table(self.local_path(rel), columns=columns)
             with self.fs.open(self.path(rel), "rb", cache_type="none") as f:
                 return pq.ParquetFile(f, pre_buffer=True).read(columns=columns)
+
+    def local_path(self, rel: str) -> str:
+        """A local file's path as pyarrow and polars take it: UTF-8. A root whose name is
+        not (os.fsdecode's escapes of other bytes) is reached by a descriptor held open
+        for the process (renamed or replaced since: opened again)."""
+        path = self.path(rel)
+        try:
+            path.encode()
+            return path
+        except UnicodeEncodeError:
+            st = os.stat(self.root)
+            fd = _ROOT_FDS.get(self.root)
+            if fd is None or not os.path.samestat(os.fstat(fd), st):
+                fd = _ROOT_FDS[self.root] = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            return posixpath.join(f"/proc/self/fd/{fd}", rel)
 
     def find(self, rel: str, suffix: str = "") -> list[str]:
         """Paths (relative to the root) of files under rel, sorted; [] if there is no rel."""

@@ -25,7 +25,8 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     options, credential_provider = store.polars_options()
     # The schema is this version's: a part written before a column existed (route,
     # skew_angle) reads with it null, so an OUT resumed across versions still opens.
-    return pl.scan_parquet([store.uri(store.path(p)) for p in parts], hive_partitioning=False,
+    paths = [store.uri(store.local_path(p) if store.is_local else store.path(p)) for p in parts]
+    return pl.scan_parquet(paths, hive_partitioning=False,
                            schema=PAGE_SCHEMA, missing_columns="insert", extra_columns="ignore",
                            storage_options=options, credential_provider=credential_provider)
 

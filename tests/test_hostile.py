@@ -71,6 +71,30 @@ def test_any_file_name_is_listed_sharded_opened_and_written(tmp_path):
     assert "file://" + str(src) + "/b-%FF.pdf" in texts and "50%25.pdf" in " ".join(texts)
 
 
+def test_a_source_and_out_whose_names_are_not_utf8_work(tmp_path):
+    """They were exit 2 with a garbled JSON error (the configuration's JSON round trip
+    cannot hold os.fsdecode's escapes); then pyarrow and polars could not read such
+    an OUT back (resume, status, read_pages)."""
+    src = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"src-\xff"))
+    os.mkdir(src)
+    texts = text_pdf(tmp_path / "tmp.pdf", 2)
+    one = os.path.join(src, os.fsdecode(b"odd-\xfe.pdf"))
+    shutil.move(tmp_path / "tmp.pdf", one)
+    def cli(*args):  # the console script, its output strict UTF-8 (as under en_US.UTF-8)
+        return subprocess.run([sys.executable, "-m", "batchocr.cli", *args], capture_output=True, timeout=300,
+                              env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"}, text=True, errors="surrogateescape")
+
+    for source, out in [(one, str(tmp_path / "out")), (src, os.fsdecode(os.path.join(os.fsencode(tmp_path), b"out-\xff")))]:
+        proc = cli("run", source, out, "--engine", "textlayer", "-q")
+        assert proc.returncode == 0 and "done: 1 document, 2 pages (0 errors)" in proc.stdout, proc.stderr
+        assert f"-> {out}/pages" in proc.stdout  # printed as given
+        assert "nothing to do" in cli("run", source, out, "--engine", "textlayer", "-q").stdout
+        assert "1/1 shards done" in cli("status", out).stdout
+        rows = _read(out)
+        assert [r["source_uri"] for r in rows] == [spell("file://" + one)] * 2
+        assert [r["text"] for r in rows] == [t.strip() for t in texts]
+
+
 def _without_dac(*args: str) -> subprocess.CompletedProcess:
     """The CLI as a process without CAP_DAC_OVERRIDE: root here, yet mode 000 holds."""
     return subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m",
@@ -312,7 +336,7 @@ def test_a_full_disk_stops_the_run_and_its_record_says_failed(tmp_path):
         pytest.skip(f"cannot mount a small tmpfs here: {mount.stderr.decode().strip()}")
     try:
         text_corpus(tmp_path / "src", documents=2, pages=600)  # parts of ~100 kB: above 48 kB
-        proc = run_cli("run", str(tmp_path / "src"), str(out), "--engine", "textlayer", "-q", subprocess=True)
+        proc = run_cli("run", str(tmp_path / "src"), str(out), "--engine", "textlayer", "-q")
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr.count("\n") == 1 and "No space left" in proc.stderr, proc.stderr
         (record,) = (out / "_runs").glob("*.json")
