@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -102,6 +103,25 @@ def _open_local(path: str, doc: DocRef) -> pymupdf.Document:
         os.close(fd)
 
 
+def _undecodable(pdoc: pymupdf.Document) -> Exception | None:
+    """Why an image file of one image cannot be decoded (not an image, truncated),
+    else None. MuPDF opens an image file lazily: such a file opens and fails when its
+    page loads. An image too large is left to its page's row (too_large)."""
+    if pdoc.is_pdf or pdoc.page_count != 1:
+        return None
+    try:
+        pdoc.load_page(0)
+    except Exception as exc:  # noqa: BLE001 - FzErrorFormat, FzErrorLibrary: not RuntimeErrors
+        return exc if _error_kind(exc, "open_failed") == "open_failed" else None
+    return None
+
+
+def _cannot_open(doc: DocRef, exc: Exception) -> str:
+    # A local file is opened as /proc/self/fd/N (_open_local): MuPDF's message names that.
+    reason = re.sub(r"/proc/self/fd/\d+", lambda _: doc.uri, str(exc))
+    return f"{doc.uri}: cannot open as {doc.filetype}: {type(exc).__name__}: {reason}"
+
+
 def _kind(mode: int) -> str:
     for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -133,7 +153,7 @@ def render_document(
         return
     except Exception as exc:  # noqa: BLE001 - any failure to open is this document's error row
         kind = _error_kind(exc, "open_failed")
-        yield schema.batch(schema.PAGES, [doc_error(doc, kind, f"{doc.uri}: cannot open as {doc.filetype}: {exc}")])
+        yield schema.batch(schema.PAGES, [doc_error(doc, kind, _cannot_open(doc, exc))])
         return
     # MuPDF silently repairs truncated and corrupt files; what it reported goes in
     # each page's `warning` (pages of a repaired file may come out blank).
@@ -145,6 +165,10 @@ def render_document(
         count = pdoc.page_count
         if count == 0:
             yield schema.batch(schema.PAGES, [doc_error(doc, "no_pages", f"{doc.uri}: the document has no pages", 0)])
+            return
+        undecodable = _undecodable(pdoc)
+        if undecodable is not None:
+            yield schema.batch(schema.PAGES, [doc_error(doc, "open_failed", _cannot_open(doc, undecodable))])
             return
         rows: list[dict] = []
         for index in range(count):

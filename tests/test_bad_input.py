@@ -22,7 +22,7 @@ EXPECTED = {  # file -> (rows, page_index of the error row, error_type)
     "notes.pdf": (1, -1, "open_failed"),
     "header-only.pdf": (1, -1, "open_failed"),
     "encrypted.pdf": (1, -1, "encrypted"),
-    "random.png": (1, 0, "render_failed"),
+    "random.png": (1, -1, "open_failed"),
     "huge.png": (1, 0, "too_large"),
     "bomb.png": (1, 0, "too_large"),
 }

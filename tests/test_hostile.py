@@ -255,7 +255,7 @@ def _setpriv(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 BAD = {  # bad_corpus's files -> (page_index, error_type) of each row (README's Errors table)
     "empty.pdf": [(-1, "empty_file")], "notes.pdf": [(-1, "open_failed")], "header-only.pdf": [(-1, "open_failed")],
-    "encrypted.pdf": [(-1, "encrypted")], "random.png": [(0, "render_failed")], "huge.png": [(0, "too_large")],
+    "encrypted.pdf": [(-1, "encrypted")], "random.png": [(-1, "open_failed")], "huge.png": [(0, "too_large")],
     "bomb.png": [(0, "too_large")], "garbled.pdf": [(0, None), (1, None), (2, None)],
     "truncated.pdf": [(0, None), (1, None), (2, None)],
 }

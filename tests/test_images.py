@@ -82,3 +82,20 @@ def test_an_exif_oriented_image_reads_upright_with_rapidocr(oriented):
             assert text.split() == " ".join(TEXT).split(), f"orientation {orientation}: {text!r}"
     finally:
         engine.close()
+
+
+def test_an_image_file_that_cannot_be_decoded_is_one_open_failed_row(tmp_path):
+    """MuPDF opens an image file lazily: these opened, then failed on page 0 as
+    render_failed page rows; and the message named /proc/self/fd/N, not the file."""
+    png = tmp_path / "sound.png"
+    Image.new("L", (300, 200), 255).save(png)
+    files = {"text.png": b"just some text", "head.png": png.read_bytes()[:30],
+             "soi.jpg": b"\xff\xd8" + b"garbage" * 50, "text.pdf": b"not a pdf at all"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        (row,) = _rows(tmp_path / name)
+        assert (row["page_index"], row["page_count"], row["error_type"]) == (-1, None, "open_failed"), row
+        assert row["error_message"].startswith(f"file://{tmp_path}/{name}: cannot open as "), row
+        assert "/proc/" not in row["error_message"], row
+    (row,) = _rows(png)  # a sound one is a page
+    assert (row["page_index"], row["width"], row["height"], row["error_type"]) == (0, 300, 200, None)
