@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
+from batchocr import schema
 from batchocr.render import RenderTask, render_document
 from batchocr.schema import Needs
 from batchocr.sources import DocRef
@@ -69,19 +70,39 @@ def test_an_exif_oriented_image_keeps_its_own_pixels_upright(oriented):
             assert np.abs(turned - upright).mean() > 5
 
 
-def test_an_exif_oriented_image_reads_upright_with_rapidocr(oriented):
-    """At the wrong scale (160x21) rapidocr read nothing."""
+@pytest.fixture(scope="module")
+def rapidocr():
     from batchocr.engines.rapidocr import RapidOCREngine, RapidOCROptions
 
-    _, files = oriented
     engine = RapidOCREngine(RapidOCROptions(threads=1))
-    try:
-        for orientation in (6, 8):  # a phone held one way or the other
-            (row,) = _rows(files[orientation])
-            text, _ = engine.recognise(_pixels(row))
-            assert text.split() == " ".join(TEXT).split(), f"orientation {orientation}: {text!r}"
-    finally:
-        engine.close()
+    yield engine
+    engine.close()
+
+
+def test_an_exif_oriented_image_reads_upright_with_rapidocr(oriented, rapidocr):
+    """At the wrong scale (160x21) rapidocr read nothing."""
+    _, files = oriented
+    for orientation in (6, 8):  # a phone held one way or the other
+        (row,) = _rows(files[orientation])
+        text, _ = rapidocr.recognise(_pixels(row))
+        assert text.split() == " ".join(TEXT).split(), f"orientation {orientation}: {text!r}"
+
+
+def test_a_page_too_narrow_for_rapidocr_is_an_error_row_saying_so(oriented, tmp_path, rapidocr):
+    """rapidocr shrinks the longest side to 2000 px: a 30000x3 page's shorter side
+    rounds to 0 and it raised ResizeImgError with no message at all."""
+    pages = []
+    for name, size in [("wide.png", (30000, 3)), ("tall.png", (2, 40000))]:
+        Image.new("L", size, 255).save(tmp_path / name)
+        pages += _rows(tmp_path / name)
+    pages += _rows(oriented[1][1])
+    pages = [p | {"page_index": i} for i, p in enumerate(pages)]
+    rows = [r for batch in rapidocr.run(iter([schema.batch(schema.PAGES, pages)])) for r in batch.to_pylist()]
+    assert [(r["page_index"], r["error_type"]) for r in rows] == [(0, "engine_error"), (1, "engine_error"), (2, None)]
+    for row, size in zip(rows, ["30000x3", "2x40000"]):
+        assert row["error_message"].startswith(f"page {row['page_index']}: the page ({size} px) is too narrow "
+                                               "for rapidocr"), row["error_message"]
+    assert rows[2]["text"].split() == " ".join(TEXT).split()  # and the next page is read
 
 
 def test_an_image_file_that_cannot_be_decoded_is_one_open_failed_row(tmp_path):

@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pyarrow as pa
 from annotated_types import Ge, Le
-from rapidocr.utils.process_img import resize_image_within_bounds
+from rapidocr.utils.process_img import ResizeImgError, resize_image_within_bounds
 
 from batchocr import deskew, readingorder, schema
 from batchocr.config import FORBID
@@ -119,6 +119,9 @@ class RapidOCREngine:
         try:
             pixels = np.frombuffer(image, dtype=np.uint8).reshape(height, width, 3)
             out = self.recognise(pixels)
+        except TooNarrow as exc:
+            return result(doc_id, page_index, finish_reason="error", error_type="engine_error",
+                          error_message=f"page {page_index}: {exc}", latency_ms=_ms(start))
         except Exception as exc:  # noqa: BLE001 - one page's failure is that page's row
             return result(
                 doc_id, page_index, finish_reason="error", error_type="engine_error",
@@ -141,7 +144,13 @@ class RapidOCREngine:
         # rapidocr's preprocessing (longest side at most 2000, Global.max_side_len) on the
         # RGB page, then BGR (rapidocr's order, like OpenCV's) of the small image only: no
         # full-size copy of a large page (resizing is per channel, so the pixels are the same)
-        img = _bgr(resize_image_within_bounds(rgb, ocr.min_side_len, ocr.max_side_len)[0])
+        try:
+            img = _bgr(resize_image_within_bounds(rgb, ocr.min_side_len, ocr.max_side_len)[0])
+        except ResizeImgError:  # its shorter side rounded to 0 px (rapidocr raises it without a word)
+            h, w = rgb.shape[:2]
+            raise TooNarrow(f"the page ({w}x{h} px) is too narrow for rapidocr: its longest side is shrunk to "
+                            f"{ocr.max_side_len:g} px, which leaves the shorter under 16 px (a ratio over about "
+                            f"125:1); crop it, or split it into shorter pieces") from None
         try:
             img, crops, det = self._detect(img)  # img: shrunk further if the budget asked for it
         except RapidOCRError:  # nothing detected
@@ -218,6 +227,10 @@ class RapidOCREngine:
 
     def close(self) -> None:
         self._ocr = None
+
+
+class TooNarrow(Exception):
+    """A page rapidocr cannot take: the message says why and what to do."""
 
 
 def max_detector_pixels(memory_mb: int) -> int:
