@@ -160,13 +160,17 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read job spec {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            line = exc.object.count(b"\n", 0, exc.start) + 1
+            raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}): "
+                              f"save the job spec as UTF-8") from None
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"job spec {path} is not valid YAML: {exc}") from None
+            raise ConfigError(_yaml_error(path, exc)) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"job spec {path} must be a mapping at the top level")
     where = str(path) if path else "configuration"
@@ -196,6 +200,18 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     for name, options in spec.engines.items():
         engines.options(name, options, where)  # every engine's section, typed by its options class
     return spec
+
+
+def _yaml_error(path: str | Path, exc: yaml.YAMLError) -> str:
+    """A YAML syntax error as one line, `FILE:LINE:COL: ...`: what is wrong and where,
+    never the offending line itself (it may hold a secret: `account_key: '...`)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark, what = exc.problem_mark, exc.problem
+        if exc.context and exc.context_mark is not None:
+            where = exc.context_mark
+            what += f" ({exc.context} from line {where.line + 1}, column {where.column + 1})"
+        return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {what}"
+    return f"job spec {path} is not valid YAML: {str(exc).splitlines()[0]}"
 
 
 def _mapping(value: Any, key: str, where: str) -> Mapping[str, Any]:

@@ -36,7 +36,7 @@ SECRET_VARIABLES = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KE
 STALE_TEMP_S = 3600.0
 _SECRET_FIELDS = re.compile(
     r"(?i)\b(AccountKey|SharedAccessSignature|sig|account_key|sas_token|connection_string|client_secret)"
-    r"(\s*[=:]\s*)([^;&\s'\",]+)")
+    r"(['\"]?\s*[=:]\s*['\"]?)([^;&\s'\",]+)")  # quoted too: account_key: 'SECRET, {"sig": "SECRET"}
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:

@@ -5,6 +5,7 @@ on az://; credentials in their documented order; user errors; no secret anywhere
 import base64
 import io
 import json
+import re
 import urllib.parse
 
 import adlfs
@@ -273,3 +274,6 @@ def test_redact_removes_secrets_in_any_spelling():
     assert KEY not in out and urllib.parse.quote(KEY, safe="") not in out and "abc123" not in out
     assert "s3cr3t" not in out and "zzz" not in out and "account_key: ***" in out
     assert out.startswith("key *** quoted *** plus ***")
+    # A quoted value (a YAML or JSON line) is a value too.
+    quoted = redact("""account_key: 'k3y0ne sas_token: "sv=1&sig=s3g" "account_key": "k3ytwo" """)
+    assert not {"k3y0ne", "s3g", "k3ytwo"} & set(re.findall(r"\w+", quoted)), quoted

@@ -79,6 +79,30 @@ def test_every_bad_job_spec_value_is_one_line_naming_its_key_and_exit_2(tmp_path
     assert not (tmp_path / "out").exists(), "nothing is written for a bad configuration"
 
 
+SECRET = "c2VjcmV0a2V5c2VjcmV0a2V5TOPSECRET=="
+BAD_SYNTAX = [  # a job spec that is not YAML (or not text): one line FILE:LINE:COL, never the line itself
+    (f"storage_options:\n  account_key: '{SECRET}\n  retry_total: 1\n".encode(),
+     "job.yaml:7:1: not valid YAML: found unexpected end of stream (while scanning a quoted scalar from line 5, column 16)"),
+    (f'storage_options:\n  account_key: "{SECRET}" extra: [\n'.encode(),
+     "job.yaml:5:54: not valid YAML: expected <block end>, but found '<scalar>'"),
+    (f"storage_options:\n  connection_string: AccountKey={SECRET}\n\tretry_total: 1\n".encode(),
+     "job.yaml:6:1: not valid YAML: found character '\\t' that cannot start any token"),
+    (b"note: !!python/object:os.system x\n", "job.yaml:4:7: not valid YAML: could not determine a constructor"),
+    (b"note: caf\xe9\n", "job.yaml:4: not UTF-8 text (byte 0xe9)"),
+]
+
+
+@pytest.mark.parametrize("body, message", BAD_SYNTAX, ids=["quote", "mapping", "tab", "python-tag", "latin-1"])
+def test_a_job_spec_that_is_not_yaml_is_one_line_without_its_text(tmp_path, body, message):
+    job = tmp_path / "job.yaml"
+    job.write_bytes(f"source: {SAMPLES}\nout: {tmp_path / 'out'}\nengine: textlayer\n".encode() + body)
+    proc = run_cli("run", "--job", str(job), "-q")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("Error: ") and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "TOPSECRET" not in proc.stderr
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["--dpi", "0"], {}, "render.dpi: got 0, expected greater than 0"),
     (["--workers", "-1"], {}, "render.workers: got -1, expected greater than or equal to 0"),
