@@ -74,15 +74,31 @@ def _unserialisable(value: Any) -> Any:
     raise _Unserialisable(type(value).__name__)
 
 
-def _plain(data: Any) -> Any:
-    """Instances of the dataclasses (a Shard from a flag) as the mappings they came from."""
+def _plain(data: Any, path: tuple[str, ...] = (), inside: frozenset[int] = frozenset()) -> Any:
+    """Instances of the dataclasses (a Shard from a flag) as the mappings they came from.
+    What YAML can hold but configuration cannot (a date, bytes, a mapping that contains
+    itself through an anchor) is a ConfigError naming its key path."""
+    where = ".".join(path) or "(top level)"
+    if isinstance(data, (Mapping, list, tuple)) or dataclasses.is_dataclass(data):
+        if id(data) in inside:
+            raise ConfigError(f"{where}: contains itself (a recursive YAML anchor)")
+        inside |= {id(data)}
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
-        return {f.name: _plain(getattr(data, f.name)) for f in dataclasses.fields(data)}
+        return {f.name: _plain(getattr(data, f.name), (*path, f.name), inside) for f in dataclasses.fields(data)}
     if isinstance(data, Mapping):
-        return {k: _plain(v) for k, v in data.items()}
+        for k in data:
+            if not isinstance(k, _SCALARS):
+                raise ConfigError(f"{where}: a key of type {type(k).__name__}, expected a name")
+        return {k: _plain(v, (*path, key_name(k)), inside) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [_plain(v) for v in data]
+        return [_plain(v, (*path, str(i)), inside) for i, v in enumerate(data)]
+    if not isinstance(data, _SCALARS):
+        raise ConfigError(f"{where}: got a value of type {type(data).__name__}, expected text, a number, "
+                          f"true/false, a list or a mapping (quote it to make it text)")
     return data
+
+
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def key_name(key: Any) -> str:

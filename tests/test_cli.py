@@ -64,6 +64,10 @@ BAD_JOBS = [  # each bad value in a job spec, and the one line that must name it
     ("engines: {vllm: {model: /m, vit_pad: maybe}}", "engines.vllm.vit_pad: got 'maybe', expected a valid boolean"),
     ("engines: {tesseract: {}}", "engines.tesseract: got 'tesseract', expected 'rapidocr', 'textlayer' or 'vllm'"),
     ("render: 300", "render: got 300, expected a mapping"),
+    ("render: {dpi: 2024-01-01}", "render.dpi: got a value of type date, expected text, a number"),
+    ("engines: {rapidocr: {lang: !!binary aGVsbG8=}}", "engines.rapidocr.lang: got a value of type bytes"),
+    ("storage_options: {2024-01-01: x}", "storage_options: a key of type date, expected a name"),
+    ("storage_options: &x {a: *x}", "storage_options.a.a: contains itself (a recursive YAML anchor)"),
     ("colour: red", "unknown key 'colour'; known: source, out, engine"),
 ]
 
