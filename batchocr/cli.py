@@ -80,7 +80,8 @@ def storage_option(what: str):
 @click.option("--dpi", type=int, help="render PDF pages at this resolution [default: 200]")
 @click.option("--max-side", type=int, help="scale pages down so the longest side is at most this many pixels")
 @click.option("--workers", type=int, help="render worker processes [default: one per usable CPU, at most 4]")
-@click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else 0/1]")
+@click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else the "
+                   "job spec's shard:, else 0/1]")
 @click.option("--processes", type=int,
               help="run the shard as N processes side by side, each with its own render pool and engine over a "
                    "share of the documents (vllm: 1/N of the GPU's memory each; two fill an H200 that one leaves "

@@ -81,12 +81,20 @@ class Shard:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Shard | None":
         """Inside a Kubernetes Indexed Job: JOB_COMPLETION_INDEX / BATCHOCR_SHARDS."""
-        index, count = env.get("JOB_COMPLETION_INDEX"), env.get("BATCHOCR_SHARDS")
-        if index is None and count is None:
+        names = ("JOB_COMPLETION_INDEX", "BATCHOCR_SHARDS")
+        given = {name: env[name] for name in names if env.get(name)}
+        if not given:
             return None
-        shard = convert(_EnvShard, {"JOB_COMPLETION_INDEX": index or "0", "BATCHOCR_SHARDS": count or "1"},
-                        "environment", strings=True)
-        return cls(shard.JOB_COMPLETION_INDEX, shard.BATCHOCR_SHARDS)
+        if len(given) == 1:  # the count alone would be 1: every pod would take every document
+            (have,), (lack,) = given, set(names) - set(given)
+            raise ConfigError(f"environment: {have} is set but {lack} is not: set both (an Indexed Job's "
+                              f"index and its completions) or neither")
+        shard = convert(_EnvShard, given, "environment", strings=True)
+        index, count = shard.JOB_COMPLETION_INDEX, shard.BATCHOCR_SHARDS
+        if count < 1 or not 0 <= index < count:
+            raise ConfigError(f"environment: JOB_COMPLETION_INDEX={index} BATCHOCR_SHARDS={count}: need "
+                              f"0 <= JOB_COMPLETION_INDEX < BATCHOCR_SHARDS")
+        return cls(index, count)
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"

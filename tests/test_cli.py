@@ -111,10 +111,13 @@ def test_a_job_spec_that_is_not_yaml_is_one_line_without_its_text(tmp_path, body
     (["--dpi", "0"], {}, "render.dpi: got 0, expected greater than 0"),
     (["--workers", "-1"], {}, "render.workers: got -1, expected greater than or equal to 0"),
     ([], {"JOB_COMPLETION_INDEX": "1", "BATCHOCR_SHARDS": "two"}, "environment: BATCHOCR_SHARDS: got 'two'"),
+    ([], {"JOB_COMPLETION_INDEX": "4", "BATCHOCR_SHARDS": "4"},
+     "environment: JOB_COMPLETION_INDEX=4 BATCHOCR_SHARDS=4: need 0 <= JOB_COMPLETION_INDEX < BATCHOCR_SHARDS"),
+    ([], {"JOB_COMPLETION_INDEX": "3"}, "environment: JOB_COMPLETION_INDEX is set but BATCHOCR_SHARDS is not"),
     (["--shard", "1/x"], {}, "shard '1/x': count: got 'x', expected a valid integer"),
     (["--storage-option", "retry_total=many"], {}, "Azure storage options: retry_total: got 'many', expected a valid number"),
     (["--storage-option", "acount_key=x"], {}, "Azure storage options: unknown key 'acount_key'"),
-], ids=["flag", "flag-range", "env", "shard-flag", "storage-type", "storage-key"])
+], ids=["flag", "flag-range", "env", "env-range", "env-alone", "shard-flag", "storage-type", "storage-key"])
 def test_bad_flags_environment_and_storage_options_exit_2_naming_the_key(tmp_path, args, env, message):
     out = f"az://results/{tmp_path.name}" if "--storage-option" in args else str(tmp_path / "out")
     source = "az://scans/" if "--storage-option" in args else str(SAMPLES)

@@ -126,6 +126,12 @@ def test_shard_from_env_and_parse():
         Shard.parse("3")
     with pytest.raises(ConfigError, match="environment: BATCHOCR_SHARDS: got 'eight', expected a valid integer"):
         Shard.from_env({"JOB_COMPLETION_INDEX": "3", "BATCHOCR_SHARDS": "eight"})
+    with pytest.raises(ConfigError, match=r"environment: JOB_COMPLETION_INDEX=4 BATCHOCR_SHARDS=4: need 0 <= "):
+        Shard.from_env({"JOB_COMPLETION_INDEX": "4", "BATCHOCR_SHARDS": "4"})
+    # One variable alone is a mistake (the count alone would be 1: every pod takes every document).
+    for have, lack in (("JOB_COMPLETION_INDEX", "BATCHOCR_SHARDS"), ("BATCHOCR_SHARDS", "JOB_COMPLETION_INDEX")):
+        with pytest.raises(ConfigError, match=f"environment: {have} is set but {lack} is not"):
+            Shard.from_env({have: "3"})
 
 
 def _rows(n: int, doc: str = "d1", count: int | None = None) -> pa.Table:
