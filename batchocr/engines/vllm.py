@@ -88,18 +88,19 @@ class VLLMOptions:
     enforce_eager: bool = False
     # Requests kept in flight at once (a page, or in document mode a group); 0 = max_num_seqs +
     # max_num_seqs // 4 + 32.
-    queue_pages: int = 0
+    queue_pages: Annotated[int, Ge(0)] = 0
     # Requests go to vLLM once this many sequences are free, together (their prefills share a
     # step); 0: at once, queued inside vLLM, which admits them as sequences free. None: the
     # preset's in page mode (unlimited-ocr 16, measured: docs/GPU.md; the others 0), 0 in
     # document mode.
     admit_pages: Annotated[int, Ge(0)] | None = None
     # Threads preparing requests (image processor, tokens) off the engine loop.
-    prepare_threads: int = 4
-    # Runaway repetition: attempts per page (1 = no retry) and the loop detector.
+    prepare_threads: Annotated[int, Ge(1)] = 4
+    # Runaway repetition: attempts per page (1 = no retry) and the loop detector: the last
+    # repetition_span tokens one block of at most repetition_max_period (<= span / 2) repeated.
     max_attempts: Annotated[int, Ge(1)] = 3
-    repetition_span: int = 384
-    repetition_max_period: int = 96
+    repetition_span: Annotated[int, Ge(2)] = 384
+    repetition_max_period: Annotated[int, Ge(1)] = 96
     # For benchmarks with random weights: generate exactly max_tokens, skip detokenizing.
     ignore_eos: bool = False
     detokenize: bool = True
@@ -108,7 +109,7 @@ class VLLMOptions:
     mode: Literal["page", "document"] = "page"
     # Document mode: pages a group holds at most; 0 = as many as the context allows, each page
     # its image's tokens plus group_page_tokens of output (and at most MAX_GROUP_PAGES).
-    group_pages: Annotated[int, Ge(0)] = 0
+    group_pages: Annotated[int, Ge(0), Le(MAX_GROUP_PAGES)] = 0
     group_page_tokens: Annotated[int, Gt(0)] = 2048
     # A group whose output does not split a part a page (or hit the token limit) is read again
     # page by page. Off only for benchmarks on random weights, which never write the separator.
@@ -163,6 +164,10 @@ class VLLMOptions:
                 raise ConfigError(f"engines.vllm.{key}: got {value}, expected 0: vLLM's processor cache holds only "
                                   f"for requests prepared one at a time, each sent; batchocr prepares them in "
                                   f"threads, and every page image is new")
+        if self.repetition_max_period > self.repetition_span // 2:
+            raise ConfigError(f"engines.vllm.repetition_max_period: got {self.repetition_max_period}, expected at most "
+                              f"repetition_span / 2 ({self.repetition_span // 2}): a loop is a block repeated at "
+                              f"least twice in the last repetition_span tokens")
         if self.instances > 1 and self.tensor_parallel_size > 1:
             raise ConfigError(f"engines.vllm.instances: {self.instances} engines share one GPU; with "
                               f"tensor_parallel_size {self.tensor_parallel_size} use instances: 1")
