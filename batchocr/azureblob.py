@@ -57,6 +57,9 @@ LIST_PAGE = 1000
 # batchocr reads again (BlobFileSystem.read_again) and reports itself if it stays broken: with no
 # logging configured, Python would print each one on stderr with no blob named.
 logging.getLogger("azure.core.pipeline.transport").setLevel(logging.ERROR)
+# DefaultAzureCredential logs each credential it tried (80-odd lines, on stderr) before failing;
+# batchocr says in one line what is missing (AzureBackend.explain).
+logging.getLogger("azure.identity").setLevel(logging.ERROR)
 
 
 @dataclass(frozen=True, repr=False)
@@ -149,7 +152,7 @@ def resolve(options: Mapping[str, Any], env: Mapping[str, str] = os.environ, url
     host = options.get("account_host") or None
     given = [k for k in CREDENTIAL_KEYS if options.get(k)]
     if len(given) > 1:
-        raise ConfigError(f"storage options give {' and '.join(given)}: give one credential")
+        raise ConfigError(f"storage options give {' and '.join(given)} (more than one credential): give one")
     if given:
         key = given[0]
         creds = Credentials(f"storage option {key}", account, host, **{key: str(options[key])})

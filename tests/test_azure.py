@@ -134,7 +134,7 @@ def test_credentials_come_in_the_documented_order():
 
 @pytest.mark.parametrize("options, env, message", [
     ({}, {}, "need the storage account's name"),
-    ({"account_key": KEY, "sas_token": "sv=1"}, {}, "give one credential"),
+    ({"account_key": KEY, "sas_token": "sv=1"}, {}, "give account_key and sas_token (more than one credential): give one"),
     ({"acount_key": KEY}, {}, "Azure storage options: unknown key 'acount_key'; known: account_name"),
     ({KEY: "x"}, {}, "Azure storage options: unknown key (a key that is not a name)"),
     ({"connection_string": 5}, {}, "connection_string: got (hidden), expected a valid string"),
@@ -277,3 +277,22 @@ def test_redact_removes_secrets_in_any_spelling():
     # A quoted value (a YAML or JSON line) is a value too.
     quoted = redact("""account_key: 'k3y0ne sas_token: "sv=1&sig=s3g" "account_key": "k3ytwo" """)
     assert not {"k3y0ne", "s3g", "k3ytwo"} & set(re.findall(r"\w+", quoted)), quoted
+
+
+def test_missing_azure_credentials_are_one_line_without_the_sdks_log(tmp_path):
+    """No credential anywhere: DefaultAzureCredential tries each of its own (here its developer
+    ones, which find no tool, so nothing leaves the machine) and logs every failure; batchocr's
+    one line is all that is printed."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "IDENTITY_", "MSI_"))}
+    # No developer sign-in of this machine's either: no az/azd on PATH, an empty HOME.
+    env |= {"AZURE_TOKEN_CREDENTIALS": "dev", "PATH": os.path.dirname(sys.executable), "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", "az://scans/", str(tmp_path / "out"), "-q",
+                           "--storage-option", "account_name=acct", "--storage-option", "account_host=127.0.0.1:9",
+                           "--storage-option", "retry_total=0"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("Error: az://scans: checking it exists: no Azure credentials"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -126,7 +126,10 @@ def test_a_job_spec_that_is_not_yaml_is_one_line_without_its_text(tmp_path, body
     (["--shard", "1/x"], {}, "shard '1/x': count: got 'x', expected a valid integer"),
     (["--storage-option", "retry_total=many"], {}, "Azure storage options: retry_total: got 'many', expected a valid number"),
     (["--storage-option", "acount_key=x"], {}, "Azure storage options: unknown key 'acount_key'"),
-], ids=["flag", "flag-range", "env", "env-range", "env-alone", "shard-flag", "storage-type", "storage-key"])
+    (["--storage-option", "account_key=AAAA", "--storage-option", "sas_token=X"], {},
+     "storage options give account_key and sas_token (more than one credential): give one"),
+], ids=["flag", "flag-range", "env", "env-range", "env-alone", "shard-flag", "storage-type", "storage-key",
+        "storage-two-credentials"])
 def test_bad_flags_environment_and_storage_options_exit_2_naming_the_key(tmp_path, args, env, message):
     out = f"az://results/{tmp_path.name}" if "--storage-option" in args else str(tmp_path / "out")
     source = "az://scans/" if "--storage-option" in args else str(SAMPLES)
