@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -45,6 +46,17 @@ def main():
     skip_pymupdf_extras()  # this process is batchocr's own: PyMuPDF's unused extras stay out
     if not sys.stderr.isatty():  # a pod's log, a file: rapidocr's colorlog honours NO_COLOR
         os.environ.setdefault("NO_COLOR", "1")
+
+
+class _Finite(click.FloatRange):
+    """A number in range that is a number: nan passes FloatRange (no comparison holds), inf
+    passes an open end."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def _storage_options(ctx, param, pairs: tuple[str, ...]) -> dict[str, str]:
@@ -228,7 +240,7 @@ def compact(out, storage):
 @main.command("eval")
 @click.argument("out")
 @click.option("--truth", required=True, type=click.Path(file_okay=False), help="folder of <document name>/<page_index>.txt")
-@click.option("--max-cer", type=float, help="exit 1 if the overall CER is above this (e.g. 0.02)")
+@click.option("--max-cer", type=_Finite(min=0), help="exit 1 if the overall CER is above this (e.g. 0.02)")
 @storage_option("OUT")
 def eval_(out, truth, max_cer, storage):
     """Character error rate of OUT's page text against ground truth.
@@ -266,7 +278,7 @@ def eval_(out, truth, max_cer, storage):
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON instead of a table")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True), help="also write a self-contained HTML page with charts (needs matplotlib: batchocr[analysis])")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="slowest documents to list")
-@click.option("--gpu-hourly-usd", "gpu_hourly_usd", type=click.FloatRange(min=0), metavar="PRICE",
+@click.option("--gpu-hourly-usd", "gpu_hourly_usd", type=_Finite(min=0), metavar="PRICE",
               help="price of one accelerator-hour (a GPU; for CPU engines the machine): adds $ per million pages "
                    "[default: the job spec's gpu_hourly_usd]")
 @storage_option("OUT")

@@ -22,8 +22,9 @@ from typing import Any, Mapping, TypeVar
 
 from batchocr.errors import ConfigError
 
-# Each dataclass's `__pydantic_config__`: no key beyond its fields.
-FORBID = {"extra": "forbid"}
+# Each dataclass's `__pydantic_config__`: no key beyond its fields, no number that is not
+# finite (`.inf`, `.nan` in YAML, `inf` in a flag or a storage option).
+FORBID = {"extra": "forbid", "allow_inf_nan": False}
 
 T = TypeVar("T")
 

@@ -32,6 +32,8 @@ def test_every_command_has_help_with_an_example(path):
     (["run", str(SAMPLES), "{tmp}/out", "--dpi", "0"], "render.dpi: got 0, expected greater than 0"),
     (["run"], "no SOURCE given"),
     (["eval", "{tmp}", "--truth", str(SAMPLES / "truth")], "no page table under"),
+    (["eval", "{tmp}", "--truth", str(SAMPLES / "truth"), "--max-cer", "nan"], "'nan' is not a finite number"),
+    (["report", "{tmp}", "--gpu-hourly-usd", "inf"], "'inf' is not a finite number"),
 ])
 def test_user_errors_print_one_line_and_exit_2(tmp_path, args, message):
     (tmp_path / "bad.yaml").write_text("source: [unclosed\n")
@@ -73,6 +75,9 @@ BAD_JOBS = [  # each bad value in a job spec, and the one line that must name it
     ("engines: {vllm: {model: /m, vit_pad: maybe}}", "engines.vllm.vit_pad: got 'maybe', expected a valid boolean"),
     ("engines: {tesseract: {}}", "engines.tesseract: got 'tesseract', expected 'rapidocr', 'textlayer' or 'vllm'"),
     ("render: 300", "render: got 300, expected a mapping"),
+    ("render: {timeout_s: .inf}", "render.timeout_s: got inf, expected a finite number"),
+    ("commit: {every_seconds: .nan}", "commit.every_seconds: got nan, expected a finite number"),
+    ("gpu_hourly_usd: .inf", "gpu_hourly_usd: got inf, expected a finite number"),
     ("render: {dpi: 2024-01-01}", "render.dpi: got a value of type date, expected text, a number"),
     ("engines: {rapidocr: {lang: !!binary aGVsbG8=}}", "engines.rapidocr.lang: got a value of type bytes"),
     ("storage_options: {2024-01-01: x}", "storage_options: a key of type date, expected a name"),
