@@ -338,7 +338,9 @@ def export(out, dest, fmt, storage):
     from batchocr.table import read_pages
 
     pages = read_pages(out, storage)
-    done = export_documents(pages, Store(dest, storage), fmt, producer.stale_in(Store(out, storage)))
+    target = Store(dest, storage)
+    target.check_writable_root("DEST")  # one line now, not a traceback at the first file
+    done = export_documents(pages, target, fmt, producer.stale_in(Store(out, storage)))
     click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
                f"into {plural(done.files, 'file')} -> {dest}")
 

@@ -99,6 +99,17 @@ def test_export_marks_skipped_pages_in_place(textlayer_run, tmp_path):
                 assert t.startswith(f"[page {i + 1} not read: skipped no_text_layer") and j["text"] is None
 
 
+@pytest.mark.parametrize("dest", ["/proc/batchocr-export", "{tmp}/a-file/export"], ids=["under-proc", "under-a-file"])
+def test_export_to_a_folder_it_cannot_write_is_one_line_exit_2(textlayer_run, tmp_path, dest):
+    out, _ = textlayer_run
+    (tmp_path / "a-file").write_text("not a folder")
+    dest = dest.replace("{tmp}", str(tmp_path))
+    proc = run_cli("export", str(out), dest)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"Error: DEST {dest}: cannot write there (") and "Traceback" not in proc.stderr
+    assert proc.stderr.rstrip().endswith("DEST must be a writable folder") and len(proc.stderr.splitlines()) == 1
+
+
 def test_export_before_compaction_keeps_one_row_per_page_like_compact(tmp_path):
     resumed_output(tmp_path / "out")
     _export(tmp_path / "out", tmp_path / "before", "jsonl")
