@@ -33,7 +33,7 @@ from batchocr.signals import graceful_stop
 from batchocr.status import check_shard_count
 from batchocr.layout import done_marker, shard_dir
 from batchocr.sink import KEY_COLUMNS, PartWriter, Resume, committed_keys, completed
-from batchocr.sources import DocRef, list_documents
+from batchocr.sources import DocRef, list_documents, located
 from batchocr.spec import JobSpec, RenderSpec, Shard
 from batchocr.storage import Store
 from batchocr.words import plural
@@ -421,7 +421,7 @@ def _documents(source: Store, out: Store, spec: JobSpec) -> Iterator[DocRef]:
     shard = spec.shard
     if _plan(source, out, spec) is None:
         return (d for d in list_documents(source) if shard_of(d.uri, shard.count) == shard.index)
-    return planned_documents(out, shard.index)
+    return located(planned_documents(out, shard.index), source)
 
 
 def _plan(source: Store, out: Store, spec: JobSpec) -> PlanInfo | None:

@@ -61,7 +61,7 @@ class Unreadable(Exception):
 
 
 def open_document(doc: DocRef, storage_options: Mapping[str, Any]) -> pymupdf.Document:
-    uri = native(doc.uri)
+    uri = native(doc.location or doc.uri)
     if uri.startswith("file://"):
         return _open_local(uri[len("file://"):], doc)
     store = Store(uri, storage_options)

@@ -18,7 +18,7 @@ BLOCKS = pa.list_(BLOCK)
 # same columns; a test keeps the two in step.
 PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("doc_id", pa.string(), "stable id of the document: first 16 hex digits of SHA-256 of `source_uri`"),
-    ("source_uri", pa.string(), "full URI of the document (`file:///…`, `az://…`); `%`, control characters and bytes that are not UTF-8 written `%XX` (see File names)"),
+    ("source_uri", pa.string(), "full URI of the document (`file:///…`, `az://…`; a signed URL without its signature); `%`, control characters and bytes that are not UTF-8 written `%XX` (see File names)"),
     ("source_etag", pa.string(), "the store's ETag of the document; on local disk `<size>-<mtime µs>`"),
     ("source_size", pa.int64(), "document size in bytes"),
     ("page_index", pa.int32(), "0-based page (or TIFF frame) number; -1 for a row about a document that could not be opened"),

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import posixpath
 import re
 import urllib.parse
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
 
 from batchocr.errors import ConfigError
-from batchocr.storage import Store
+from batchocr.storage import Store, public_url
 
 EXTENSIONS = (".pdf", ".tif", ".tiff", ".png", ".jpg", ".jpeg")
 
@@ -22,6 +23,9 @@ class DocRef:
     size: int
     etag: str  # the store's ETag, or "<size>-<mtime>" where the store has none (local disk)
     mtime: float | None = None
+    # Where it is read, where that is not `uri`: a signed URL (storage.public_url), whose
+    # signature stays out of every row, record and message. Never written anywhere.
+    location: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def doc_id(self) -> str:
@@ -29,11 +33,11 @@ class DocRef:
 
     @property
     def name(self) -> str:
-        return posixpath.basename(self.uri)
+        return posixpath.basename(_path(self.uri))
 
     @property
     def filetype(self) -> str:
-        return posixpath.splitext(self.uri)[1].lower().lstrip(".")
+        return posixpath.splitext(_path(self.uri))[1].lower().lstrip(".")
 
 
 # What spell() writes as %XX: the escape itself, control characters, and (as
@@ -61,23 +65,44 @@ def doc_id(uri: str) -> str:
     return hashlib.sha256(uri.encode()).hexdigest()[:16]
 
 
+def _path(uri: str) -> str:
+    """What names the file: an http(s) URL's path (its query is not part of the name:
+    `a.pdf?sv=...&sig=...` is a PDF), any other URI or path as it is."""
+    return urllib.parse.urlsplit(uri).path if uri[:8].lower().startswith(("http://", "https://")) else uri
+
+
 def is_document(path: str) -> bool:
-    return path.lower().endswith(EXTENSIONS)
+    return _path(path).lower().endswith(EXTENSIONS)
 
 
 def list_documents(store: Store) -> Iterator[DocRef]:
-    """Every document under the store's root (or the root itself, if it is a file)."""
+    """Every document under the store's root (or the root itself, if it is a file: then it
+    must be a document)."""
     if not store.exists():
         raise ConfigError(f"SOURCE {store.url} does not exist")
     for path, info in store.walk_files():
         if not is_document(path):
+            if path == store.root:
+                raise ConfigError(f"SOURCE {public_url(store.url)} is a file batchocr does not read: "
+                                  f"expected a folder or a {', '.join(e.lstrip('.') for e in EXTENSIONS)} file")
             continue
+        uri = store.uri(path)
+        public = public_url(uri)
         yield DocRef(
-            uri=spell(store.uri(path)),
+            uri=spell(public),
             size=int(info.get("size") or 0),
             etag=_etag(info),
             mtime=_mtime(info),
+            location=None if public == uri else spell(uri),
         )
+
+
+def located(documents: Iterable[DocRef], source: Store) -> Iterator[DocRef]:
+    """Documents read back from a plan (which holds no signature), each with its location
+    again: the SOURCE itself where SOURCE is a signed URL of one document."""
+    url, public = spell(source.uri(source.root)), spell(source.canonical)
+    for doc in documents:
+        yield dataclasses.replace(doc, location=url) if url != public and doc.uri == public else doc
 
 
 def _mtime(info: dict) -> float | None:

@@ -153,9 +153,13 @@ class JobSpec:
         return self.engines.get(self.engine, {})
 
     def public(self) -> dict:
-        """The spec as plain data for _runs/*.json: storage options are left out (secrets)."""
+        """The spec as plain data for _runs/*.json: storage options are left out (secrets), and
+        so are the credentials of a SOURCE or OUT URL (a SAS token's signature)."""
+        from batchocr.storage import public_url
+
         d = dataclasses.asdict(self)
         d["storage_options"] = sorted(self.storage_options)
+        d["source"], d["out"] = public_url(self.source), public_url(self.out)
         return d
 
 

@@ -277,6 +277,9 @@ def test_redact_removes_secrets_in_any_spelling():
     # A quoted value (a YAML or JSON line) is a value too.
     quoted = redact("""account_key: 'k3y0ne sas_token: "sv=1&sig=s3g" "account_key": "k3ytwo" """)
     assert not {"k3y0ne", "s3g", "k3ytwo"} & set(re.findall(r"\w+", quoted)), quoted
+    # Signed URLs (S3, GCS) and a password in a URL.
+    urls = redact("http://h/a.pdf?X-Amz-Signature=s1gn&X-Goog-Signature=s2gn https://user:pa55@h/a.pdf")
+    assert urls == "http://h/a.pdf?X-Amz-Signature=***&X-Goog-Signature=*** https://user:***@h/a.pdf", urls
 
 
 def test_missing_azure_credentials_are_one_line_without_the_sdks_log(tmp_path):

@@ -1,4 +1,4 @@
-"""A run over private documents makes no outbound connection."""
+"""A run over private documents makes no outbound connection, and writes no credential."""
 
 import os
 import re
@@ -57,3 +57,66 @@ def test_a_run_makes_no_network_connection(tmp_path):
     outbound = [line for line in calls if not LOOPBACK.search(line)]
     assert outbound == []
     assert "events" not in trace.read_text()
+
+
+@pytest.fixture
+def http_samples():
+    """SAMPLES over HTTP on a loopback port, each file only to a signed request (a `sig=` in
+    its query, as a blob store wants a SAS)."""
+    import functools
+    import http.server
+    import threading
+
+    class Signed(http.server.SimpleHTTPRequestHandler):
+        def send_head(self):
+            if "sig=" not in self.path.partition("?")[2]:
+                self.send_error(403, "no signature")
+                return None
+            return super().send_head()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Signed, directory=str(SAMPLES)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_signed_source_url_writes_no_signature_and_keeps_its_identity(http_samples, tmp_path):
+    """A SAS URL as SOURCE: its query is a credential. No file under OUT holds it (run
+    record, plan, rows), source_uri is the URL without it, and a new signature is the same
+    document (nothing to do). The query is no part of the file name either: `.pdf?sv=...`
+    is a PDF."""
+    from batchocr.sources import doc_id
+    from conftest import read_table, run_cli
+
+    out = tmp_path / "out"
+    uri = f"{http_samples}/report.pdf"
+    for sig in ("TOPSECRETSIG1", "TOPSECRETSIG2"):
+        proc = run_cli("run", f"{uri}?sv=2024-11-04&se=2030-01-01&sp=r&sig={sig}", str(out),
+                       "--engine", "textlayer", "-q", check=True)
+        assert ("done: 1 document, 3 pages (0 errors" if sig.endswith("1") else "nothing to do") in proc.stdout, proc.stdout
+    run_cli("plan", f"{uri}?sv=1&sig=TOPSECRETSIG3", str(tmp_path / "planned"), "--shards", "1", check=True)
+    run_cli("run", f"{uri}?sv=1&sig=TOPSECRETSIG3", str(tmp_path / "planned"), "--engine", "textlayer", "-q",
+            check=True)  # read with the signature the plan does not hold
+    for folder in (out, tmp_path / "planned"):
+        rows = read_table(folder).to_pylist()
+        assert sorted((r["source_uri"], r["doc_id"], r["page_index"], r["error_type"]) for r in rows) == [
+            (uri, doc_id(uri), i, None) for i in range(3)]
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert b"TOPSECRET" not in path.read_bytes(), path
+
+
+def test_a_single_file_source_that_is_no_document_is_refused(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "README.md").write_text("not a scan")
+    proc = run_cli("run", str(tmp_path / "README.md"), str(tmp_path / "out"), "--engine", "textlayer", "-q")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == (f"Error: SOURCE {tmp_path / 'README.md'} is a file batchocr does not read: expected a "
+                           f"folder or a pdf, tif, tiff, png, jpg, jpeg file\n")
+    assert not (tmp_path / "out" / "pages").exists()
