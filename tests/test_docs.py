@@ -47,3 +47,21 @@ def test_readme_starts_with_the_two_commands():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     commands = [line for line in ci if line.strip() and not line.startswith(("#", "set ", "cd "))]
     assert commands == [blocks[1]], ".ci/run must run exactly the README's test command, and nothing else"
+
+
+def test_example_job_spec_names_every_key():
+    """jobs/example.yaml says it documents every key: each field of the job spec, its
+    sections and every engine's options is there (a top-level one may be commented out)."""
+    import yaml
+
+    from batchocr.engines.vllm import VLLMOptions
+    from batchocr.spec import JobSpec
+
+    text = (ROOT / "jobs" / "example.yaml").read_text()
+    raw = yaml.safe_load(text)
+    top = set(re.findall(r"^(?:# )?(\w+):", text, re.M))
+    assert {f.name for f in dataclasses.fields(JobSpec)} <= top
+    for section, cls in (("render", RenderSpec), ("commit", CommitSpec)):
+        assert set(raw[section]) == {f.name for f in dataclasses.fields(cls)}, section
+    for name, cls in (("rapidocr", RapidOCROptions), ("textlayer", TextLayerOptions), ("vllm", VLLMOptions)):
+        assert set(raw["engines"][name]) == {f.name for f in dataclasses.fields(cls)}, name
