@@ -255,10 +255,11 @@ def eval_(out, truth, max_cer, storage):
     from batchocr import producer
     from batchocr.evaluate import evaluate_output, page_line
     from batchocr.storage import Store
-    from batchocr.table import read_pages
+    from batchocr.table import read_pages, reading
 
     pages = read_pages(out, storage)
-    result = evaluate_output(pages, truth, producer.stale_in(Store(out, storage)))
+    with reading(out, storage):
+        result = evaluate_output(pages, truth, producer.stale_in(Store(out, storage)))
     for row in result.pages.iter_rows(named=True):
         click.echo(page_line(row))
     for page in result.missing:
@@ -304,7 +305,10 @@ def report(out, truth, as_json, html_file, top, gpu_hourly_usd, storage):
         folder = os.path.dirname(os.path.abspath(html_file))
         if not os.path.isdir(folder):
             raise ConfigError(f"--html {html_file}: folder {folder} does not exist")
-    summary = load_report(out, storage, truth=truth, top=top, gpu_hourly_usd=gpu_hourly_usd)
+    from batchocr.table import reading
+
+    with reading(out, storage):
+        summary = load_report(out, storage, truth=truth, top=top, gpu_hourly_usd=gpu_hourly_usd)
     click.echo(summary.to_json() if as_json else format_text(summary))
     if html_file:
         from pathlib import Path
@@ -335,12 +339,13 @@ def export(out, dest, fmt, storage):
     from batchocr import producer
     from batchocr.export import export as export_documents
     from batchocr.storage import Store
-    from batchocr.table import read_pages
+    from batchocr.table import read_pages, reading
 
     pages = read_pages(out, storage)
     target = Store(dest, storage)
     target.check_writable_root("DEST")  # one line now, not a traceback at the first file
-    done = export_documents(pages, target, fmt, producer.stale_in(Store(out, storage)))
+    with reading(out, storage):
+        done = export_documents(pages, target, fmt, producer.stale_in(Store(out, storage)))
     click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
                f"into {plural(done.files, 'file')} -> {dest}")
 

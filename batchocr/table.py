@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import contextlib
+from typing import Any, Iterator, Mapping
 
 import polars as pl
 
 from batchocr import layout, schema
-from batchocr.errors import ConfigError
-from batchocr.storage import Store
+from batchocr.errors import ConfigError, StorageError
+from batchocr.storage import Store, environment_secrets, redact
 
 
 def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl.LazyFrame:
@@ -26,9 +27,28 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     # The schema is this version's: a part written before a column existed (route,
     # skew_angle) reads with it null, so an OUT resumed across versions still opens.
     paths = [store.uri(store.local_path(p) if store.is_local else store.path(p)) for p in parts]
-    return pl.scan_parquet(paths, hive_partitioning=False,
+    # glob off: the parts' names are listed already, and an OUT named `run[1]` or `batch?1` is
+    # no pattern (as one, it matched nothing: an empty table, silently)
+    return pl.scan_parquet(paths, hive_partitioning=False, glob=False,
                            schema=PAGE_SCHEMA, missing_columns="insert", extra_columns="ignore",
                            storage_options=options, credential_provider=credential_provider)
 
 
 PAGE_SCHEMA = pl.from_arrow(schema.PAGE_TABLE.empty_table()).schema
+
+
+@contextlib.contextmanager
+def reading(out: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """polars reads read_pages' parts only when a frame is collected: a part compacted away
+    since the listing, or a store that fails past its client's retries, is then one line
+    (StorageError, exit 1; redacted), not polars' traceback."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise StorageError(f"{out}: a part file went away while it was read (`batchocr compact` at work?): "
+                           "run the command again") from None
+    except (OSError, pl.exceptions.ComputeError) as exc:
+        secrets = [str(v) for v in (storage_options or {}).values() if isinstance(v, str)]
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise StorageError(redact(f"{out}: reading the page table failed: {type(exc).__name__}: {first}",
+                                  secrets + list(environment_secrets()))) from None

@@ -126,3 +126,32 @@ def test_a_part_file_that_is_not_parquet_stops_status_and_a_run_in_one_line(tmp_
         assert proc.returncode == 1, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert f"{bad.name}: not a readable part file" in proc.stderr and "move it out of OUT" in proc.stderr
+
+
+def test_the_page_table_of_an_out_named_like_a_pattern_reads_whole(tmp_path):
+    """polars took the parts' paths as glob patterns: an OUT named `run[1]` matched nothing,
+    and report and export said 0 pages with exit 0."""
+    src = tmp_path / "src"
+    text_corpus(src, documents=2, pages=2)
+    out = tmp_path / "run[1]?"
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    report = json.loads(run_cli("report", str(out), "--json", check=True).stdout)
+    assert report["pages"] == 4
+    assert "exported 2 documents, 4 pages" in run_cli("export", str(out), str(tmp_path / "docs"), check=True).stdout
+
+
+def test_a_part_compacted_away_while_polars_reads_it_is_one_line(tmp_path):
+    """read_pages lists the parts; polars reads them later, when a frame is collected."""
+    from batchocr.table import read_pages, reading
+
+    out = tmp_path / "out"
+    for n in (1, 2):  # a second document, a second run: two parts
+        text_corpus(tmp_path / "src", documents=n, pages=1)
+        run_cli("run", str(tmp_path / "src"), str(out), "--engine", "textlayer", "-q", check=True)
+    pages = read_pages(str(out))
+    parts = sorted((out / "pages").rglob("*.parquet"))
+    assert len(parts) == 2
+    parts[0].unlink()
+    with pytest.raises(StorageError, match="a part file went away while it was read"):
+        with reading(str(out)):
+            pages.collect()
