@@ -59,11 +59,11 @@ class VLLMOptions:
     preset: str = "qwen2.5-vl"
     prompt: str | None = None  # replaces the preset's instruction
     # Sampling; None = the preset's.
-    max_tokens: int | None = None
-    temperature: float | None = None
+    max_tokens: Annotated[int, Ge(1)] | None = None
+    temperature: Annotated[float, Ge(0)] | None = None
     # Engine arguments, chosen for throughput (see docs/BENCHMARKS.md).
-    max_num_batched_tokens: int = 16384
-    max_num_seqs: int = 256
+    max_num_batched_tokens: Annotated[int, Ge(1)] = 16384
+    max_num_seqs: Annotated[int, Ge(1)] = 256
     gpu_memory_utilization: Annotated[float, Gt(0), Le(1)] = 0.9
     # The KV cache's size in GiB (vLLM's kv_cache_memory_bytes); None: what gpu_memory_utilization
     # leaves once vLLM has measured the model's use of the GPU's free memory. Set, no engine
@@ -71,16 +71,16 @@ class VLLMOptions:
     # kv_cache_gib / N) instead of one after the other. Only the GPU's check at start still
     # reads gpu_memory_utilization (free memory at least that share).
     kv_cache_gib: Annotated[float, Gt(0)] | None = None
-    max_model_len: int | None = None  # None = the preset's
+    max_model_len: Annotated[int, Ge(1)] | None = None  # None = the preset's
     # Every page image is new: prefix caching and the processor cache only cost
     # (vLLM's OCR recipes turn both off). The processor cache must stay off: vLLM keeps a mirror
     # of its engine core's cache here, updated as each request is prepared, which holds only if
     # requests reach the engine core one at a time in that order, each of them; batchocr prepares
     # them in several threads, and some never go (the renderer's warm-up, a refused page).
     enable_prefix_caching: bool = False
-    mm_processor_cache_gb: float = 0.0
+    mm_processor_cache_gb: Annotated[float, Ge(0)] = 0.0
     limit_mm_per_prompt: Mapping[str, int] = field(default_factory=lambda: {"image": 1, "video": 0})
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: Annotated[int, Ge(1)] = 1
     dtype: str = "auto"
     quantization: str | None = None  # e.g. "fp8"
     seed: int = 0
