@@ -19,6 +19,7 @@ from batchocr import schema
 from batchocr.schema import Needs
 from batchocr.engines.textlayer import page_text
 from batchocr.errors import BatchocrError
+from batchocr.renderworker import READING, UNKNOWN
 from batchocr.router import route_page
 from batchocr.sources import DocRef, native
 from batchocr.spec import RenderSpec
@@ -60,12 +61,17 @@ class Unreadable(Exception):
     """The file cannot be read as a file at all (permission, a broken link, a FIFO)."""
 
 
-def open_document(doc: DocRef, storage_options: Mapping[str, Any]) -> pymupdf.Document:
+def open_document(doc: DocRef, storage_options: Mapping[str, Any],
+                  progress: Callable[[int, int], None] = no_progress) -> pymupdf.Document:
+    """progress(READING, UNKNOWN) before a download from SOURCE, (UNKNOWN, UNKNOWN) after
+    it: the download is the storage's time, not the render timeout's (see renderpool)."""
     uri = native(doc.location or doc.uri)
     if uri.startswith("file://"):
         return _open_local(uri[len("file://"):], doc)
     store = Store(uri, storage_options)
+    progress(READING, UNKNOWN)
     data = store.read_bytes()
+    progress(UNKNOWN, UNKNOWN)
     if not data:
         raise EmptyFile()
     return pymupdf.open(stream=data, filetype=doc.filetype)
@@ -142,7 +148,7 @@ def render_document(
     doc = task.doc
     pymupdf.TOOLS.mupdf_warnings(reset=True)
     try:
-        pdoc = open_document(doc, storage_options)
+        pdoc = open_document(doc, storage_options, progress)
     except BatchocrError:  # storage failed for good, not this document: the run stops (see renderpool)
         raise
     except EmptyFile:

@@ -23,9 +23,9 @@ import pyarrow as pa
 
 from batchocr import schema
 from batchocr import renderworker
-from batchocr.errors import BatchocrError
+from batchocr.errors import BatchocrError, StorageError
 from batchocr.render import RenderTask, doc_error, page_error
-from batchocr.renderworker import COUNT, PAGE, STARTED, TICKS, UNKNOWN
+from batchocr.renderworker import COUNT, PAGE, READING, STARTED, TICKS, UNKNOWN
 from batchocr.schema import Needs
 from batchocr.spec import RenderSpec
 
@@ -179,6 +179,11 @@ class RenderPool:
                     # A page started, or the worker is still importing (seconds on a busy node):
                     # the timeout is on rendering.
                     w.deadline = time.monotonic() + timeout
+                elif time.monotonic() >= w.deadline and w.progress[PAGE] == READING:
+                    # Stuck downloading the document: SOURCE's storage, not the document (every
+                    # document would follow): the run stops, the document is read by the next run.
+                    raise StorageError(f"{w.task.doc.uri}: reading it from SOURCE made no progress for "
+                                       f"{timeout:g} s (render.timeout_s): is the storage reachable?")
                 elif time.monotonic() >= w.deadline:
                     yield from self._replace(w, "timeout", f"rendering made no progress for {timeout:g} s")
 

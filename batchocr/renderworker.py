@@ -16,6 +16,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # a worker hangs or dies: which page of which document it was on.
 STARTED, COUNT, PAGE, TICKS = range(4)
 UNKNOWN = -1
+READING = -2  # PAGE while the document is downloaded from SOURCE (before MuPDF opens it)
 
 
 def skip_pymupdf_extras() -> None:

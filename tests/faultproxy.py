@@ -5,7 +5,9 @@ upload, after the server committed it but before the reply arrived, in the middl
 of a listing page. `set_down(True)` resets every connection, open or new (an outage).
 `cut_reply`, if given, is asked about every request (its first bytes: the request
 line) and may name how many bytes of the reply pass before the reset: faults aimed
-at one blob's downloads, say, cut mid-body.
+at one blob's downloads, say, cut mid-body. `stall`, if given, is asked the same and
+may answer True: that request is never passed on and gets no reply (a storage stall:
+the client waits for its read timeout).
 
 Per request, not per connection: HTTP clients keep connections alive, so a whole
 run may use a handful of them. A new request is the client sending after the
@@ -40,6 +42,7 @@ class _Link:
         self.budget: int | None = None  # bytes of this exchange (both ways) before the reset; None: never
         self.reply_budget: int | None = None  # bytes of the reply before the reset (cut_reply); None: never
         self.last_from_client = False
+        self.stalled = False  # this exchange goes nowhere (FaultProxy.stall)
         self.half_closed: set[socket.socket] = set()
 
     def peer(self, sock: socket.socket) -> socket.socket:
@@ -48,9 +51,11 @@ class _Link:
 
 class FaultProxy:
     def __init__(self, target_port: int, reset_share: float, seed: int = 0, max_bytes: int = 16_000,
-                 cut_reply: Callable[[bytes], int | None] | None = None):
+                 cut_reply: Callable[[bytes], int | None] | None = None,
+                 stall: Callable[[bytes], bool] | None = None):
         self.target_port = target_port
         self.cut_reply = cut_reply
+        self.stall = stall
         self.reset_share = reset_share
         self.max_bytes = max_bytes
         self.random = random.Random(seed)
@@ -142,7 +147,10 @@ class FaultProxy:
             hit = self.random.random() < self.reset_share
             link.budget = self.random.randint(0, self.max_bytes) if hit else None
             link.reply_budget = self.cut_reply(data) if self.cut_reply else None
+            link.stalled = bool(self.stall and self.stall(data))
         link.last_from_client = from_client
+        if link.stalled:
+            return
         reset = link.budget is not None and len(data) >= link.budget
         if link.budget is not None:
             data = data[: link.budget]

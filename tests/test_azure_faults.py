@@ -167,3 +167,42 @@ def test_an_outage_stops_the_run_with_committed_work_intact(azurite, corpus):
     assert done.returncode == 0, done.stderr
     # (equal to the clean table: the outage left no error rows behind either)
     assert_same_as_clean("az://chaos/outage", clean, azurite.options())
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("Error")]
+
+
+def test_a_storage_stall_while_downloading_a_document_stops_the_run(azurite, tmp_path):
+    """The proxy swallows every download of a document (no reply: the SDK waits out its
+    read_timeout, then retries) for longer than render.timeout_s. That is SOURCE's storage,
+    not the documents: the run stops with one line and exit 1, no `timeout` row is written
+    (it would be final after two runs); once storage answers again, a rerun reads them all."""
+    text_corpus(tmp_path / "src", documents=2, pages=2)
+    azurite.container("stall")
+    azurite.upload("stall", sorted((tmp_path / "src").iterdir()))
+    stalling = {"on": True}
+
+    def stall(request: bytes) -> bool:
+        line = request.split(b"\r\n", 1)[0]
+        return stalling["on"] and line.startswith(b"GET /devstoreaccount1/stall/") and b"?" not in line
+
+    proxy = FaultProxy(azurite.port, reset_share=0.0, stall=stall)
+    try:
+        options = {"connection_string": connection_string(proxy.port), "read_timeout": "30", "retry_total": "3",
+                   **QUICK_RETRY}
+        job = write_job(tmp_path, "az://stall/", "az://stall-out/run", options,
+                        render={"workers": 1, "timeout_s": 1.5})
+        azurite.container("stall-out")
+        stalled = finish(job, timeout=120)
+        assert stalled.returncode == 1, stalled.stderr
+        (error,) = _error_lines(stalled.stderr)
+        assert "az://stall/doc0000" in error and "made no progress for 1.5 s" in error, error
+        assert not azurite.blobs("stall-out", "run/pages/"), "a row was committed for a stalled download"
+        stalling["on"] = False
+        done = finish(job, timeout=120)
+    finally:
+        proxy.stop()
+    assert done.returncode == 0, done.stderr
+    rows = table("az://stall-out/run", azurite.options())
+    assert rows.height == 4 and set(rows["finish_reason"]) == {"stop"}
