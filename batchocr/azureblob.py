@@ -32,7 +32,7 @@ from fsspec.asyn import sync, sync_wrapper
 
 from batchocr import __version__
 from batchocr.config import FORBID, convert
-from batchocr.errors import BatchocrError, ConfigError, StorageError
+from batchocr.errors import BatchocrError, ConfigError, StorageError, Unreadable
 from batchocr.storage import AZURE_PROTOCOLS as PROTOCOLS  # the first is how batchocr writes URIs
 
 # Retries and timeouts of the Azure SDK's ExponentialRetry and transport; each one is
@@ -307,6 +307,24 @@ class AzureBackend:
             if not token:
                 return
 
+    def document_fault(self, exc: BaseException, where: str) -> Exception | None:
+        """Azure's answer to reading one SOURCE document, when it is about that blob alone
+        (Unreadable: its row) or says the container went away mid-run (StorageError:
+        every document would follow); None for the rest (explain)."""
+        code, status = _error_code(_azure_cause(exc))
+        if code == "ContainerNotFound":
+            container = self.root.split("/", 1)[0]
+            return StorageError(f"{where}: the container {container!r} no longer exists (deleted during the run?)")
+        if code == "BlobNotFound" or (isinstance(exc, FileNotFoundError) and status is None):
+            return Unreadable("the blob was deleted after it was listed")
+        if code == "BlobArchived":
+            return Unreadable("the blob is in the Archive tier: rehydrate it (set its tier to Hot or Cool) to read it")
+        if status == 403 and code != "AuthenticationFailed" and not self.credentials.uses_default_credential:
+            # The account's credentials work (the listing did); an access condition
+            # (ABAC on blob tags or path, a SAS scoped to other blobs) excludes this one.
+            return Unreadable(f"Azure refused to read this blob (HTTP 403 {code}): access to it is not granted")
+        return None
+
     def explain(self, exc: BaseException, where: str) -> BatchocrError:
         """A storage failure as one line saying what to do; never a secret."""
         err = _azure_cause(exc)
@@ -319,8 +337,7 @@ class AzureBackend:
                 "or was refused (in a pod: is workload identity set up for its service account, with the "
                 "'Storage Blob Data Contributor' role?)")
         if isinstance(err, HttpResponseError) and err.status_code is not None:  # None: the body was cut off
-            code = getattr(err, "error_code", None)
-            code = getattr(code, "value", code) or err.reason or "error"
+            code = _error_code(err)[0] or err.reason or "error"
             if code == "ContainerNotFound":
                 return ConfigError(f"{where}: the container {container!r} does not exist in the storage account")
             if err.status_code in (401, 403) or isinstance(err, ClientAuthenticationError):
@@ -355,6 +372,14 @@ async def _list_page(client, container: str, prefix: str, token: str | None) -> 
         ]
         return items, pages.continuation_token
     return [], None
+
+
+def _error_code(err: BaseException) -> tuple[str | None, int | None]:
+    """(Azure's error code, HTTP status) of an SDK error; Nones where it has none."""
+    if not isinstance(err, HttpResponseError):
+        return None, None
+    code = getattr(err, "error_code", None)
+    return getattr(code, "value", code), err.status_code
 
 
 def _azure_cause(exc: BaseException) -> BaseException:

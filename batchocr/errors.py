@@ -23,6 +23,11 @@ class StorageError(BatchocrError):
     (service down, connection lost for good): committed work is intact, a rerun resumes."""
 
 
+class Unreadable(Exception):
+    """One document cannot be read as a file at all (permission, a broken link, a FIFO, a
+    blob deleted since it was listed or archived): its `unreadable` row, not the run's end."""
+
+
 class BoundaryError(BatchocrError):
     """A stage broke the one-row-per-page contract (a bug, never bad input)."""
 

@@ -18,7 +18,7 @@ import pymupdf
 from batchocr import schema
 from batchocr.schema import Needs
 from batchocr.engines.textlayer import page_text
-from batchocr.errors import BatchocrError
+from batchocr.errors import BatchocrError, Unreadable
 from batchocr.renderworker import READING, UNKNOWN
 from batchocr.router import route_page
 from batchocr.sources import DocRef, native
@@ -57,10 +57,6 @@ def page_error(doc: DocRef, page_index: int, page_count: int, error_type: str, m
     return doc_error(doc, error_type, message, page_count) | {"page_index": page_index}
 
 
-class Unreadable(Exception):
-    """The file cannot be read as a file at all (permission, a broken link, a FIFO)."""
-
-
 def open_document(doc: DocRef, storage_options: Mapping[str, Any],
                   progress: Callable[[int, int], None] = no_progress) -> pymupdf.Document:
     """progress(READING, UNKNOWN) before a download from SOURCE, (UNKNOWN, UNKNOWN) after
@@ -70,7 +66,7 @@ def open_document(doc: DocRef, storage_options: Mapping[str, Any],
         return _open_local(uri[len("file://"):], doc)
     store = Store(uri, storage_options)
     progress(READING, UNKNOWN)
-    data = store.read_bytes()
+    data = store.read_document()
     progress(UNKNOWN, UNKNOWN)
     if not data:
         raise EmptyFile()

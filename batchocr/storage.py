@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from batchocr.errors import BatchocrError, ConfigError, StorageError
+from batchocr.errors import BatchocrError, ConfigError, StorageError, Unreadable
 
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 # Variables whose values are secrets wherever they appear (see redact).
@@ -161,6 +161,12 @@ class _Fsspec:
     def _is_local_folder(self, path: str) -> bool:
         return isinstance(self.fs, LocalFileSystem) and os.path.isdir(path)
 
+    def document_fault(self, exc: BaseException, where: str) -> Exception | None:
+        """A fault reading one SOURCE document that is that file's alone (Unreadable), else None."""
+        if isinstance(exc, FileNotFoundError):
+            return Unreadable("the file was deleted after it was listed")
+        return None
+
     def explain(self, exc: BaseException, where: str) -> BatchocrError:
         if where.endswith(": writing") and getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
             # Retrying cannot make a read-only or forbidden OUT writable.
@@ -212,17 +218,21 @@ class Store:
         return self.fs.unstrip_protocol(path)
 
     @contextlib.contextmanager
-    def _faults(self, doing: str, rel: str = "") -> Iterator[None]:
+    def _faults(self, doing: str, rel: str = "", document: bool = False) -> Iterator[None]:
         """A storage fault the client's own retries did not mend becomes one redacted
         line (ConfigError when the user can fix it, else StorageError). A missing file
-        stays FileNotFoundError: what it means is the caller's business."""
+        stays FileNotFoundError: what it means is the caller's business. Reading a
+        `document`, what is wrong with that file alone is Unreadable (its row's message),
+        and a missing file is one of those or the store's fault (a container deleted)."""
         try:
             yield
-        except (FileNotFoundError, BatchocrError):
+        except BatchocrError:
             raise
-        except self._backend.faults as exc:
+        except (FileNotFoundError, *self._backend.faults) as exc:
+            if isinstance(exc, FileNotFoundError) and not document:
+                raise
             where = f"{self.url.rstrip('/')}{'/' + rel if rel else ''}: {doing}"
-            err = self._backend.explain(exc, where)
+            err = (self._backend.document_fault(exc, where) if document else None) or self._backend.explain(exc, where)
             raise type(err)(redact(str(err), self._backend.secrets + environment_secrets())) from None
 
     def check_writable_root(self, what: str) -> None:
@@ -246,6 +256,12 @@ class Store:
 
     def read_bytes(self, rel: str = "") -> bytes:
         with self._faults("reading", rel):
+            return self.fs.cat_file(self._path(rel))
+
+    def read_document(self, rel: str = "") -> bytes:
+        """read_bytes of one SOURCE document: a fault of that file alone (deleted since it
+        was listed; on Azure also archived, or refused for that blob) is Unreadable."""
+        with self._faults("reading", rel, document=True):
             return self.fs.cat_file(self._path(rel))
 
     def read_json(self, rel: str) -> Any:

@@ -7,7 +7,9 @@ of a listing page. `set_down(True)` resets every connection, open or new (an out
 line) and may name how many bytes of the reply pass before the reset: faults aimed
 at one blob's downloads, say, cut mid-body. `stall`, if given, is asked the same and
 may answer True: that request is never passed on and gets no reply (a storage stall:
-the client waits for its read timeout).
+the client waits for its read timeout). `answer`, if given, may return a whole HTTP
+reply for a request: the proxy sends that instead of passing the request on (Azure's
+answers Azurite does not give: a 403 for one blob, a container gone mid-run).
 
 Per request, not per connection: HTTP clients keep connections alive, so a whole
 run may use a handful of them. A new request is the client sending after the
@@ -52,10 +54,12 @@ class _Link:
 class FaultProxy:
     def __init__(self, target_port: int, reset_share: float, seed: int = 0, max_bytes: int = 16_000,
                  cut_reply: Callable[[bytes], int | None] | None = None,
-                 stall: Callable[[bytes], bool] | None = None):
+                 stall: Callable[[bytes], bool] | None = None,
+                 answer: Callable[[bytes], bytes | None] | None = None):
         self.target_port = target_port
         self.cut_reply = cut_reply
         self.stall = stall
+        self.answer = answer
         self.reset_share = reset_share
         self.max_bytes = max_bytes
         self.random = random.Random(seed)
@@ -148,6 +152,13 @@ class FaultProxy:
             link.budget = self.random.randint(0, self.max_bytes) if hit else None
             link.reply_budget = self.cut_reply(data) if self.cut_reply else None
             link.stalled = bool(self.stall and self.stall(data))
+            reply = self.answer(data) if self.answer else None
+            if reply is not None:  # the request (headers only: GETs) goes no further
+                try:
+                    src.sendall(reply)
+                except OSError:
+                    self._close(link, injected=False)
+                return  # last_from_client stays False: the next bytes are a new request
         link.last_from_client = from_client
         if link.stalled:
             return

@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 
+import polars as pl
 import pytest
 
+from batchocr import read_pages
 from azurite import azurite, connection_string  # noqa: F401 - azurite is a fixture
 from batchocr.storage import Store
 from chaos import KEY, assert_same_as_clean, finish, run_with_kills, start, table, write_job
@@ -206,3 +208,59 @@ def test_a_storage_stall_while_downloading_a_document_stops_the_run(azurite, tmp
     assert done.returncode == 0, done.stderr
     rows = table("az://stall-out/run", azurite.options())
     assert rows.height == 4 and set(rows["finish_reason"]) == {"stop"}
+
+
+def _azure_error(status: int, reason: str, code: str) -> bytes:
+    body = f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>injected</Message></Error>'
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nx-ms-error-code: {code}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
+
+
+def test_a_blob_that_cannot_be_read_is_its_row_a_container_gone_stops_the_run(azurite, tmp_path):
+    """Reading documents, Azure's answers about one blob are that document's `unreadable`
+    row, and the run goes on (the next run too): a blob in the Archive tier (Azurite's own
+    409 BlobArchived), a 403 for that blob alone (an ABAC condition: injected), a blob
+    deleted after the listing (404 BlobNotFound: injected). A container deleted mid-run
+    (404 ContainerNotFound to every read) stops the run: exit 1, one line, no rows."""
+    text_corpus(tmp_path / "src", documents=4, pages=2)
+    azurite.container("perblob")
+    azurite.upload("perblob", sorted((tmp_path / "src").iterdir()))
+    azurite.client().get_blob_client("perblob", "doc00000.pdf").set_standard_blob_tier("Archive")
+    azurite.container("perblob-out")
+    answers = {b"/perblob/doc00001.pdf ": _azure_error(403, "Forbidden", "AuthorizationPermissionMismatch"),
+               b"/perblob/doc00002.pdf ": _azure_error(404, "Not Found", "BlobNotFound")}
+
+    def answer(request: bytes) -> bytes | None:
+        line = request.split(b"\r\n", 1)[0]
+        if line.startswith(b"GET "):
+            return next((reply for name, reply in answers.items() if name in line), None)
+        return None
+
+    proxy = FaultProxy(azurite.port, reset_share=0.0, answer=answer)
+    try:
+        options = {"connection_string": connection_string(proxy.port), **QUICK_RETRY}
+        job = write_job(tmp_path, "az://perblob/", "az://perblob-out/run", options)
+        first, again = finish(job, timeout=120), finish(job, timeout=120)
+        answers = {b"/perblob/doc": _azure_error(404, "Not Found", "ContainerNotFound")}
+        gone = finish(write_job(tmp_path, "az://perblob/", "az://perblob-out/gone", options), timeout=120)
+    finally:
+        proxy.stop()
+    assert (first.returncode, again.returncode) == (0, 0), first.stderr + again.stderr
+    rows = read_pages("az://perblob-out/run", azurite.options()).collect()
+    errors = {r["source_uri"]: (r["error_type"], r["error_message"])
+              for r in rows.filter(pl.col("error_type").is_not_null()).to_dicts()}
+    assert errors == {
+        "az://perblob/doc00000.pdf": ("unreadable", "az://perblob/doc00000.pdf: the blob is in the Archive tier: "
+                                                    "rehydrate it (set its tier to Hot or Cool) to read it"),
+        "az://perblob/doc00001.pdf": ("unreadable", "az://perblob/doc00001.pdf: Azure refused to read this blob "
+                                                    "(HTTP 403 AuthorizationPermissionMismatch): access to it is "
+                                                    "not granted"),
+        "az://perblob/doc00002.pdf": ("unreadable", "az://perblob/doc00002.pdf: the blob was deleted after it "
+                                                    "was listed"),
+    }
+    assert rows.filter(pl.col("source_uri") == "az://perblob/doc00003.pdf").height == 2
+
+    assert gone.returncode == 1, gone.stderr
+    (error,) = _error_lines(gone.stderr)
+    assert "the container 'perblob' no longer exists" in error and "Traceback" not in gone.stderr, error
+    assert not azurite.blobs("perblob-out", "gone/pages/")
