@@ -294,18 +294,21 @@ class AzureBackend:
         return self.credentials.secrets
 
     def walk(self, root: str) -> Iterator[tuple[str, dict]]:
-        """(path, info) of every blob under root, in name order, one page at a time."""
-        container, _, prefix = root.partition("/")
-        if prefix and self.fs.isfile(root):
+        """(path, info) of every blob under root, in name order, one page at a time. The
+        root is one blob only if its URL does not end in `/` and no blob is under it: a
+        blob `docs` (a 0-byte folder marker, say) beside `docs/x.pdf` leaves az://c/docs/
+        the folder."""
+        container, _, name = root.partition("/")
+        prefix = f"{name}/" if name else ""
+        page, token = sync(self.fs.loop, _list_page, self.fs.service_client, container, prefix, None)
+        folder = page or token or (root == self.root and self.url.endswith("/"))
+        if name and not folder and self.fs.isfile(root):
             yield root, self.fs.info(root)
             return
-        prefix = f"{prefix}/" if prefix else ""
-        token = None
-        while True:
+        yield from page
+        while token:
             page, token = sync(self.fs.loop, _list_page, self.fs.service_client, container, prefix, token)
             yield from page
-            if not token:
-                return
 
     def document_fault(self, exc: BaseException, where: str) -> Exception | None:
         """Azure's answer to reading one SOURCE document, when it is about that blob alone

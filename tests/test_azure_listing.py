@@ -12,7 +12,7 @@ from azurite import azurite  # noqa: F401 - a fixture
 from batchocr import azureblob
 from batchocr.sources import list_documents
 from batchocr.storage import Store
-from conftest import ROOT
+from conftest import ROOT, SAMPLES
 
 sys.path.insert(0, str(ROOT / "bench"))
 from azure_listing import upload  # noqa: E402
@@ -51,3 +51,21 @@ def test_listing_holds_one_page_at_a_time(azurite, counted_pages):
         assert sum(counted_pages) - n < PAGE
     assert names == [f"doc{i:06d}.pdf" for i in range(BLOBS)]  # all of them, in name order
     assert counted_pages == [PAGE] * 10 + [3]
+
+
+@pytest.mark.parametrize("source", ["az://shadow/docs/", "az://shadow/docs"])
+def test_a_folder_is_listed_as_one_even_beside_a_blob_of_its_name(azurite, source):
+    """A 0-byte blob `docs` (a folder marker some tools write) beside docs/x.pdf: SOURCE
+    az://shadow/docs/ (and az://shadow/docs: blobs are under it) is the folder, not that blob."""
+    cc = azurite.container("shadow")
+    cc.upload_blob("docs", b"")
+    for name in ("docs/x.pdf", "docs/y.pdf", "docsz.pdf"):
+        cc.upload_blob(name, (SAMPLES / "report.pdf").read_bytes())
+    assert [doc.uri for doc in list_documents(Store(source, azurite.options()))] == [
+        "az://shadow/docs/x.pdf", "az://shadow/docs/y.pdf"]
+
+
+def test_a_single_blob_is_still_a_single_file_source(azurite):
+    cc = azurite.container("single")
+    cc.upload_blob("a.pdf", (SAMPLES / "report.pdf").read_bytes())
+    assert [doc.uri for doc in list_documents(Store("az://single/a.pdf", azurite.options()))] == ["az://single/a.pdf"]
