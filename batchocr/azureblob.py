@@ -286,6 +286,11 @@ class AzureBackend:
         self.root = BlobFileSystem._strip_protocol(self.url).rstrip("/")
         if not self.root:
             raise ConfigError(f"{self.url}: name a container, as az://container/prefix")
+        try:  # adlfs parses paths as URLs: a name like run[1] reads as an IPv6 host, on every write
+            self.fs._parent(f"{self.root.partition('/')[2]}/x")  # adlfs asks this of the name in the container
+        except ValueError as exc:
+            raise ConfigError(f"{self.url}: adlfs cannot address this name ({exc}): "
+                              "choose one without '[' or ']'") from None
 
     faults = (AzureError, OSError, ValueError)  # what the SDK and adlfs raise for storage faults
 
@@ -341,6 +346,9 @@ class AzureBackend:
                 "'Storage Blob Data Contributor' role?)")
         if isinstance(err, HttpResponseError) and err.status_code is not None:  # None: the body was cut off
             code = _error_code(err)[0] or err.reason or "error"
+            if code in ("InvalidResourceName", "OutOfRangeInput"):
+                return ConfigError(f"{where}: Azure refuses the name ({code}): a container name is 3 to 63 "
+                                   "lowercase letters, digits and single hyphens")
             if code == "ContainerNotFound":
                 return ConfigError(f"{where}: the container {container!r} does not exist in the storage account")
             if err.status_code in (401, 403) or isinstance(err, ClientAuthenticationError):

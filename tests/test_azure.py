@@ -299,3 +299,20 @@ def test_missing_azure_credentials_are_one_line_without_the_sdks_log(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("Error: az://scans: checking it exists: no Azure credentials"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("source, out, said", [
+    ("az://names/", "az://names/run[1]", "az://names/run[1]: adlfs cannot address this name"),
+    ("az://Bad_Name/", "az://names/out", "az://Bad_Name: checking it exists: Azure refuses the name "
+                                         "(InvalidResourceName)"),
+])
+def test_names_azure_cannot_take_are_configuration(azurite, source, out, said):
+    """OUT az://c/run[1] (adlfs parses it as a URL: an IPv6 host) and a container name Azure
+    refuses (HTTP 400) were exit 1 'rerun to resume': exit 2, one line naming the URL."""
+    cc = azurite.container("names")
+    cc.upload_blob("a.pdf", (SAMPLES / "report.pdf").read_bytes())
+    proc = run_cli("run", source, out, "--engine", "textlayer", "--quiet",
+                   "--storage-option", f"connection_string={azurite.connection_string}")
+    assert proc.returncode == 2, proc.stderr
+    (line,) = _error_lines(proc.stderr)
+    assert said in line and "rerun" not in line, line
