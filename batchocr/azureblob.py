@@ -327,10 +327,9 @@ class AzureBackend:
             return Unreadable("the blob was deleted after it was listed")
         if code == "BlobArchived":
             return Unreadable("the blob is in the Archive tier: rehydrate it (set its tier to Hot or Cool) to read it")
-        if status == 403 and code != "AuthenticationFailed" and not self.credentials.uses_default_credential:
-            # The account's credentials work (the listing did); an access condition
-            # (ABAC on blob tags or path, a SAS scoped to other blobs) excludes this one.
-            return Unreadable(f"Azure refused to read this blob (HTTP 403 {code}): access to it is not granted")
+        # A 403 stays the run's (explain): a SAS or a role that may list but not read answers
+        # it for every blob alike, and that must stop the run, not become a row a document;
+        # one blob refused by an access condition (ABAC) looks the same from here.
         return None
 
     def explain(self, exc: BaseException, where: str) -> BatchocrError:
