@@ -153,6 +153,7 @@ class FakeEngine:
     # add_request raises for every request (an engine that refuses them all).
     tasks: tuple[str, ...] = ("generate",)
     refuse: Exception | None = None
+    refusals = 0  # requests it refused so
     answer: str | None = None
     ANSWER_CHARS = 7  # characters of `answer` a token
 
@@ -161,6 +162,7 @@ class FakeEngine:
 
     def add_request(self, request_id, engine_input, params):
         if self.refuse is not None:
+            self.refusals += 1
             raise self.refuse
         prompt_len = len(engine_input["prompt_token_ids"])
         if prompt_len > self.max_model_len:

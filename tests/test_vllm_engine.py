@@ -684,6 +684,24 @@ def test_a_looping_page_is_stopped_and_retried_with_several_instances_too(monkey
                for key, r in rows.items())
 
 
+@pytest.mark.parametrize("pages", [2, 3])
+def test_refusals_alike_on_every_instance_are_systemic_and_no_row_leaves(monkeypatch, pages):
+    """Each instance held back its own refusals: at the end of its input, one that held a
+    single refusal gave it out as a row (committed by the pipeline: `rejected` is final)
+    while the other stopped the run saying no page was recorded, or, a page each, both
+    gave theirs out and the run ended 0. The instances judge together: the last to end."""
+    engine, fakes = _instances(monkeypatch)
+    for fake in fakes:
+        fake.refuse = ValueError("this model takes no images")
+    one_a_batch = pa.Table.from_batches(_pages(pages)).to_batches(max_chunksize=1)
+    rows = []
+    with pytest.raises(BatchocrError, match=rf"\({pages} pages, none taken\): ValueError: this model takes no images"):
+        for out in engine.run(iter(one_a_batch), threading.Event()):
+            rows.extend(out.to_pylist())
+    assert not rows
+    assert all(f.refusals for f in fakes), "both instances were dealt a page"
+
+
 def test_one_instance_failing_stops_the_run_and_the_other(monkeypatch):
     engine, fakes = _instances(monkeypatch, queue_pages=4, max_tokens=50)
     steps = {"n": 0}

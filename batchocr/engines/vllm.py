@@ -336,6 +336,23 @@ class _Request:
         return "document" if self.document else ("fallback" if self.group is not None else "page")
 
 
+class _Refusals:
+    """Requests vLLM refused before it took any, held back (VLLMEngine._refused): one for a
+    run's engine, or shared by its instances, whose threads reach it under `lock`."""
+
+    def __init__(self, engines: int = 1):
+        self.lock = threading.Lock()
+        self.accepted = 0  # requests vLLM took
+        self.held: list[tuple[str, dict]] = []  # refusals before any was taken: (signature, row)
+        self.reason = ""
+        self.running = engines  # engines whose input has not ended
+
+    def systemic(self) -> BatchocrError:
+        return BatchocrError(f"engine vllm refused every request alike ({len(self.held)} pages, none taken): "
+                             f"{self.reason} (a property of the engine or model, not of the pages: no page "
+                             "was recorded; fix it and rerun)")
+
+
 class VLLMEngine:
     name = "vllm"
 
@@ -368,7 +385,9 @@ class VLLMEngine:
             # the engine core on the H200: docs/GPU.md, fifteenth lease). And one after the
             # other: first calls made at once each paid the set-up (18.8 s against 4.8 alone).
             before = None
+            shared = _Refusals(len(self.instances))  # what is systemic is judged over all of them
             for each in self.instances:
+                each._refusals = shared
                 before = each.start_warm_up(after=before)
             return
         try:
@@ -405,9 +424,8 @@ class VLLMEngine:
         self._warmed: Future | None = None
         if warm_up:
             self.start_warm_up()
-        self._accepted = 0  # requests vLLM took
+        self._refusals = _Refusals()  # one for all of a run's instances (set by the composite)
         self._first_request_at: float | None = None  # time.monotonic() of this run's first request vLLM took
-        self._held: list[tuple[str, dict]] = []  # refusals before any was taken: (signature, row)
         # Document mode: groups sent, given back a part a page, read again page by page (and why).
         self.groups = {"sent": 0, "split": 0, "fallback": 0} | {f"fallback_{r}": 0 for r in FALLBACK_REASONS}
 
@@ -633,36 +651,41 @@ class VLLMEngine:
         if request.document:
             self.groups["sent"] += 1
         running[request_id] = request
-        self._accepted += 1
-        held, self._held = self._held, []
-        return [r for _, r in held]  # refused before one was taken: per-page after all
+        r = self._refusals
+        with r.lock:
+            r.accepted += 1
+            held, r.held = r.held, []
+        return [row for _, row in held]  # refused before one was taken: per-page after all
 
     def _refused(self, rows: list[dict], exc: Exception) -> list[dict]:
-        """... unless it is a property of the engine: until vLLM has taken a request,
-        refusals are held back; SYSTEMIC_REFUSALS alike in a row stop the run with one
-        line, and no row claims a per-page error."""
-        if self._accepted or not rows:
-            return rows
-        reason = _named(exc)
-        signature = re.sub(r"\d+", "N", reason)
-        released = [r for sig, r in self._held if sig != signature]
-        self._held = [(sig, r) for sig, r in self._held if sig == signature] + [(signature, r) for r in rows]
-        self._reason = reason
-        if len(self._held) >= SYSTEMIC_REFUSALS:
-            raise self._systemic()
-        return released
+        """... unless it is a property of the engine: until vLLM has taken a request (on any
+        of the run's instances), refusals are held back; SYSTEMIC_REFUSALS alike in a row stop
+        the run with one line, and no row claims a per-page error."""
+        r = self._refusals
+        with r.lock:
+            if r.accepted or not rows:
+                return rows
+            reason = _named(exc)
+            signature = re.sub(r"\d+", "N", reason)
+            released = [row for sig, row in r.held if sig != signature]
+            r.held = [(sig, row) for sig, row in r.held if sig == signature] + [(signature, row) for row in rows]
+            r.reason = reason
+            if len(r.held) >= SYSTEMIC_REFUSALS:
+                raise r.systemic()
+            return released
 
     def _end_of_input(self) -> list[dict]:
-        """Every page of a short shard refused alike, none taken: systemic too."""
-        if len(self._held) > 1:
-            raise self._systemic()
-        held, self._held = self._held, []
-        return [r for _, r in held]
-
-    def _systemic(self) -> BatchocrError:
-        return BatchocrError(f"engine vllm refused every request alike ({len(self._held)} pages, none taken): "
-                             f"{self._reason} (a property of the engine or model, not of the pages: no page "
-                             "was recorded; fix it and rerun)")
+        """Every page of a short shard refused alike, none taken: systemic too. With several
+        instances, the last whose input ends judges what all of them hold."""
+        r = self._refusals
+        with r.lock:
+            r.running -= 1
+            if r.running > 0:
+                return []
+            if len(r.held) > 1:
+                raise r.systemic()
+            held, r.held = r.held, []
+        return [row for _, row in held]
 
     def _collect(self, running: dict[str, _Request], preparing: deque) -> list[dict]:
         try:
