@@ -26,6 +26,9 @@ def skip_pymupdf_extras() -> None:
     own process keeps them."""
     for name in ("pymupdf.layout", "pymupdf4llm"):
         sys.modules.setdefault(name, None)
+    # ... and without one, find_tables prints an advert for pymupdf.layout on stdout (once a
+    # process: into a run's output and its progress line); PyMuPDF's own switch turns it off
+    os.environ.setdefault("PYMUPDF_SUGGEST_LAYOUT_ANALYZER", "0")
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -5,6 +5,7 @@ row by row across its columns, as some producers do."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 
@@ -152,3 +153,22 @@ def test_a_sound_file_whose_scoring_makes_mupdf_complain_gets_no_warning(tmp_pat
     assert pages["route"].to_list() == ["textlayer"] * doc.page_count
     assert pages.filter(pl.col("warning").is_not_null()).height == 0
     assert pages.sort("page_index")["text"][0] == page_markdown(doc[0])
+
+
+def test_a_run_over_a_ruled_table_prints_nothing_of_pymupdfs_own(tmp_path):
+    """find_tables without pymupdf.layout printed an advert for it on stdout, once a worker:
+    into the run's output (-q too) and across its progress line."""
+    import shutil
+    import subprocess
+
+    src = tmp_path / "src"
+    src.mkdir()
+    page = ruled_table_page()
+    page.parent.save(src / "parts.pdf")
+    env = {k: v for k, v in os.environ.items() if k != "PYMUPDF_SUGGEST_LAYOUT_ANALYZER"}
+    # the console script in a process of its own: the render workers write to its stdout
+    proc = subprocess.run([shutil.which("batchocr"), "run", str(src), str(tmp_path / "out"), "--engine", "textlayer",
+                           "-q"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("batchocr: done: 1 document, 1 page"), proc.stdout
+    assert "pymupdf_layout" not in proc.stdout + proc.stderr
