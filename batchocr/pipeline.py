@@ -214,7 +214,9 @@ class _Shard:
         group_pages = getattr(engine, "group_pages", 1)  # document mode: the engine reads pages in groups
         self.grouper = Grouper(group_pages) if group_pages > 1 else None
         self.needs = router.needs(engine.needs, spec.route)
-        self.layer = engines.create("textlayer", spec.engines.get("textlayer", {})) if self.needs.route else None
+        # The router took these pages for their text: the textlayer engine's own section (min_chars)
+        # is for a run of that engine, and must not skip a page the router gave it
+        self.layer = engines.create("textlayer", {}) if self.needs.route else None
 
     def tasks(self) -> Iterator[RenderTask]:
         """The listed documents not yet complete in OUT, each with the pages it has already."""

@@ -175,3 +175,23 @@ def test_the_routing_benchmark_runs_with_the_vllm_engine(tmp_path):
     assert round_["auto"]["work"] == {"model_pages": 4, "output_tokens": 4 * 24, "output_tokens_per_model_page": [24],
                                       "finish_reasons_model": {"length": 4}, "attempts": 8, "attempts_max": 1}
     assert round_["model"]["work"]["output_tokens"] == 8 * 24 and round_["model"]["finish_reasons"] == {"length": 8}
+
+
+def test_a_page_routed_to_its_layer_keeps_its_text_whatever_the_textlayer_engines_options(tmp_path):
+    """engines.textlayer is the textlayer engine's section: a run of rapidocr routed a short
+    born-digital page to its layer, then the layer engine built from that section
+    (min_chars 20) skipped it as 'no text layer (a scan?)': its text was lost."""
+    import pymupdf
+
+    src = tmp_path / "src"
+    src.mkdir()
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "Appendix B", fontsize=14)
+    doc.save(src / "short.pdf")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"source: {src}\nout: {tmp_path / 'out'}\nengine: rapidocr\nroute: auto\n"
+                   "engines:\n  textlayer:\n    min_chars: 20\n")
+    run_cli("run", "--job", str(job), "-q", check=True)
+    (row,) = read_pages(str(tmp_path / "out")).collect().to_dicts()
+    assert (row["route"], row["engine"], row["finish_reason"], row["text"]) == ("textlayer", "textlayer", "stop",
+                                                                             "Appendix B")
