@@ -43,6 +43,12 @@ LANGUAGES = ("en",)
 # DENSE characters per square inch of page, or the page's text is in its images.
 IMAGE_COVER = 0.3
 DENSE = 4.0
+# Text drawn as outlines (print-ready PDFs, brochures) is filled paths of a glyph's size, one a
+# glyph, and no text layer. From OUTLINES of them on a page, they count against the layer as
+# characters it does not hold: outlines / (outlines + the layer's characters) off its score.
+# Sent to the model by mistake, a page costs its reading; kept by mistake, its text is lost.
+OUTLINES = 50
+GLYPH_PT = (40.0, 60.0)  # a filled path at most this high and wide (points) is glyph-sized
 
 _WORD = re.compile(r"[^\W\d_]{3,}")
 _SUBSET = re.compile(r"^[A-Z]{6}\+")
@@ -59,12 +65,13 @@ class LayerScore:
     words: float | None  # share of Latin words in the word list; None: too few to judge
     hidden: float  # share of drawn characters invisible (render mode 3, opacity 0) or under a later image
     image_cover: float  # share of the page's area covered by images
+    outlines: float = 0.0  # glyph-sized filled paths, as a share of them and the layer's characters
 
     @property
     def score(self) -> float:
         if self.chars == 0:
             return 0.0
-        factors = [max(0.0, 1 - 10 * self.bad), 1 - self.unmapped, 1 - self.hidden]
+        factors = [max(0.0, 1 - 10 * self.bad), 1 - self.unmapped, 1 - self.hidden, 1 - self.outlines]
         if self.words is not None:
             factors.append(min(1.0, self.words / GOOD_WORD_SHARE))
         if self.image_cover >= IMAGE_COVER:
@@ -80,6 +87,7 @@ def score_page(page, text: str) -> LayerScore:
     log = page.get_bboxlog()
     images = [(i, _clip(bbox, rect)) for i, (kind, bbox) in enumerate(log) if "image" in kind]
     cover = min(1.0, sum(_area(b) for _, b in images) / max(_area(tuple(rect)), 1e-6))
+    glyphs = sum(kind == "fill-path" and b[3] - b[1] <= GLYPH_PT[0] and b[2] - b[0] <= GLYPH_PT[1] for kind, b in log)
     if not visible:
         return LayerScore(0, 0.0, 0.0, 0.0, None, 0.0, round(cover, 4))
 
@@ -110,6 +118,7 @@ def score_page(page, text: str) -> LayerScore:
         words=_word_share(text),
         hidden=round(min(1.0, hidden / drawn), 4),
         image_cover=round(cover, 4),
+        outlines=round(glyphs / (glyphs + len(visible)), 4) if glyphs >= OUTLINES else 0.0,
     )
 
 

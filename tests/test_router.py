@@ -195,3 +195,30 @@ def test_a_page_routed_to_its_layer_keeps_its_text_whatever_the_textlayer_engine
     (row,) = read_pages(str(tmp_path / "out")).collect().to_dicts()
     assert (row["route"], row["engine"], row["finish_reason"], row["text"]) == ("textlayer", "textlayer", "stop",
                                                                              "Appendix B")
+
+
+def test_text_drawn_as_outlines_beside_a_line_of_real_text_goes_to_the_model():
+    """A print-ready page: its text converted to outlines (filled paths, one a glyph), and a
+    footer left as text. The layer holds the footer alone; taken as the page, 12 lines were
+    lost. A ruled table and a few filled shapes on a born-digital page change nothing."""
+    import pymupdf
+
+    from test_layertext import ruled_table_page
+
+    lines = [f"Line {i}: the quarterly figures were checked and agreed" for i in range(12)]
+    src = pymupdf.open()
+    page = src.new_page()
+    for i, line in enumerate(lines):
+        page.insert_text((72, 80 + 20 * i), line, fontsize=11)
+    svg = page.get_svg_image(text_as_path=True)  # the same page, its text now paths
+    outlined = pymupdf.open(stream=pymupdf.open("svg", svg.encode()).convert_to_pdf(), filetype="pdf")
+    outlined[0].insert_text((72, 760), "Page 7 of 12", fontsize=9)
+    s = router.score_page(outlined[0], outlined[0].get_text())
+    assert s.chars == 9 and s.outlines > 0.9 and s.score < router.MIN_SCORE
+    assert router.route_page(outlined[0], True, "auto")["route"] == "model"
+
+    table = ruled_table_page()
+    for i in range(10):  # bullets, a logo's pieces: fewer than OUTLINES glyph-sized fills
+        table.draw_circle((60, 300 + 12 * i), 3, fill=(0, 0, 0))
+    s = router.score_page(table, table.get_text())
+    assert s.outlines == 0 and s.score == 1.0
