@@ -48,7 +48,7 @@ def convert(cls: type[T], data: Mapping[str, Any] | Any, where: str, *, prefix: 
     adapter = _adapter(cls)
     try:
         plain = _plain(data)
-        text = json.dumps(plain, default=_unserialisable, ensure_ascii=False)
+        text = json.dumps(plain, ensure_ascii=False)  # _plain left only what JSON holds
         try:
             utf8 = text.encode()
         except UnicodeEncodeError:  # a path's bytes that are not UTF-8 (os.fsdecode's escapes): not JSON
@@ -60,19 +60,9 @@ def convert(cls: type[T], data: Mapping[str, Any] | Any, where: str, *, prefix: 
         line = _describe(cls, errors[0], where, prefix, secret)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(line + more) from None
-    except _Unserialisable as exc:
-        raise ConfigError(f"{where}: a value of type {exc.args[0]} cannot be configuration") from None
     except ConfigError as exc:  # the dataclass's own check (its __post_init__), naming its key
         message = str(exc)
         raise ConfigError(message if message.startswith(f"{where}: ") else f"{where}: {message}") from None
-
-
-class _Unserialisable(Exception):
-    pass
-
-
-def _unserialisable(value: Any) -> Any:
-    raise _Unserialisable(type(value).__name__)
 
 
 def _plain(data: Any, path: tuple[str, ...] = (), inside: frozenset[int] = frozenset()) -> Any:
