@@ -41,7 +41,6 @@ from batchocr.errors import BatchocrError, Interrupted
 from batchocr.sink import completed
 from batchocr.sources import DocRef
 from batchocr.spec import JobSpec
-from batchocr.status import check_shard_count
 from batchocr.storage import Store
 from batchocr.words import plural
 
@@ -95,7 +94,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
     out = Store(spec.out, spec.storage_options)
     source = Store(spec.source, spec.storage_options)
     pipeline._check_stores(spec, source, out)
-    check_shard_count(out, spec.shard, spec.out)  # exit 2 before any part starts
+    pipeline._check_sharding(source, out, spec)  # exit 2 before any part starts
     settings = pipeline._producer_settings(spec)
     producer.check(out, settings, spec.reprocess, spec.out)  # exit 2 before any part starts
     # Only documents with pages to do are dealt: a CronJob's rerun over a mostly done shard

@@ -109,11 +109,10 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     summary = RunSummary(run_id=run_id, shard=str(shard), out=spec.out)
 
     _check_stores(spec, source, out)  # before the engine loads; a missing SOURCE leaves no run record
-    check_shard_count(out, shard, spec.out)  # OUT's shard count (no plan), or exit 2 naming both
+    if part is None:  # (a part's parent checked it)
+        _check_sharding(source, out, spec)
     expected = None  # what OUT is to remember, known before the engine loads
     start = {"turn_wait_s": 0.0, "engine_start_s": 0.0}  # the run's start: a part's turn, the engine's build
-    if part is None:
-        _plan(source, out, spec)  # a plan of other shards or another SOURCE: exit 2 before anything is written
     if engine is None:
         expected = _producer_settings(spec)
         producer.check(out, expected, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
@@ -424,6 +423,13 @@ def _documents(source: Store, out: Store, spec: JobSpec) -> Iterator[DocRef]:
     if _plan(source, out, spec) is None:
         return (d for d in list_documents(source) if shard_of(d.uri, shard.count) == shard.index)
     return located(planned_documents(out, shard.index), source)
+
+
+def _check_sharding(source: Store, out: Store, spec: JobSpec) -> None:
+    """Before the engine loads, writing nothing: OUT's plan is this run's (its shards, its
+    SOURCE), or without one, OUT's output has this run's shard count; else exit 2."""
+    if _plan(source, out, spec) is None:
+        check_shard_count(out, spec.shard, spec.out)
 
 
 def _plan(source: Store, out: Store, spec: JobSpec) -> PlanInfo | None:

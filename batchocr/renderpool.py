@@ -179,12 +179,12 @@ class RenderPool:
                     # A page started, or the worker is still importing (seconds on a busy node):
                     # the timeout is on rendering.
                     w.deadline = time.monotonic() + timeout
-                elif time.monotonic() >= w.deadline and w.progress[PAGE] == READING:
-                    # Stuck downloading the document: SOURCE's storage, not the document (every
-                    # document would follow): the run stops, the document is read by the next run.
-                    raise StorageError(f"{w.task.doc.uri}: reading it from SOURCE made no progress for "
-                                       f"{timeout:g} s (render.timeout_s): is the storage reachable?")
                 elif time.monotonic() >= w.deadline:
+                    if w.progress[PAGE] == READING:
+                        # Stuck downloading the document: SOURCE's storage, not the document (every
+                        # document would follow): the run stops, the document is read by the next run.
+                        raise StorageError(f"{w.task.doc.uri}: reading it from SOURCE made no progress for "
+                                           f"{timeout:g} s (render.timeout_s): is the storage reachable?")
                     yield from self._replace(w, "timeout", f"rendering made no progress for {timeout:g} s")
 
     def _replace_idle(self, i: int) -> None:
