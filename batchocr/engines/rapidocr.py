@@ -22,7 +22,7 @@ from rapidocr.utils.process_img import ResizeImgError, resize_image_within_bound
 from batchocr import deskew, readingorder, schema
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
-from batchocr.engines import parse_options, result
+from batchocr.engines import parse_options, result, systemic
 from batchocr.schema import Needs
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,10 @@ class RapidOCREngine:
 
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
         stop = stop or threading.Event()
+        # rapidocr failing on every page alike (a release whose API batchocr does not know, an
+        # onnxruntime that cannot run the models) is the run's failure, not a table of
+        # engine_error rows: errors are held until a page is read (batchocr/engines/systemic.py)
+        held = systemic.Held("engine rapidocr failed on every page alike ({n} pages, none read)")
         for batch in pages:
             cols = batch.select(["doc_id", "page_index", "width", "height"]).to_pydict()
             images = batch.column("image")  # each page's pixels read in place, not copied to bytes
@@ -111,25 +115,34 @@ class RapidOCREngine:
             for i, row in enumerate(zip(cols["doc_id"], cols["page_index"], cols["width"], cols["height"])):
                 if stop.is_set():  # seconds a page: a SIGTERM does not wait for the whole batch
                     break
-                rows.append(self._page(*row, images[i].as_buffer()))
+                out, failure = self._page(*row, images[i].as_buffer())
+                rows.extend(held.failed_on([out], failure) if failure else [*held.taken(), out])
+            if rows:
+                yield schema.batch(schema.RESULTS, rows)
+            if stop.is_set():
+                return  # what is held is redone by the next run
+        rows = held.ended()
+        if rows:
             yield schema.batch(schema.RESULTS, rows)
 
-    def _page(self, doc_id: str, page_index: int, width: int, height: int, image) -> dict:
+    def _page(self, doc_id: str, page_index: int, width: int, height: int, image) -> tuple[dict, str | None]:
+        """The page's row, and why rapidocr failed on it (None where it read the page, or where
+        the page itself is what it cannot take)."""
         start = time.perf_counter()
         try:
             pixels = np.frombuffer(image, dtype=np.uint8).reshape(height, width, 3)
             out = self.recognise(pixels)
         except TooNarrow as exc:
             return result(doc_id, page_index, finish_reason="error", error_type="engine_error",
-                          error_message=f"page {page_index}: {exc}", latency_ms=_ms(start))
+                          error_message=f"page {page_index}: {exc}", latency_ms=_ms(start)), None
         except Exception as exc:  # noqa: BLE001 - one page's failure is that page's row
-            return result(
-                doc_id, page_index, finish_reason="error", error_type="engine_error",
-                error_message=f"page {page_index}: rapidocr failed: {type(exc).__name__}: {exc}",
-                latency_ms=_ms(start),
-            )
+            failure = f"{type(exc).__name__}: {exc}"
+            return result(doc_id, page_index, finish_reason="error", error_type="engine_error",
+                          error_message=f"page {page_index}: rapidocr failed: {failure}",
+                          latency_ms=_ms(start)), failure
         text, angle = out
-        return result(doc_id, page_index, text=text, finish_reason="stop", skew_angle=angle, latency_ms=_ms(start))
+        return result(doc_id, page_index, text=text, finish_reason="stop", skew_angle=angle,
+                      latency_ms=_ms(start)), None
 
     def recognise(self, rgb: np.ndarray) -> tuple[str, float | None]:
         """OCR one RGB page image: its text (lines, blocks apart by a blank line) and

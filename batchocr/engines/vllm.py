@@ -32,7 +32,7 @@ from annotated_types import Ge, Gt, Le
 
 from batchocr import deepencoder, ngram, ngram_sampler, rswa_tiles, schema, vitpad, workerext
 from batchocr.config import FORBID
-from batchocr.engines import parse_options, result
+from batchocr.engines import parse_options, result, systemic
 from batchocr.engines.presets import Preset, document_presets, get_preset
 from batchocr.engines.repetition import RepetitionCheck
 from batchocr.errors import BatchocrError, ConfigError
@@ -42,9 +42,6 @@ INSTALL_HINT = "pip install 'batchocr[vllm]' (on a machine with an NVIDIA GPU)"
 CHECK_EVERY = 32  # tokens between two looks for runaway repetition
 WATCH_S = 0.5  # how often the engine core's death is looked for
 log = logging.getLogger(__name__)
-# Refusals alike before vLLM took any request that make the refusal the engine's (a
-# model that cannot take this input, a vLLM without the API batchocr calls), not the pages'.
-SYSTEMIC_REFUSALS = 8
 # Why a document group's pages were read again one by one (OUT/_runs: engine_params.groups).
 FALLBACK_REASONS = ("split", "length", "repetition", "rejected", "engine_error")
 # Document mode: pages a group may hold at most (Unlimited-OCR was trained on 2-50 page documents).
@@ -336,21 +333,10 @@ class _Request:
         return "document" if self.document else ("fallback" if self.group is not None else "page")
 
 
-class _Refusals:
+def _refusals(engines: int = 1) -> systemic.Held:
     """Requests vLLM refused before it took any, held back (VLLMEngine._refused): one for a
-    run's engine, or shared by its instances, whose threads reach it under `lock`."""
-
-    def __init__(self, engines: int = 1):
-        self.lock = threading.Lock()
-        self.accepted = 0  # requests vLLM took
-        self.held: list[tuple[str, dict]] = []  # refusals before any was taken: (signature, row)
-        self.reason = ""
-        self.running = engines  # engines whose input has not ended
-
-    def systemic(self) -> BatchocrError:
-        return BatchocrError(f"engine vllm refused every request alike ({len(self.held)} pages, none taken): "
-                             f"{self.reason} (a property of the engine or model, not of the pages: no page "
-                             "was recorded; fix it and rerun)")
+    run's engine, or shared by its instances, whose threads reach it under its lock."""
+    return systemic.Held("engine vllm refused every request alike ({n} pages, none taken)", engines)
 
 
 class VLLMEngine:
@@ -385,7 +371,7 @@ class VLLMEngine:
             # the engine core on the H200: docs/GPU.md, fifteenth lease). And one after the
             # other: first calls made at once each paid the set-up (18.8 s against 4.8 alone).
             before = None
-            shared = _Refusals(len(self.instances))  # what is systemic is judged over all of them
+            shared = _refusals(len(self.instances))  # what is systemic is judged over all of them
             for each in self.instances:
                 each._refusals = shared
                 before = each.start_warm_up(after=before)
@@ -424,7 +410,7 @@ class VLLMEngine:
         self._warmed: Future | None = None
         if warm_up:
             self.start_warm_up()
-        self._refusals = _Refusals()  # one for all of a run's instances (set by the composite)
+        self._refusals = _refusals()  # one for all of a run's instances (set by the composite)
         self._first_request_at: float | None = None  # time.monotonic() of this run's first request vLLM took
         # Document mode: groups sent, given back a part a page, read again page by page (and why).
         self.groups = {"sent": 0, "split": 0, "fallback": 0} | {f"fallback_{r}": 0 for r in FALLBACK_REASONS}
@@ -651,41 +637,18 @@ class VLLMEngine:
         if request.document:
             self.groups["sent"] += 1
         running[request_id] = request
-        r = self._refusals
-        with r.lock:
-            r.accepted += 1
-            held, r.held = r.held, []
-        return [row for _, row in held]  # refused before one was taken: per-page after all
+        return self._refusals.taken()  # refused before one was taken: per-page after all
 
     def _refused(self, rows: list[dict], exc: Exception) -> list[dict]:
         """... unless it is a property of the engine: until vLLM has taken a request (on any
-        of the run's instances), refusals are held back; SYSTEMIC_REFUSALS alike in a row stop
-        the run with one line, and no row claims a per-page error."""
-        r = self._refusals
-        with r.lock:
-            if r.accepted or not rows:
-                return rows
-            reason = _named(exc)
-            signature = re.sub(r"\d+", "N", reason)
-            released = [row for sig, row in r.held if sig != signature]
-            r.held = [(sig, row) for sig, row in r.held if sig == signature] + [(signature, row) for row in rows]
-            r.reason = reason
-            if len(r.held) >= SYSTEMIC_REFUSALS:
-                raise r.systemic()
-            return released
+        of the run's instances), refusals are held back; systemic.LIMIT alike in a row stop
+        the run with one line, and no row claims a per-page error (batchocr/engines/systemic.py)."""
+        return self._refusals.failed_on(rows, _named(exc))
 
     def _end_of_input(self) -> list[dict]:
         """Every page of a short shard refused alike, none taken: systemic too. With several
         instances, the last whose input ends judges what all of them hold."""
-        r = self._refusals
-        with r.lock:
-            r.running -= 1
-            if r.running > 0:
-                return []
-            if len(r.held) > 1:
-                raise r.systemic()
-            held, r.held = r.held, []
-        return [row for _, row in held]
+        return self._refusals.ended()
 
     def _collect(self, running: dict[str, _Request], preparing: deque) -> list[dict]:
         try:
