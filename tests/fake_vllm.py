@@ -148,6 +148,7 @@ class FakeEngine:
         self.added = 0
         self.documents = 0  # requests of several images
         self.peak_waiting = 0
+        self.tokens = 0  # tokens handed out, every request's, aborted ones too
 
     # What the model was loaded for (a pooling model: ("embed",)), and an error that
     # add_request raises for every request (an engine that refuses them all).
@@ -206,6 +207,7 @@ class FakeEngine:
             n = len(req.emitted)
             token = (7 + n % 3) if req.loops and req.params.temperature < 0.15 else 100 + n
             req.emitted.append(token)
+            self.tokens += 1
             # ignore_eos: no end of answer, as in vLLM: the request runs to max_tokens
             done = (not req.params.ignore_eos and (not req.loops or req.params.temperature >= 0.15)
                     and n + 1 >= req.length)

@@ -191,6 +191,9 @@ def test_a_group_that_does_not_split_is_read_again_page_by_page(monkeypatch):
     assert fake.added == 2 + 4 and fake.documents == 2
     assert sorted(len(o) for o in outs) == [2, 4]  # the four pages read again leave together
     assert engine.groups["fallback_split"] == 1
+    # the failed group's tokens are counted too, shared between its pages (were dropped)
+    assert sum(r["output_tokens"] for r in rows.values()) == fake.tokens
+    assert all(r["output_tokens"] > len(r["text"].split()) for r in a)
 
 
 def test_a_group_vllm_refuses_is_read_again_page_by_page(monkeypatch):

@@ -129,6 +129,9 @@ def test_a_looping_page_is_stopped_and_retried_at_a_higher_temperature(monkeypat
     assert looped["attempts"] == 2 and looped["finish_reason"] == "stop"
     assert len(fake.aborted) == 1  # stopped early: far fewer than max_tokens were spent
     assert all(r["attempts"] == 1 for key, r in rows.items() if key != ("d1", 1))
+    # output_tokens counts every attempt's tokens (was: the last attempt's only)
+    assert sum(r["output_tokens"] for r in rows.values()) == fake.tokens
+    assert looped["output_tokens"] >= 30 + len(looped["text"].split())
 
 
 def test_a_page_that_keeps_looping_ends_as_repetition(monkeypatch):

@@ -323,6 +323,7 @@ class _Request:
     document: bool = False
     attempt: int = 1
     group: _Group | None = None  # the failed group this page is read again for
+    spent: int = 0  # tokens generated for these pages before this request: earlier attempts, its group's share
     started: float = 0.0
     prompt_tokens: int | None = None
     tokens: list[int] = field(default_factory=list)
@@ -708,8 +709,8 @@ class VLLMEngine:
         n = len(request.pages)
         if self.options.document_fallback:
             group = _Group(n)
-            for page in request.pages:
-                self._start(_Request([page], group=group), preparing)
+            for page, share in zip(request.pages, _shares(len(request.tokens), [""] * n)):
+                self._start(_Request([page], group=group, spent=share), preparing)
             return []
         why = {"split": f"its output did not split into {n} parts on {self.preset.document_separator!r}",
                "length": "its output hit the token limit", "repetition": "its output kept repeating itself",
@@ -756,7 +757,7 @@ class VLLMEngine:
         if prompt is not None and n > 1:  # a group's prompt, shared between its pages
             prompt = prompt // n + (request.pages.index(page) < prompt % n)
         return result(page.doc_id, page.page_index, prompt_tokens=prompt,
-                      output_tokens=len(request.tokens) if output_tokens is None else output_tokens,
+                      output_tokens=request.spent + (len(request.tokens) if output_tokens is None else output_tokens),
                       attempts=request.attempt, mode=request.mode,
                       latency_ms=(time.perf_counter() - request.started) * 1000 if request.started else None)
 
@@ -1013,7 +1014,8 @@ def _check_can_generate(engine: Any, model: str) -> None:
 
 
 def _retry(request: _Request) -> _Request:
-    return _Request(request.pages, attempt=request.attempt + 1, group=request.group)
+    return _Request(request.pages, attempt=request.attempt + 1, group=request.group,
+                    spent=request.spent + len(request.tokens))
 
 
 def _render_hints(preset: Preset) -> dict[str, int]:
