@@ -294,6 +294,9 @@ class AzureBackend:
 
     faults = (AzureError, OSError, ValueError)  # what the SDK and adlfs raise for storage faults
 
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)  # adlfs raises what it cannot answer (explain() says what it means)
+
     @property
     def secrets(self) -> tuple[str, ...]:
         return self.credentials.secrets

@@ -70,6 +70,12 @@ def public_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "" if signed else parts.query, parts.fragment))
 
 
+def _reason(exc: BaseException) -> str:
+    """What an OS-level error says without the URL it failed on: its errno's text, else its class."""
+    inner = getattr(exc, "os_error", None) or exc  # aiohttp's ClientConnectorError wraps the OSError
+    return getattr(inner, "strerror", None) or type(inner).__name__
+
+
 def environment_secrets(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     return tuple(env[k] for k in SECRET_VARIABLES if env.get(k))
 
@@ -158,6 +164,28 @@ class _Fsspec:
         for sub in folders:
             yield from self._walk_folder(sub, above)
 
+    def exists(self, path: str) -> bool:
+        """fsspec's exists answers False for any error (HTTPFileSystem's for a refused
+        connection, a 5xx, a timeout: "SOURCE does not exist", exit 2, where a retry may
+        help): where it says no, info() tells a missing file from the error it swallowed."""
+        if self.fs.exists(path):
+            return True
+        if isinstance(self.fs, LocalFileSystem):
+            return False
+        try:
+            self.fs.info(path)
+        except FileNotFoundError as exc:
+            cause = exc.__cause__  # HTTPFileSystem.info: FileNotFoundError from whatever failed
+            status = getattr(cause, "status", None)
+            if cause is None or isinstance(cause, FileNotFoundError) or status in (404, 410):
+                return False
+            # its status, not str(cause): an aiohttp error's text holds the URL, a signed one's signature
+            why = f"HTTP {status} {getattr(cause, 'message', '')}".rstrip() if status else f"{type(cause).__name__}"
+            if status in (401, 403):  # a signature expired or wrong: retrying cannot help
+                raise ConfigError(f"access denied ({why})") from None
+            raise ConnectionError(f"{why}: {_reason(cause)}" if not status else why) from None
+        return True
+
     def _is_local_folder(self, path: str) -> bool:
         return isinstance(self.fs, LocalFileSystem) and os.path.isdir(path)
 
@@ -226,12 +254,14 @@ class Store:
         and a missing file is one of those or the store's fault (a container deleted)."""
         try:
             yield
+        except ConfigError as exc:  # the backend's own (an http 403): where it was
+            raise ConfigError(f"{public_url(self.url).rstrip('/')}{'/' + rel if rel else ''}: {doing}: {exc}") from None
         except BatchocrError:
             raise
         except (FileNotFoundError, *self._backend.faults) as exc:
             if isinstance(exc, FileNotFoundError) and not document:
                 raise
-            where = f"{self.url.rstrip('/')}{'/' + rel if rel else ''}: {doing}"
+            where = f"{public_url(self.url).rstrip('/')}{'/' + rel if rel else ''}: {doing}"
             err = (self._backend.document_fault(exc, where) if document else None) or self._backend.explain(exc, where)
             raise type(err)(redact(str(err), self._backend.secrets + environment_secrets())) from None
 
@@ -252,7 +282,7 @@ class Store:
 
     def exists(self, rel: str = "") -> bool:
         with self._faults("checking it exists", rel):
-            return self.fs.exists(self._path(rel))
+            return self._backend.exists(self._path(rel))
 
     def read_bytes(self, rel: str = "") -> bytes:
         with self._faults("reading", rel):

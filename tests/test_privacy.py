@@ -69,6 +69,9 @@ def http_samples():
 
     class Signed(http.server.SimpleHTTPRequestHandler):
         def send_head(self):
+            if self.path.startswith("/status/"):  # /status/503/...: that answer, whatever the signature
+                self.send_error(int(self.path.split("/")[2]), "as asked")
+                return None
             if "sig=" not in self.path.partition("?")[2]:
                 self.send_error(403, "no signature")
                 return None
@@ -109,6 +112,33 @@ def test_a_signed_source_url_writes_no_signature_and_keeps_its_identity(http_sam
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert b"TOPSECRET" not in path.read_bytes(), path
+
+
+def test_an_http_source_that_cannot_be_reached_is_exit_1_not_missing(http_samples, tmp_path):
+    """fsspec's HTTP exists() answers False for any error: a refused connection or a 503 was
+    "SOURCE ... does not exist", exit 2 (retrying cannot help), where a retry may. The line
+    names neither the signature nor the whole aiohttp message (it holds the URL)."""
+    import socket
+
+    from conftest import run_cli
+
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    cases = [
+        (f"{closed}/report.pdf?sv=1&sig=TOPSECRETSIG", 1, f"Error: {closed}/report.pdf: checking it exists: "
+                                                          "ConnectionError: ClientConnectorError: Connect call failed"),
+        (f"{http_samples}/status/503/docs/?sig=TOPSECRETSIG", 1,
+         f"Error: {http_samples}/status/503/docs: checking it exists: ConnectionError: HTTP 503 as asked"),
+        (f"{http_samples}/report.pdf", 2,  # unsigned: the server's 403
+         f"Error: {http_samples}/report.pdf: checking it exists: access denied (HTTP 403 no signature)"),
+        (f"{http_samples}/nothere.pdf?sig=TOPSECRETSIG", 2, "Error: SOURCE "),
+    ]
+    for source, code, line in cases:
+        proc = run_cli("run", source, str(tmp_path / "out"), "--engine", "textlayer", "-q")
+        assert proc.returncode == code and proc.stderr.startswith(line), (source, proc.returncode, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1 and "TOPSECRET" not in proc.stderr, proc.stderr
+    assert proc.stderr.rstrip().endswith("does not exist"), proc.stderr  # a 404 is a missing SOURCE still
 
 
 def test_a_single_file_source_that_is_no_document_is_refused(tmp_path):
