@@ -16,7 +16,7 @@ import io
 from typing import Any
 
 from batchocr.errors import ConfigError
-from batchocr.report import Report, format_text
+from batchocr.report import Report, format_text, run_state
 from batchocr.words import duration, duration_word, plural
 
 MAX_BARS = 40  # a bar chart of more (runs, CER pages) shows the first MAX_BARS and says so
@@ -265,7 +265,7 @@ def _facts(r: Report, most: int = 5) -> list[tuple[str, str]]:
     if len(r.runs) > most:
         facts.append(("runs", f"{plural(len(r.runs), 'run')}, from {r.runs[0]['run_id']} to {r.runs[-1]['run_id']}"))
     else:
-        facts += [("run" if i == 0 else "", f"{run['run_id']}: {run['status'] or '?'}, {plural(run['pages'], 'page')}"
+        facts += [("run" if i == 0 else "", f"{run['run_id']}: {run_state(run)}, {plural(run['pages'], 'page')}"
                    + (f", shard {run['shard']}" if run["shard"] and run["shard"] != "0/1" else ""))
                   for i, run in enumerate(r.runs)]
     facts += [("engine" if i == 0 else "", f"{m['engine']} ({m['model'] or '?'}): {plural(m['pages'], 'page')}")

@@ -324,6 +324,15 @@ def _stamp(iso: str | None) -> str:
     return t.strftime("%Y-%m-%d %H:%M:%S") + (" UTC" if t.utcoffset() == dt.timedelta(0) else t.strftime(" %z"))
 
 
+def run_state(run: dict[str, Any]) -> str:
+    """A run's status as its record has it; a run recorded `running` has no end recorded:
+    it still runs, or it was killed (SIGKILL, a spot node reclaimed) and nothing can say so."""
+    if run["status"] != "running":
+        return run["status"] or "?"
+    last = f"its last row {_stamp(run['last_row_at'])}" if run["last_row_at"] else "no row yet"
+    return f"running or killed (no end recorded; {last})"
+
+
 def header_lines(r: Report, most: int = 3) -> list[str]:
     """Which runs and engines made OUT: run ids (the first `most`), engines and models."""
     lines = []
@@ -333,7 +342,7 @@ def header_lines(r: Report, most: int = 3) -> list[str]:
                      + ", ".join(f"{n:,} {state}" for state, n in states.most_common()))
     for i, run in enumerate(r.runs[:most]):
         shard = f", shard {run['shard']}" if run["shard"] and run["shard"] != "0/1" else ""
-        lines.append(f"  {'run' if i == 0 and len(r.runs) == 1 else '':<10} {run['run_id']}  {run['status'] or '?'}, "
+        lines.append(f"  {'run' if i == 0 and len(r.runs) == 1 else '':<10} {run['run_id']}  {run_state(run)}, "
                      f"started {_stamp(run['started_at'])}, {plural(run['pages'], 'page')} in the table{shard}")
     if len(r.runs) > most:
         lines.append(f"  {'':<10} ... and {plural(len(r.runs) - most, 'more run')} (--json lists them all)")

@@ -275,3 +275,27 @@ def test_report_charts_show_file_names_with_dollars_and_names_alike(rapidocr_run
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()][::-1] == [r"price_\$5_to_\$10.pdf", "same.pdf", "same.pdf (2)"]
     assert len(ax.patches) == 3
+
+
+def test_a_run_whose_end_was_never_recorded_is_running_or_killed(rapidocr_run, tmp_path):
+    """A SIGKILLed run (a spot node reclaimed) leaves its record as it wrote it at the start,
+    `running`: the header said "running" for good. It says that no end was recorded, and
+    when its last row came."""
+    import shutil
+
+    out, _ = rapidocr_run
+    killed = tmp_path / "killed"
+    shutil.copytree(out, killed)
+    (path,) = (killed / "_runs").glob("*.json")
+    record = json.loads(path.read_text())
+    record = {k: v for k, v in record.items() if k not in ("finished_at", "summary")} | {"status": "running"}
+    path.write_text(json.dumps(record))
+    last = max(read_table(killed).column("processed_at").to_pylist()).strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = run_cli("report", str(killed), check=True).stdout
+    state = f"running or killed (no end recorded; its last row {last})"
+    assert re.search(rf"^  run        {record['run_id']}  {re.escape(state)}, started .*, 10 pages in the table$",
+                     text, re.M), text
+    page = tmp_path / "report.html"
+    run_cli("report", str(killed), "--html", str(page), check=True)
+    facts = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", page.read_text()))
+    assert facts["run"] == f"{record['run_id']}: {state}, 10 pages"
