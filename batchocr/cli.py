@@ -231,6 +231,9 @@ def compact(out, storage):
 
     store = Store(out, storage)
     if not store.exists(layout.PAGES):
+        if store.exists(layout.PRODUCER):  # batchocr's output, of runs that found no document yet
+            click.echo(f"nothing to compact: no page rows in {out} yet")
+            return
         raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
     for c in compact_out(store):
         click.echo(f"shard {c.shard}: {plural(c.parts_before, 'part')}, {plural(c.rows_before, 'row')} -> 1 part, "

@@ -22,6 +22,8 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     store = Store(out, storage_options)
     parts = store.find(layout.PAGES, suffix=".parquet")
     if not parts:
+        if store.exists(layout.PRODUCER):  # batchocr's output, of runs that found no document yet
+            return pl.LazyFrame(schema=PAGE_SCHEMA)
         raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
     options, credential_provider = store.polars_options()
     # The schema is this version's: a part written before a column existed (route,

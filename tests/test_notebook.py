@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from conftest import ROOT, SAMPLES, run_cli
 
@@ -56,15 +57,18 @@ def test_readmes_command_writes_the_results_page(rapidocr_run, tmp_path):
     assert "fax.tiff" in page and "report.pdf" in page
 
 
-def test_notebook_runs_on_an_output_whose_documents_all_failed_to_open(tmp_path):
-    """An OUT of document rows only (nothing could be opened): no timeline, no page with
-    truth; every cell still runs (the timeline and CER cells raised TypeError/ColumnNotFound)."""
+@pytest.mark.parametrize("source", ["unopened", "empty"])
+def test_notebook_runs_on_an_output_whose_documents_all_failed_to_open(tmp_path, source):
+    """An OUT of document rows only (nothing could be opened), or of runs over an empty
+    source (no row at all): no timeline, no page with truth; every cell still runs (the
+    timeline and CER cells raised TypeError/ColumnNotFound; read_pages "no page table")."""
     from nbclient import NotebookClient
 
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir()
-    (src / "a.pdf").write_bytes(b"not a pdf at all\n" * 8)
-    (src / "b.pdf").write_bytes(b"%PDF-1.7 broken\n" * 8)
+    if source == "unopened":
+        (src / "a.pdf").write_bytes(b"not a pdf at all\n" * 8)
+        (src / "b.pdf").write_bytes(b"%PDF-1.7 broken\n" * 8)
     run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     os.environ["BATCHOCR_OUT"] = str(out)  # the kernel inherits this process's environment

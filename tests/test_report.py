@@ -240,6 +240,28 @@ def test_report_of_a_folder_without_a_page_table_is_a_user_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_an_out_of_runs_that_found_no_document_reads_as_an_empty_table(tmp_path):
+    """A CronJob's first runs over an empty container: `status` said done, 0 pages, while
+    report, export and compact were exit 2, "no page table", and read_pages raised."""
+    from batchocr import read_pages
+
+    (tmp_path / "src").mkdir()
+    out = tmp_path / "out"
+    assert "nothing to do" in run_cli("run", str(tmp_path / "src"), str(out), "-q", check=True).stdout
+    assert read_pages(str(out)).collect().shape == (0, len(schema.PAGE_TABLE))
+    text = run_cli("report", str(out), check=True).stdout
+    assert re.search(r"^  documents\s+0$", text, re.M) and re.search(r"^  pages\s+0$", text, re.M), text
+    assert _report(out)["rows"] == 0
+    proc = run_cli("export", str(out), str(tmp_path / "x"), "--format", "text", check=True)
+    assert proc.stdout.startswith("exported 0 documents, 0 pages")
+    assert run_cli("compact", str(out), check=True).stdout == f"nothing to compact: no page rows in {out} yet\n"
+    proc = run_cli("eval", str(out), "--truth", str(SAMPLES / "truth"))  # every truth page missing
+    assert proc.returncode == 1 and "truth pages have no row" in proc.stderr, proc.stderr
+    for command in ("report", "compact"):  # a folder batchocr never wrote is still no OUT
+        proc = run_cli(command, str(tmp_path / "src"))
+        assert proc.returncode == 2 and proc.stderr.startswith("Error: no page table under"), proc.stderr
+
+
 def test_report_over_a_million_rows(tmp_path):
     """bench/report_memory.py: a synthetic 1,000,000-row output, the report in a fresh
     process; its peak RSS is the figure in docs/BENCHMARKS.md."""
