@@ -33,7 +33,9 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("blocks", BLOCKS, "the page's layout blocks in reading order, for models that locate them (the `deepseek-ocr` preset with a grounding prompt, `unlimited-ocr`): each its `type` as the model named it (`title`, `text`, `table`, `image`, ...), `box` [x1, y1, x2, y2] in the rendered page's pixels, `box_norm` the same as fractions 0-1 of the page, and its Markdown `text` (see Layout blocks); null for engines and prompts without layout"),
     ("finish_reason", pa.string(), "`stop` (read), `error` (see `error_type`), `skipped` (nothing to read, e.g. no text layer); VLM engines add `length` (hit max tokens) and `repetition` (looping output cut off)"),
     ("prompt_tokens", pa.int32(), "tokens in the prompt, image included (VLM engines; null otherwise)"),
-    ("output_tokens", pa.int32(), "tokens generated (VLM engines; null otherwise)"),
+    ("output_tokens", pa.int32(), "tokens generated for this page (VLM engines; null otherwise): every "
+                                  "attempt's (a looping output's stopped tries too), and for a page read again "
+                                  "after its document group failed, its share of the group's"),
     ("error_type", pa.string(), "short machine-readable reason when `finish_reason` is `error` or `skipped` (see Errors)"),
     ("error_message", pa.string(), "a sentence a person can act on; null when there was no error"),
     ("warning", pa.string(), "what MuPDF reported while repairing a damaged (truncated, corrupt) file: the page was read but may be incomplete or blank; null for sound files (the messages of the router's own glyph trace, e.g. `FT_Get_Advance(...): invalid glyph index` on sound pdfTeX files, are dropped)"),
