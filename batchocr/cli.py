@@ -384,6 +384,8 @@ def entry(argv: list[str] | None = None) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if "batchocr.renderpool" in sys.modules:  # a command that rendered: its fork server's folder
+        sys.modules["batchocr.renderpool"].before_os_exit()
     os._exit(code)
 
 

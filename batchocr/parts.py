@@ -230,4 +230,7 @@ def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int)
                 stream.flush()
             except (OSError, ValueError):
                 pass
+    from batchocr.renderpool import before_os_exit
+
+    before_os_exit()
     os._exit(code)  # as the console script does (batchocr.cli.entry): no interpreter teardown

@@ -40,7 +40,8 @@ class _Worker:
         self.progress = ctx.RawArray("q", 4)
         self.process = ctx.Process(
             target=renderworker.main,
-            args=(child, spec, needs, dict(storage_options), self.progress, os.getpid()),
+            args=(child, spec, needs, dict(storage_options), self.progress, os.getpid(), dict(os.environ),
+                  os.getcwd()),
             daemon=True,
         )
         self.process.start()
@@ -95,13 +96,56 @@ class _Worker:
         self.conn.close()
 
 
+_PRELOADS: list[list[str]] = []
+
+
+def _preload() -> list[str]:
+    """What the fork server imports before it forks a worker: batchocr.renderserver, if the
+    server would import this process's batchocr. Python 3.11's forkserver starts with a fresh
+    interpreter's sys.path, not this process's (CPython gh-117378): where a fresh interpreter
+    finds another batchocr, or none (a path inserted by hand, a second checkout), the server
+    imports nothing and each worker imports it all itself, from the run's sys.path (as slow as
+    a spawned one, and right). Asked of a fresh interpreter once a process (~40 ms)."""
+    if not _PRELOADS:
+        import subprocess
+        import sys
+
+        import batchocr
+
+        probe = ("import importlib.util as u; s = u.find_spec('batchocr'); "
+                 "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')")
+        try:
+            found = subprocess.run([sys.executable, *subprocess._args_from_interpreter_flags(), "-c", probe],
+                                   capture_output=True, text=True, timeout=60).stdout.strip()
+        except (OSError, subprocess.SubprocessError, AttributeError):
+            found = ""
+        same = bool(found) and os.path.realpath(found) == os.path.realpath(batchocr.__path__[0])
+        _PRELOADS.append(["batchocr.renderserver"] if same else [])
+    return _PRELOADS[0]
+
+
+def before_os_exit() -> None:
+    """What multiprocessing's exit handler would do, for a process that ends with os._exit (the
+    console script, a part): remove multiprocessing's temp folder (the fork server's socket is
+    in it; /tmp/pymp-* was left by each run). The server ends by itself once this process has
+    (it reads the end of a pipe only this process holds); its workers end with it."""
+    import shutil
+
+    tempdir = getattr(mp.current_process(), "_config", {}).get("tempdir")
+    if tempdir:
+        shutil.rmtree(tempdir, ignore_errors=True)
+
+
 class RenderPool:
     def __init__(self, spec: RenderSpec, needs: Needs, storage_options: Mapping[str, Any] | None = None):
         self.spec = spec
         self.needs = needs
         self.storage_options = dict(storage_options or {})
-        # spawn: the parent holds onnxruntime/vLLM threads that must not be forked.
-        self.ctx = mp.get_context("spawn")
+        # Not fork: the parent holds onnxruntime/vLLM threads that must not be forked. Forks of a
+        # fork server that imported what a worker needs (batchocr/renderserver.py): a spawned
+        # worker imported it all again, ~1 s of CPU each.
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(_preload())
         self.workers: list[_Worker] = []
         self.replaced = 0  # workers killed (hung) or found dead
         self._start_failures = 0

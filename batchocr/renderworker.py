@@ -31,12 +31,15 @@ def skip_pymupdf_extras() -> None:
     os.environ.setdefault("PYMUPDF_SUGGEST_LAYOUT_ANALYZER", "0")
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int | None) -> None:
     """SIGKILL this process when the one that started it dies (kill -9 of a run
     must not leave a worker hung on a page at 100% CPU, re-parented to PID 1). A
     watchdog thread could not do it: MuPDF holds the GIL while it renders. Linux
     sends the signal when the parent's *thread* that started us exits: the pool
-    starts workers from the run's main thread."""
+    starts workers from the run's main thread. parent_pid None: the parent is the one we
+    have now (a fork server's child: the server, not the run, started it)."""
+    if parent_pid is None:
+        parent_pid = os.getppid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
@@ -45,8 +48,34 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], progress, parent_pid: int) -> None:
-    die_with_parent(parent_pid)
+def release_server() -> bool:
+    """Whether this process is a fork server's child; if so, it lets go of its copy of the run's
+    end of the pipe whose closing ends the server (multiprocessing hands one to every child, for
+    children that start processes of their own), so that the server ends when the run does and
+    each worker with it (PDEATHSIG). Kept, a worker hung on a page kept the server alive, and the
+    server kept the worker, after a kill -9 of the run."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:  # spawned: the run is the parent
+        return False
+    os.close(fd)
+    server._forkserver_alive_fd = None
+    return True
+
+
+def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], progress, parent_pid: int,
+         env: Mapping[str, str] | None = None, cwd: str | None = None) -> None:
+    """parent_pid: the run's process; a worker forked by the fork server dies with the server,
+    which ends with the run. env, cwd: the run's now (the server's are those of the first run
+    of its process: a library user's second run may have others)."""
+    die_with_parent(None if release_server() else parent_pid)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    if cwd is not None:
+        os.chdir(cwd)
     skip_pymupdf_extras()
     # The parent decides when to stop (SIGINT/SIGTERM go to the whole process group).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

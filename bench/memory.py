@@ -3,7 +3,8 @@
 Each run is a fresh process (textlayer engine, so the run is quick; the stages that
 hold state, listing, render pool, resume keys, part writer, are the same for
 every engine). Reported: the run process's peak RSS and the largest render
-worker's peak RSS, from getrusage.
+worker's peak RSS, from getrusage (the workers are the fork server's children: the
+server, stopped and reaped first, counts theirs).
 
     python bench/memory.py [--small 200] [--large 2000] [--pages 2] [--json FILE]
 """
@@ -27,6 +28,11 @@ from batchocr.pipeline import run_job
 from batchocr.spec import load_job
 summary = run_job(load_job(None, source=sys.argv[1], out=sys.argv[2], engine="textlayer",
                            **{"commit.every_pages": 200}), progress=False)
+try:  # the render workers are the fork server's children: the server reaped, theirs is counted
+    from multiprocessing import forkserver
+    forkserver._forkserver._stop()
+except Exception:
+    pass
 print(json.dumps({"pages": summary.pages, "documents": summary.documents, "seconds": summary.seconds,
                   "self_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   "worker_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))

@@ -178,6 +178,22 @@ def _children(pid: int) -> set[int]:
         return set()
 
 
+def _descendants(pid: int) -> set[int]:
+    """Children, theirs, and so on: the render workers are the fork server's children."""
+    found, todo = set(), [pid]
+    while todo:
+        for child in _children(todo.pop()) - found:
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _render_workers(pid: int) -> list[int]:
+    """The render workers of the run `pid`: the children of its fork server."""
+    servers = [p for p in _children(pid) if b"multiprocessing.forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
+    return [w for server in servers for w in _children(server)]
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie (PID 1 here may never reap what it inherits)."""
     try:
@@ -233,14 +249,15 @@ def test_sigkill_during_a_hang_and_a_long_document_then_resume_equals_a_clean_ru
         proc = start(job, ms_per_page=2)
         if wait_until_running(job, proc, runs):  # timed from the run's start, not the interpreter's
             time.sleep(rnd.uniform(0.0, 2.5))
-        workers = _children(proc.pid)
+        workers = _descendants(proc.pid)  # the render workers' fork server, the workers, the resource tracker
+        render = _render_workers(proc.pid)
         if proc.poll() is not None:
             assert proc.returncode == 0, proc.stderr.read()
             continue
         proc.kill()  # the main process only: its workers must follow on their own
         proc.wait(timeout=30)
         kills += 1
-        assert workers, "the run had no workers to check"
+        assert render and set(render) <= workers, "the run had no workers to check"
         assert not _gone_within(workers, 10), "a render worker outlived its run"
     assert kills >= 3
     until_nothing_to_do(job)
@@ -380,7 +397,7 @@ def test_a_render_worker_killed_on_a_page_costs_that_page_through_the_cli(tmp_pa
     while len(list(out.glob("pages/*/*.parquet"))) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "pages 0 and 1 never came"
         time.sleep(0.05)
-    (worker,) = [p for p in _children(proc.pid) if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+    (worker,) = _render_workers(proc.pid)
     os.kill(worker, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr

@@ -1,0 +1,34 @@
+"""The render workers' fork server: imported once, in the server, by multiprocessing's
+forkserver (batchocr/renderpool.py), so that each worker is a fork of a process that has
+imported what a worker needs, not a fresh interpreter importing it again.
+
+A spawned worker took ~1 s of CPU to start on the 2-core build machine (PyMuPDF, pyarrow,
+numpy, batchocr.render's other imports; pandas too, where installed: pyarrow's first
+conversion looks for it), a run's two workers ~2 s; a worker killed on a hung page cost as
+much again. A fork of the server starts in milliseconds (docs/BENCHMARKS.md, "Render
+workers' start").
+
+The server is single-threaded when it forks but for jemalloc's background thread, which
+jemalloc's own fork handlers deal with (OpenBLAS is held to one thread), so forking it is
+safe where forking the run's process, which holds onnxruntime's or vLLM's threads, is not.
+It ends when the run's process does (multiprocessing's forkserver reads the end of a pipe only
+that process holds: renderworker.release_server), and each worker dies with it (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import os
+
+from batchocr import renderworker
+
+try:
+    renderworker.skip_pymupdf_extras()
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads: none to fork past
+    import pymupdf  # noqa: F401
+    import pyarrow as pa
+
+    from batchocr import render  # noqa: F401 - what it imports: fsspec, numpy, the word lists
+
+    pa.array([0])  # pyarrow looks for pandas on its first conversion: once here, not in every worker
+except Exception:  # noqa: BLE001 - a worker imports what it needs itself, and says what is wrong
+    pass

@@ -1,0 +1,60 @@
+"""The render workers' fork server (batchocr/renderserver.py): workers are its forks, it
+imports what they need once, it goes with its run and leaves nothing behind; where it could
+not import this process's batchocr, the workers still read every page. (That no worker or
+server outlives a kill -9 of its run: tests/test_hostile.py.)"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT, SAMPLES, run_cli
+
+RUN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import batchocr
+from batchocr import renderpool
+from batchocr.pipeline import run_job
+from batchocr.spec import JobSpec
+summary = run_job(JobSpec(source=sys.argv[2], out=sys.argv[3], engine="textlayer"), progress=False)
+print(json.dumps({"batchocr": batchocr.__path__[0], "preload": renderpool._preload(), "pages": summary.pages,
+                  "errors": summary.error_pages}))
+"""
+
+
+def _run(tree, out, env=None):
+    proc = subprocess.run([sys.executable, "-c", RUN, str(tree), str(SAMPLES / "report.pdf"), str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_workers_are_forks_of_a_server_that_imported_batchocr(tmp_path):
+    r = _run(ROOT, tmp_path / "out")
+    assert r["preload"] == ["batchocr.renderserver"] and (r["pages"], r["errors"]) == (3, 0)
+
+
+def test_a_batchocr_the_server_would_not_find_still_reads_every_page(tmp_path):
+    """Python 3.11's forkserver starts with a fresh interpreter's sys.path, not the run's
+    (CPython gh-117378): a batchocr on a path inserted by hand is another than the server's.
+    Preloaded, the server's batchocr (the installed one: another version) ran the workers: they
+    died before their first page (exit 1, "render workers die before they start")."""
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "batchocr", copy / "batchocr", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": ""}  # the installed batchocr is what a fresh interpreter finds
+    r = _run(copy, tmp_path / "out", env)
+    assert r["batchocr"] == str(copy / "batchocr") and r["preload"] == []
+    assert (r["pages"], r["errors"]) == (3, 0)
+
+
+def test_a_run_leaves_no_temp_folder(tmp_path):
+    """The console script ends with os._exit, which skips multiprocessing's exit handler: each
+    run left its temp folder (/tmp/pymp-*, the server's socket) behind."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = run_cli("run", str(SAMPLES / "report.pdf"), str(tmp_path / "out"), "--engine", "textlayer", "-q",
+                   env={"TMPDIR": str(tmp)}, subprocess=True)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp.iterdir()) == []
