@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from batchocr import layout
 from batchocr.errors import ConfigError
-from batchocr.storage import Store
+from batchocr.storage import Store, each
 
 PRODUCER = layout.PRODUCER
 # Render settings that change what a page becomes (not workers, timeouts, batch sizes).
@@ -91,12 +91,12 @@ def _from_runs(out: Store) -> dict[str, Any] | None:
 def other_runs(out: Store, run_ids: Iterable[str], producer: dict[str, Any]) -> set[str]:
     """Those of `run_ids` whose record says they ran with other settings (a run
     without a record is taken to be current: its rows are kept)."""
-    other = set()
-    for run_id in set(run_ids):
+    def other(run_id: str) -> bool:
         rel = layout.run_record(run_id)
-        if run_id and out.exists(rel) and of_record(out.read_json(rel)) != producer:
-            other.add(run_id)
-    return other
+        return out.exists(rel) and of_record(out.read_json(rel)) != producer
+
+    ids = sorted({r for r in run_ids if r})  # a shard's rows name a run a day, a year on, in a CronJob's OUT
+    return {run_id for run_id, found in zip(ids, each(other, ids)) if found}
 
 
 def stale_runs(out: Store, run_ids: Iterable[str]) -> set[str]:

@@ -29,8 +29,8 @@ def shard_count(out: Store, plan: PlanInfo | None, markers: list[str]) -> int:
     if plan is not None:
         return plan.shards
     counts = [1]
-    for rel in markers:
-        counts.append(int(out.read_json(rel).get("shards", 1)))
+    for marker in out.read_each_json(markers):
+        counts.append(int(marker.get("shards", 1)))
     for run in out.read_jsons(layout.RUNS):
         counts.append(int(run.get("spec", {}).get("shard", {}).get("count", 1)))
     return max(counts + [s + 1 for s in shards_present(out)])
@@ -41,7 +41,7 @@ def output_shard_counts(out: Store) -> set[int]:
     done-markers, else (no shard done yet) from the records of runs that may have
     committed rows (one still running or killed, or one that wrote parts). The
     markers first: a CronJob's OUT has many run records, and a marker per shard."""
-    counts = {m["shards"] for rel in out.find(layout.DONE, suffix=".json") if "shards" in (m := out.read_json(rel))}
+    counts = {m["shards"] for m in out.read_jsons(layout.DONE) if "shards" in m}
     if counts:
         return counts
     return {int(run.get("spec", {}).get("shard", {}).get("count", 1)) for run in out.read_jsons(layout.RUNS)

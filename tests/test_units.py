@@ -354,3 +354,43 @@ def test_default_workers_and_threads_follow_the_process_affinity():
             "print(RenderSpec().worker_count, available_cpus())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["1", "1"]
+
+
+def test_run_records_and_markers_are_read_several_at_a_time(tmp_path, monkeypatch):
+    """A CronJob's OUT holds a run record a run and a shard: `report`, `status` and every
+    run's start read them, and an object store answers each in milliseconds. They were read
+    one after the other; now up to storage.READ_THREADS at once, in their order."""
+    import threading
+
+    from batchocr import producer, status
+
+    out = Store(str(tmp_path))
+    settings = {"model": "m"}
+    for i in range(40):
+        out.write_json(f"_runs/r{i:03d}.json", {"run_id": f"r{i:03d}", "model": "m" if i % 2 else "other",
+                                               "spec": {"shard": {"index": 0, "count": 3}}})
+    for shard in range(3):
+        out.write_json(f"_done/shard-{shard:05d}.json", {"shards": 3})
+    lock, live, peak = threading.Lock(), [0], [0]
+    read_json = Store.read_json
+
+    def slow(self, rel):
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.02)  # as a store's round trip: reads that overlap are seen to
+        try:
+            return read_json(self, rel)
+        finally:
+            with lock:
+                live[0] -= 1
+
+    monkeypatch.setattr(Store, "read_json", slow)
+    monkeypatch.setattr(producer, "of_record", lambda record: {"model": record["model"]})
+    records = out.read_jsons("_runs")
+    assert [r["run_id"] for r in records] == [f"r{i:03d}" for i in range(40)] and peak[0] > 1
+    peak[0] = 0
+    assert producer.other_runs(out, [f"r{i:03d}" for i in range(40)] + ["gone"], settings) == \
+        {f"r{i:03d}" for i in range(0, 40, 2)} and peak[0] > 1
+    peak[0] = 0
+    assert status.output_shard_counts(out) == {3} and peak[0] > 1
