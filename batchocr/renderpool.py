@@ -13,6 +13,7 @@ the number of workers, whatever the size of the container.
 from __future__ import annotations
 
 import collections
+import logging
 import multiprocessing as mp
 import os
 import time
@@ -29,6 +30,7 @@ from batchocr.renderworker import COUNT, PAGE, READING, STARTED, TICKS, UNKNOWN
 from batchocr.schema import Needs
 from batchocr.spec import RenderSpec
 
+log = logging.getLogger(__name__)
 # Workers in a row that die before they are ready: then it is not the input.
 START_FAILURES = 3
 START_S = 120  # the longest a worker may take to start (imports) before it counts as hung
@@ -44,7 +46,12 @@ class _Worker:
                   os.getcwd()),
             daemon=True,
         )
-        self.process.start()
+        try:
+            self.process.start()
+        except BaseException:
+            self.conn.close()
+            child.close()
+            raise
         self.born = time.monotonic()
         child.close()
         self.task: RenderTask | None = None
@@ -162,7 +169,18 @@ class RenderPool:
         self.workers = []
 
     def _spawn(self) -> _Worker:
-        return _Worker(self.ctx, self.spec, self.needs, self.storage_options)
+        try:
+            return _Worker(self.ctx, self.spec, self.needs, self.storage_options)
+        except OSError as exc:
+            if self.ctx.get_start_method() != "forkserver":
+                raise
+            # The fork server could not start: its socket's path is too long for AF_UNIX (108
+            # bytes) under a long TMPDIR, or the temp folder cannot be written. Spawned workers
+            # need neither: slower to start, the same pages.
+            log.warning("render workers: the fork server could not start (%s: %s); spawning each worker "
+                        "instead", type(exc).__name__, exc)
+            self.ctx = mp.get_context("spawn")
+            return _Worker(self.ctx, self.spec, self.needs, self.storage_options)
 
     def run(self, tasks: Iterable[RenderTask], stop: Callable[[], bool] = lambda: False) -> Iterator[pa.RecordBatch]:
         """Page batches of every task, in the order they finish. When stop() turns

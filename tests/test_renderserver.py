@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from conftest import ROOT, SAMPLES, run_cli
 
@@ -52,9 +53,24 @@ def test_a_batchocr_the_server_would_not_find_still_reads_every_page(tmp_path):
 def test_a_run_leaves_no_temp_folder(tmp_path):
     """The console script ends with os._exit, which skips multiprocessing's exit handler: each
     run left its temp folder (/tmp/pymp-*, the server's socket) behind."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = tempfile.mkdtemp(prefix="t", dir="/tmp")  # short: the server's socket path fits AF_UNIX's 108 bytes
+    try:
+        proc = run_cli("run", str(SAMPLES / "report.pdf"), str(tmp_path / "out"), "--engine", "textlayer", "-q",
+                       env={"TMPDIR": tmp}, subprocess=True)
+        assert proc.returncode == 0, proc.stderr
+        assert "fork server could not start" not in proc.stderr
+        assert os.listdir(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_temp_folder_too_deep_for_the_servers_socket_falls_back_to_spawned_workers(tmp_path):
+    """AF_UNIX takes paths of at most 108 bytes: under a long TMPDIR the fork server could not
+    bind its socket, and the run ended in a traceback (OSError: AF_UNIX path too long)."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
     proc = run_cli("run", str(SAMPLES / "report.pdf"), str(tmp_path / "out"), "--engine", "textlayer", "-q",
-                   env={"TMPDIR": str(tmp)}, subprocess=True)
+                   env={"TMPDIR": str(deep)}, subprocess=True)
     assert proc.returncode == 0, proc.stderr
-    assert list(tmp.iterdir()) == []
+    assert "the fork server could not start (OSError: AF_UNIX path too long); spawning each worker" in proc.stderr
+    assert "Traceback" not in proc.stderr and os.listdir(deep) == []
