@@ -66,7 +66,8 @@ def open_document(doc: DocRef, storage_options: Mapping[str, Any],
         return _open_local(uri[len("file://"):], doc)
     store = Store(uri, storage_options)
     progress(READING, UNKNOWN)
-    data = store.read_document()
+    data = store.read_document(progress=lambda: progress(READING, UNKNOWN),  # each chunk: it moves
+                               listed_size=doc.size or None)
     progress(UNKNOWN, UNKNOWN)
     if not data:
         raise EmptyFile()

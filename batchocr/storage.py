@@ -18,7 +18,7 @@ import time
 import urllib.parse
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import fsspec
 import pyarrow as pa
@@ -55,7 +55,8 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
 # and GCS's presigned URLs (X-Amz-Signature, X-Goog-Signature).
 _SIGNATURES = ("sig", "signature", "x-amz-signature", "x-goog-signature")
 
-READ_THREADS = 16  # small files (run records, done-markers) read at once from an object store
+READ_THREADS = 16
+DOWNLOAD_CHUNK = 8 * 2**20  # a large document is downloaded in ranges of this many bytes (read_document)  # small files (run records, done-markers) read at once from an object store
 
 
 def each(fn, items: list) -> list:
@@ -299,11 +300,30 @@ class Store:
         with self._faults("reading", rel):
             return self.fs.cat_file(self._path(rel))
 
-    def read_document(self, rel: str = "") -> bytes:
+    def read_document(self, rel: str = "", progress: Callable[[], None] | None = None,
+                      listed_size: int | None = None) -> bytes:
         """read_bytes of one SOURCE document: a fault of that file alone (deleted since it
-        was listed; on Azure also archived, or refused for that blob) is Unreadable."""
+        was listed; on Azure also archived, or refused for that blob) is Unreadable.
+        `progress`, where given, is called as the bytes come: on a store that reads byte
+        ranges surely (the backend's `ranged`), a document over DOWNLOAD_CHUNK is read a
+        chunk at a time, so that a large one on a slow link is seen to move (the render
+        pool stops a run whose download makes no progress for render.timeout_s: read whole,
+        a 1 GB scan at 3 MB/s stopped every run that reached it). `listed_size`, the size
+        the listing gave: one no larger than a chunk is read at once, with no request for
+        its size first."""
+        path = self._path(rel)
         with self._faults("reading", rel, document=True):
-            return self.fs.cat_file(self._path(rel))
+            small = listed_size is not None and listed_size <= DOWNLOAD_CHUNK
+            if progress is None or small or not getattr(self._backend, "ranged", False):
+                return self.fs.cat_file(path)
+            size = self.fs.size(path)
+            if size is None or size <= DOWNLOAD_CHUNK:
+                return self.fs.cat_file(path)
+            parts = []
+            for start in range(0, size, DOWNLOAD_CHUNK):
+                parts.append(self.fs.cat_file(path, start=start, end=min(size, start + DOWNLOAD_CHUNK)))
+                progress()
+            return b"".join(parts)
 
     def read_json(self, rel: str) -> Any:
         return json.loads(self.read_bytes(rel))

@@ -316,3 +316,36 @@ def test_names_azure_cannot_take_are_configuration(azurite, source, out, said):
     assert proc.returncode == 2, proc.stderr
     (line,) = _error_lines(proc.stderr)
     assert said in line and "rerun" not in line, line
+
+
+def test_a_large_document_is_downloaded_in_chunks_that_show_it_moving(azurite, tmp_path):
+    """The render pool stops a run whose download makes no progress for render.timeout_s;
+    read whole, a large scan on a slow link made none until it was all there (a 1 GB scan at
+    3 MB/s stopped every run that reached it, at the default 300 s). Over DOWNLOAD_CHUNK it
+    is read a range at a time, each a sign of progress, and the bytes are the blob's."""
+    import os
+
+    import numpy as np
+    import pymupdf
+
+    from batchocr.storage import DOWNLOAD_CHUNK, Store
+
+    doc = pymupdf.open()  # a real PDF larger than two chunks: one page of incompressible pixels
+    page = doc.new_page(width=612, height=792)
+    noise = np.random.default_rng(0).integers(0, 256, (3000, 2000, 3), dtype=np.uint8)
+    page.insert_image(page.rect, pixmap=pymupdf.Pixmap(pymupdf.csRGB, 2000, 3000, noise.tobytes(), False))
+    page.insert_text((72, 72), "large scan", fontsize=24)
+    big = tmp_path / "big.pdf"
+    doc.save(big)
+    size = os.path.getsize(big)
+    assert size > 2 * DOWNLOAD_CHUNK
+    azurite.container("large")
+    azurite.upload("large", [big])
+    calls = []
+    store = Store("az://large/big.pdf", azurite.options())
+    assert store.read_document(progress=lambda: calls.append(1)) == big.read_bytes()
+    assert len(calls) == -(-size // DOWNLOAD_CHUNK)
+    # the whole run: the worker reads it in chunks, MuPDF opens what they make
+    proc = run_cli("run", "az://large/", str(tmp_path / "out"), "--engine", "textlayer", "-q",
+                   env=_env(azurite), check=True)
+    assert "1 document, 1 page (0 errors" in proc.stdout, proc.stdout
