@@ -106,7 +106,7 @@ def _shares_a_module_fixture(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The suite runs on 2 pytest-xdist workers (pyproject's addopts: `-n 2 --dist
+    """The suite runs on 3 pytest-xdist workers (pyproject's addopts: `-n 3 --dist
     loadscope`: a module's tests stay on one worker, so a module fixture (a corpus and
     its clean run, two OCR runs of a test set) is made once). The modules whose tests
     share such a fixture are the long ones: they go first, so that none of them starts
