@@ -293,7 +293,6 @@ class AzureBackend:
                               "choose one without '[' or ']'") from None
 
     faults = (AzureError, OSError, ValueError)  # what the SDK and adlfs raise for storage faults
-    ranged = True  # a blob's byte ranges are read as asked (Store.read_document reads a large one in chunks)
 
     def exists(self, path: str) -> bool:
         return self.fs.exists(path)  # adlfs raises what it cannot answer (explain() says what it means)

@@ -304,9 +304,9 @@ class Store:
                       listed_size: int | None = None) -> bytes:
         """read_bytes of one SOURCE document: a fault of that file alone (deleted since it
         was listed; on Azure also archived, or refused for that blob) is Unreadable.
-        `progress`, where given, is called as the bytes come: on a store that reads byte
-        ranges surely (the backend's `ranged`), a document over DOWNLOAD_CHUNK is read a
-        chunk at a time, so that a large one on a slow link is seen to move (the render
+        `progress`, where given, is called as the bytes come: a document over DOWNLOAD_CHUNK
+        is read a byte range at a time (a server that ignores ranges answers the first with
+        the whole file, which is then the document), so that a large one on a slow link is seen to move (the render
         pool stops a run whose download makes no progress for render.timeout_s: read whole,
         a 1 GB scan at 3 MB/s stopped every run that reached it). `listed_size`, the size
         the listing gave: one no larger than a chunk is read at once, with no request for
@@ -314,15 +314,20 @@ class Store:
         path = self._path(rel)
         with self._faults("reading", rel, document=True):
             small = listed_size is not None and listed_size <= DOWNLOAD_CHUNK
-            if progress is None or small or not getattr(self._backend, "ranged", False):
+            if progress is None or small or self.is_local:
                 return self.fs.cat_file(path)
             size = self.fs.size(path)
             if size is None or size <= DOWNLOAD_CHUNK:
                 return self.fs.cat_file(path)
             parts = []
             for start in range(0, size, DOWNLOAD_CHUNK):
-                parts.append(self.fs.cat_file(path, start=start, end=min(size, start + DOWNLOAD_CHUNK)))
+                end = min(size, start + DOWNLOAD_CHUNK)
+                part = self.fs.cat_file(path, start=start, end=end)
                 progress()
+                if len(part) != end - start:  # not the range asked for: a server that ignores Range
+                    # sends the whole file (http.server does); else the file changed: read it whole
+                    return part if start == 0 and len(part) == size else self.fs.cat_file(path)
+                parts.append(part)
             return b"".join(parts)
 
     def read_json(self, rel: str) -> Any:

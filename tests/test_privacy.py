@@ -141,6 +141,31 @@ def test_an_http_source_that_cannot_be_reached_is_exit_1_not_missing(http_sample
     assert proc.stderr.rstrip().endswith("does not exist"), proc.stderr  # a 404 is a missing SOURCE still
 
 
+def test_a_large_document_from_a_server_that_ignores_ranges_is_read_whole(tmp_path):
+    """A document over DOWNLOAD_CHUNK is read a byte range at a time; Python's http.server
+    ignores Range and answers each with the whole file: the first answer is the document,
+    not the first of several copies joined."""
+    import functools
+    import http.server
+    import threading
+
+    from batchocr.storage import DOWNLOAD_CHUNK, Store
+
+    data = os.urandom(DOWNLOAD_CHUNK * 2 + 12345)
+    (tmp_path / "big.pdf").write_bytes(data)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        calls = []
+        store = Store(f"http://127.0.0.1:{server.server_address[1]}/big.pdf")
+        assert store.read_document(progress=lambda: calls.append(1)) == data and calls == [1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_single_file_source_that_is_no_document_is_refused(tmp_path):
     from conftest import run_cli
 
