@@ -17,9 +17,26 @@ that process holds: renderworker.release_server), and each worker dies with it (
 
 from __future__ import annotations
 
+import atexit
 import os
 
 from batchocr import renderworker
+
+
+def _remove_run_temp() -> None:
+    """At the server's end, which follows the run's: the run's multiprocessing temp folder,
+    where the server's socket is. A run that ends removes it itself (renderpool.before_os_exit,
+    or multiprocessing's exit handler); one killed (kill -9, a spot node's OOM) cannot, and
+    left /tmp/pymp-* behind. The workers, forks of this process, end with os._exit: not them."""
+    import shutil
+    from multiprocessing import forkserver
+
+    address = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_address", None)
+    if isinstance(address, str) and os.path.basename(os.path.dirname(address)).startswith("pymp-"):
+        shutil.rmtree(os.path.dirname(address), ignore_errors=True)
+
+
+atexit.register(_remove_run_temp)
 
 try:
     renderworker.skip_pymupdf_extras()

@@ -122,3 +122,44 @@ def assert_same_as_clean(out: str | Path, clean: pl.DataFrame, storage_options: 
         clean.sort(KEY).select(*KEY, "text", "finish_reason")
     )
     assert set(before.select(*KEY).unique().rows()) == set(after.select(*KEY).rows())
+
+
+# Processes of a run: render workers are its fork server's children (batchocr/renderserver.py).
+def children(pid: int) -> set[int]:
+    try:
+        return {int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def descendants(pid: int) -> set[int]:
+    """Children, theirs, and so on: the render workers are the fork server's children."""
+    found, todo = set(), [pid]
+    while todo:
+        for child in children(todo.pop()) - found:
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def render_workers(pid: int) -> list[int]:
+    """The render workers of the run `pid`: the children of its fork server."""
+    servers = [p for p in children(pid) if b"multiprocessing.forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
+    return [w for server in servers for w in children(server)]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (PID 1 here may never reap what it inherits)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def still_running_after(pids: set[int], seconds: float) -> set[int]:
+    """Those of `pids` still running once `seconds` have passed (or none is, sooner)."""
+    deadline = time.monotonic() + seconds
+    while (alive := {p for p in pids if running(p)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive

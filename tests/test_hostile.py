@@ -23,7 +23,8 @@ from batchocr.compact import compact
 from batchocr.sharding import shard_of
 from batchocr.sources import doc_id, native, spell
 from batchocr.storage import Store
-from chaos import assert_same_as_clean, finish, start, table, wait_until_running, write_job
+from chaos import (assert_same_as_clean, descendants, finish, render_workers, start, still_running_after, table,
+                   wait_until_running, write_job)
 from conftest import run_cli
 from corpus import bad_corpus, hang_pdf, text_corpus, text_pdf
 
@@ -171,45 +172,6 @@ def test_a_document_is_complete_only_when_every_page_has_a_final_row():
     assert state({"page_index": -1, "page_count": 0, "error_type": "no_pages"}) is None
 
 
-def _children(pid: int) -> set[int]:
-    try:
-        return {int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()}
-    except FileNotFoundError:
-        return set()
-
-
-def _descendants(pid: int) -> set[int]:
-    """Children, theirs, and so on: the render workers are the fork server's children."""
-    found, todo = set(), [pid]
-    while todo:
-        for child in _children(todo.pop()) - found:
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _render_workers(pid: int) -> list[int]:
-    """The render workers of the run `pid`: the children of its fork server."""
-    servers = [p for p in _children(pid) if b"multiprocessing.forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
-    return [w for server in servers for w in _children(server)]
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (PID 1 here may never reap what it inherits)."""
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _gone_within(pids: set[int], seconds: float) -> set[int]:
-    deadline = time.monotonic() + seconds
-    while (alive := {p for p in pids if _running(p)}) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
-
-
 def test_sigkill_during_a_hang_and_a_long_document_then_resume_equals_a_clean_run(tmp_path):
     """kill -9 of the run's own process (not its group) at random instants, while a
     page hangs the renderer and while a 200-page document is read: no worker outlives
@@ -249,8 +211,8 @@ def test_sigkill_during_a_hang_and_a_long_document_then_resume_equals_a_clean_ru
         proc = start(job, ms_per_page=2)
         if wait_until_running(job, proc, runs):  # timed from the run's start, not the interpreter's
             time.sleep(rnd.uniform(0.0, 2.5))
-        workers = _descendants(proc.pid)  # the render workers' fork server, the workers, the resource tracker
-        render = _render_workers(proc.pid)
+        workers = descendants(proc.pid)  # the render workers' fork server, the workers, the resource tracker
+        render = render_workers(proc.pid)
         if proc.poll() is not None:
             assert proc.returncode == 0, proc.stderr.read()
             continue
@@ -258,7 +220,7 @@ def test_sigkill_during_a_hang_and_a_long_document_then_resume_equals_a_clean_ru
         proc.wait(timeout=30)
         kills += 1
         assert render and set(render) <= workers, "the run had no workers to check"
-        assert not _gone_within(workers, 10), "a render worker outlived its run"
+        assert not still_running_after(workers, 10), "a render worker outlived its run"
     assert kills >= 3
     until_nothing_to_do(job)
     assert_same_as_clean(out, expected)
@@ -397,7 +359,7 @@ def test_a_render_worker_killed_on_a_page_costs_that_page_through_the_cli(tmp_pa
     while len(list(out.glob("pages/*/*.parquet"))) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "pages 0 and 1 never came"
         time.sleep(0.05)
-    (worker,) = _render_workers(proc.pid)
+    (worker,) = render_workers(proc.pid)
     os.kill(worker, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 
+from chaos import descendants, render_workers, still_running_after
 from conftest import ROOT, SAMPLES, run_cli
 
 RUN = """
@@ -74,3 +75,39 @@ def test_a_temp_folder_too_deep_for_the_servers_socket_falls_back_to_spawned_wor
     assert proc.returncode == 0, proc.stderr
     assert "the fork server could not start (OSError: AF_UNIX path too long); spawning each worker" in proc.stderr
     assert "Traceback" not in proc.stderr and os.listdir(deep) == []
+
+
+def test_a_killed_run_leaves_no_worker_and_no_temp_folder(tmp_path):
+    """kill -9 of a run whose worker hangs on a page: the server ends (the run's end of its
+    pipe closed), its worker with it, and the server removes the run's temp folder, which the
+    killed run could not (it was left behind)."""
+    import signal
+    import time
+
+    from corpus import hang_pdf
+
+    src = tmp_path / "src"
+    src.mkdir()
+    hang_pdf(src / "hang.pdf", pages=3, hang_at=(0,))
+    tmp = tempfile.mkdtemp(prefix="t", dir="/tmp")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(tmp_path / "out"),
+                                 "--engine", "textlayer", "-q"], env={**os.environ, "TMPDIR": tmp},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not render_workers(proc.pid):  # a worker, the server's child, is up
+            assert time.monotonic() < deadline and proc.poll() is None, "no render worker started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # on the page that hangs
+        everyone = descendants(proc.pid)
+        assert os.listdir(tmp)  # the run's temp folder, with the server's socket
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert not still_running_after(everyone, 10)
+        deadline = time.monotonic() + 10
+        while os.listdir(tmp) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
