@@ -228,13 +228,14 @@ def compact(out, storage):
     """
     from batchocr.compact import compact as compact_out
     from batchocr.storage import Store
+    from batchocr.table import has_no_rows_yet, no_page_table
 
     store = Store(out, storage)
     if not store.exists(layout.PAGES):
-        if store.exists(layout.PRODUCER):  # batchocr's output, of runs that found no document yet
+        if has_no_rows_yet(store):
             click.echo(f"nothing to compact: no page rows in {out} yet")
             return
-        raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
+        raise no_page_table(out)
     for c in compact_out(store):
         click.echo(f"shard {c.shard}: {plural(c.parts_before, 'part')}, {plural(c.rows_before, 'row')} -> 1 part, "
                    f"{plural(c.rows_after, 'row')}")

@@ -94,12 +94,12 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
     out = Store(spec.out, spec.storage_options)
     source = Store(spec.source, spec.storage_options)
     pipeline._check_stores(spec, source, out)
-    pipeline._check_sharding(source, out, spec)  # exit 2 before any part starts
+    plan = pipeline._check_sharding(source, out, spec)  # exit 2 before any part starts
     settings = pipeline._producer_settings(spec)
     producer.check(out, settings, spec.reprocess, spec.out)  # exit 2 before any part starts
     # Only documents with pages to do are dealt: a CronJob's rerun over a mostly done shard
     # balances the new work, not the listing.
-    todo, finished = pipeline.pending(pipeline._documents(source, out, spec),
+    todo, finished = pipeline.pending(pipeline._documents(source, out, spec, plan),
                                       completed(pipeline.current_keys(out, spec.shard.index, settings)))
     if not todo:  # nothing to do: no engine is loaded for it
         summary = pipeline.RunSummary(run_id="", shard=str(spec.shard), out=spec.out, documents_skipped=finished,

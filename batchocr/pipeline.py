@@ -109,8 +109,7 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     summary = RunSummary(run_id=run_id, shard=str(shard), out=spec.out)
 
     _check_stores(spec, source, out)  # before the engine loads; a missing SOURCE leaves no run record
-    if part is None:  # (a part's parent checked it)
-        _check_sharding(source, out, spec)
+    plan = _check_sharding(source, out, spec) if part is None else None  # (a part's parent checked it)
     expected = None  # what OUT is to remember, known before the engine loads
     start = {"turn_wait_s": 0.0, "engine_start_s": 0.0}  # the run's start: a part's turn, the engine's build
     if engine is None:
@@ -126,7 +125,7 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
             part.built()
     try:
         return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop, expected, part,
-                    start)
+                    start, plan)
     except StorageError as exc:  # said here, not by the store: `status` and `report` resume nothing
         raise StorageError(f"{exc}; committed work is intact, rerun to resume") from None
     finally:
@@ -136,7 +135,7 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
 def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.datetime, summary: RunSummary,
          out: Store, source: Store, progress: bool, stop: threading.Event,
          expected: dict[str, Any] | None = None, part: "Part | None" = None,
-         start: dict[str, float] | None = None) -> RunSummary:
+         start: dict[str, float] | None = None, plan: PlanInfo | None = None) -> RunSummary:
     shard = spec.shard
     render = _render_spec(spec, getattr(engine, "render_hints", {}))
     # The render settings used: the worker count resolved (the spec's own, 0 for "one per CPU", is in "spec").
@@ -157,7 +156,7 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     try:  # run.end below writes the record's last word; a failure before it must not leave it "running"
         keys = current_keys(out, shard.index, settings)
         run = _Shard(spec, engine, run_id, started, summary, out, part, start or {}, completed(keys),
-                     (lambda: iter(part.documents)) if part is not None else (lambda: _documents(source, out, spec)),
+                     (lambda: iter(part.documents)) if part is not None else (lambda: _documents(source, out, spec, plan)),
                      progress)
         pool = pooled.enter_context(RenderPool(render, run.needs, spec.storage_options))
     except BaseException:
@@ -417,25 +416,21 @@ def _producer_settings(spec: JobSpec) -> dict[str, Any]:
     return producer.settings(spec.engine, known["model"], known["preset"], known["prompt"], spec.route, render)
 
 
-def _documents(source: Store, out: Store, spec: JobSpec) -> Iterator[DocRef]:
-    """This shard's documents: from the plan in OUT if there is one, else the listing."""
+def _documents(source: Store, out: Store, spec: JobSpec, plan: PlanInfo | None) -> Iterator[DocRef]:
+    """This shard's documents: from OUT's plan (`_check_sharding`'s) if it has one, else the listing."""
     shard = spec.shard
-    if _plan(source, out, spec) is None:
+    if plan is None:
         return (d for d in list_documents(source) if shard_of(d.uri, shard.count) == shard.index)
     return located(planned_documents(out, shard.index), source)
 
 
-def _check_sharding(source: Store, out: Store, spec: JobSpec) -> None:
+def _check_sharding(source: Store, out: Store, spec: JobSpec) -> PlanInfo | None:
     """Before the engine loads, writing nothing: OUT's plan is this run's (its shards, its
-    SOURCE), or without one, OUT's output has this run's shard count; else exit 2."""
-    if _plan(source, out, spec) is None:
-        check_shard_count(out, spec.shard, spec.out)
-
-
-def _plan(source: Store, out: Store, spec: JobSpec) -> PlanInfo | None:
-    """OUT's plan, if it has one, checked against the run's shards and SOURCE (exit 2 if it is another's)."""
+    SOURCE), or without one, OUT's output has this run's shard count; else exit 2. Returns
+    the plan (None: none), read once a run."""
     plan = read_plan(out)
     if plan is None:
+        check_shard_count(out, spec.shard, spec.out)
         return None
     if plan.shards != spec.shard.count:
         raise ConfigError(f"{spec.out} has a plan of {plan.shards} shards: run with --shard I/{plan.shards}")

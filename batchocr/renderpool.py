@@ -13,6 +13,7 @@ the number of workers, whatever the size of the container.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -103,9 +104,7 @@ class _Worker:
         self.conn.close()
 
 
-_PRELOADS: list[list[str]] = []
-
-
+@functools.cache
 def _preload() -> list[str]:
     """What the fork server imports before it forks a worker: batchocr.renderserver, if the
     server would import this process's batchocr. Python 3.11's forkserver starts with a fresh
@@ -113,22 +112,20 @@ def _preload() -> list[str]:
     finds another batchocr, or none (a path inserted by hand, a second checkout), the server
     imports nothing and each worker imports it all itself, from the run's sys.path (as slow as
     a spawned one, and right). Asked of a fresh interpreter once a process (~40 ms)."""
-    if not _PRELOADS:
-        import subprocess
-        import sys
+    import subprocess
+    import sys
 
-        import batchocr
+    import batchocr
 
-        probe = ("import importlib.util as u; s = u.find_spec('batchocr'); "
-                 "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')")
-        try:
-            found = subprocess.run([sys.executable, *subprocess._args_from_interpreter_flags(), "-c", probe],
-                                   capture_output=True, text=True, timeout=60).stdout.strip()
-        except (OSError, subprocess.SubprocessError, AttributeError):
-            found = ""
-        same = bool(found) and os.path.realpath(found) == os.path.realpath(batchocr.__path__[0])
-        _PRELOADS.append(["batchocr.renderserver"] if same else [])
-    return _PRELOADS[0]
+    probe = ("import importlib.util as u; s = u.find_spec('batchocr'); "
+             "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')")
+    try:
+        found = subprocess.run([sys.executable, *subprocess._args_from_interpreter_flags(), "-c", probe],
+                               capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError, AttributeError):
+        found = ""
+    same = bool(found) and os.path.realpath(found) == os.path.realpath(batchocr.__path__[0])
+    return ["batchocr.renderserver"] if same else []
 
 
 def before_os_exit() -> None:

@@ -87,9 +87,9 @@ def score_page(page, text: str) -> LayerScore:
     log = page.get_bboxlog()
     images = [(i, _clip(bbox, rect)) for i, (kind, bbox) in enumerate(log) if "image" in kind]
     cover = min(1.0, sum(_area(b) for _, b in images) / max(_area(tuple(rect)), 1e-6))
-    glyphs = sum(kind == "fill-path" and b[3] - b[1] <= GLYPH_PT[0] and b[2] - b[0] <= GLYPH_PT[1] for kind, b in log)
     if not visible:
         return LayerScore(0, 0.0, 0.0, 0.0, None, 0.0, round(cover, 4))
+    glyphs = sum(kind == "fill-path" and b[3] - b[1] <= GLYPH_PT[0] and b[2] - b[0] <= GLYPH_PT[1] for kind, b in log)
 
     unmapped_fonts = _unmapped_fonts(page)
     drawn = hidden = unmapped = 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,7 +15,7 @@ from batchocr import layout, schema
 from batchocr.errors import ConfigError, StorageError
 from batchocr.layout import shard_dir
 from batchocr.spec import CommitSpec
-from batchocr.storage import Store
+from batchocr.storage import Store, each
 
 FIRST_COMMIT_S = 15.0
 KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "attempts",
@@ -108,8 +107,7 @@ def read_parts(store: Store, shard: int, read: Callable[[str], pa.Table]) -> tup
         parts = store.find(shard_dir(shard), suffix=".parquet")
         tables = {p: t for p, t in tables.items() if p in parts}  # gone: compacted into a part listed now
         new = [p for p in parts if p not in tables]
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            tables.update((p, t) for p, t in zip(new, pool.map(attempt, new)) if t is not None)
+        tables.update((p, t) for p, t in zip(new, each(attempt, new)) if t is not None)
         if len(tables) == len(parts):
             return parts, [tables[p] for p in parts]
     raise StorageError(f"{store.url.rstrip('/')}/{shard_dir(shard)}: its part files kept disappearing while "

@@ -55,8 +55,8 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
 # and GCS's presigned URLs (X-Amz-Signature, X-Goog-Signature).
 _SIGNATURES = ("sig", "signature", "x-amz-signature", "x-goog-signature")
 
-READ_THREADS = 16
-DOWNLOAD_CHUNK = 8 * 2**20  # a large document is downloaded in ranges of this many bytes (read_document)  # small files (run records, done-markers) read at once from an object store
+READ_THREADS = 16  # small files (run records, done-markers, part footers) read at once from an object store
+DOWNLOAD_CHUNK = 8 * 2**20  # a large document is downloaded in ranges of this many bytes (read_document)
 
 
 def each(fn, items: list) -> list:
@@ -264,16 +264,16 @@ class Store:
         stays FileNotFoundError: what it means is the caller's business. Reading a
         `document`, what is wrong with that file alone is Unreadable (its row's message),
         and a missing file is one of those or the store's fault (a container deleted)."""
+        where = f"{public_url(self.url).rstrip('/')}{'/' + rel if rel else ''}: {doing}"
         try:
             yield
         except ConfigError as exc:  # the backend's own (an http 403): where it was
-            raise ConfigError(f"{public_url(self.url).rstrip('/')}{'/' + rel if rel else ''}: {doing}: {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
         except BatchocrError:
             raise
         except (FileNotFoundError, *self._backend.faults) as exc:
             if isinstance(exc, FileNotFoundError) and not document:
                 raise
-            where = f"{public_url(self.url).rstrip('/')}{'/' + rel if rel else ''}: {doing}"
             err = (self._backend.document_fault(exc, where) if document else None) or self._backend.explain(exc, where)
             raise type(err)(redact(str(err), self._backend.secrets + environment_secrets())) from None
 
@@ -305,12 +305,12 @@ class Store:
         """read_bytes of one SOURCE document: a fault of that file alone (deleted since it
         was listed; on Azure also archived, or refused for that blob) is Unreadable.
         `progress`, where given, is called as the bytes come: a document over DOWNLOAD_CHUNK
-        is read a byte range at a time (a server that ignores ranges answers the first with
-        the whole file, which is then the document), so that a large one on a slow link is seen to move (the render
-        pool stops a run whose download makes no progress for render.timeout_s: read whole,
-        a 1 GB scan at 3 MB/s stopped every run that reached it). `listed_size`, the size
-        the listing gave: one no larger than a chunk is read at once, with no request for
-        its size first."""
+        is read a byte range at a time, so that a large one on a slow link is seen to move
+        (the render pool stops a run whose download makes no progress for render.timeout_s:
+        read whole, a 1 GB scan at 3 MB/s stopped every run that reached it); a server that
+        ignores ranges answers the first with the whole file, which is then the document.
+        `listed_size`, the size the listing gave: one no larger than a chunk is read at once,
+        with no request for its size first."""
         path = self._path(rel)
         with self._faults("reading", rel, document=True):
             small = listed_size is not None and listed_size <= DOWNLOAD_CHUNK

@@ -22,9 +22,9 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     store = Store(out, storage_options)
     parts = store.find(layout.PAGES, suffix=".parquet")
     if not parts:
-        if store.exists(layout.PRODUCER):  # batchocr's output, of runs that found no document yet
+        if has_no_rows_yet(store):
             return pl.LazyFrame(schema=PAGE_SCHEMA)
-        raise ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
+        raise no_page_table(out)
     options, credential_provider = store.polars_options()
     # The schema is this version's: a part written before a column existed (route,
     # skew_angle) reads with it null, so an OUT resumed across versions still opens.
@@ -37,6 +37,16 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
 
 
 PAGE_SCHEMA = pl.from_arrow(schema.PAGE_TABLE.empty_table()).schema
+
+
+def has_no_rows_yet(store: Store) -> bool:
+    """An OUT with no page table is batchocr's output all the same when runs have written it
+    (their runs found no document yet: an empty source): a table of no rows, not an error."""
+    return store.exists(layout.PRODUCER)
+
+
+def no_page_table(out: str) -> ConfigError:
+    return ConfigError(f"no page table under {out} (expected {out}/{layout.PAGES}/shard-*/part-*.parquet)")
 
 
 @contextlib.contextmanager
