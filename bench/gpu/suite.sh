@@ -34,7 +34,7 @@
 # a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-levers, tp21-7b-s512 (b at 512 sequences in bf16
 # against b held to 256 on that engine, and a at 512), tp21-7b-prof (a one-page prefill step, kernel by
 # kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages); tp21-vitpad-check
-# (batchocr.vitpad on the real vision tower); tp21-7b-a0 (b against a' over 2,048 pages); tp21-2b-prof (the
+# (batchocr.vitpad on the real vision tower); tp21-7b-a0 (b against a' over 2,048 pages; tp21-7b-a0-1k over 1,024); tp21-2b-prof (the
 # 2B's engine core, a step's host time by function); tp21-first (a process's first requests, bench/gpu/first_requests.py;
 # tp21-first-prewarm: after transformers' processor ran before the build, which hung);
 # tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-7b-enc2 (padding
@@ -185,6 +185,8 @@ run() {  # one named run of the suite
     # b/a' at issue 21's length: b (the defaults) and a' (vLLM's own defaults, `generate` in chunks of
     # 256, its own process) over 2,048 pages (~13 min)
     tp21-7b-a0) tp tp21-7b-a0 "--model=$MODELS/qwen2.5-vl-7b" --pages 2048 --modes b,a0 ;;
+    # the same on half the pages, for a lease with ~1,300 s left after the 2B's levers (~7.5 min)
+    tp21-7b-a0-1k) tp tp21-7b-a0-1k "--model=$MODELS/qwen2.5-vl-7b" --pages 1024 --modes b,a0 ;;
     # where the 2B's engine core spends a step (9.7 ms for 246 sequences, GPU 80% busy): 30 steps of
     # b's steady state profiled with Python calls traced (~3 min)
     tp21-2b-prof) tp tp21-2b-prof "--model=$MODELS/qwen2-vl-2b" --pages 768 --modes b --profile 900,30 --profile-stack ;;
