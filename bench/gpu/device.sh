@@ -9,8 +9,15 @@
 #                                         # still brings the last pack back); then a summary
 #   bash bench/gpu/device.sh poll         # progress now, and the pack
 #
-# Wheels too large to travel with the last chunk (polars' runtime, for bench/route.py) can come in
-# a call of their own into /tmp/whl: they are installed with .whl/'s.
+#   bash bench/gpu/device.sh polars       # HERE, on the CPU machine, once: polars for the device's
+#                                         # Python into .whl2/p1 and .whl2/p2 (a run imports it: compaction's
+#                                         # counts; its runtime wheel, 54 MB, is over a call's 64 MiB with the tree)
+#
+# polars then travels in two calls of its own before start, each within 30 s of the last:
+#   run(carry=[".whl2/p1"], command='mkdir -p /tmp/whl && cp .whl2/p1/* /tmp/whl/')
+#   run(carry=[".whl2/p2"], command='mkdir -p /tmp/whl && cp .whl2/p2/* /tmp/whl/')
+# start joins the pieces and installs /tmp/whl's wheels with .whl/'s (any other wheel too large to
+# travel with the last chunk can come the same way).
 #
 # Each call must come within 30 s of the last (the machine goes back when idle): make them all in
 # one batch of tool calls (copies, start, then the waits), so that nothing comes between them; twice a
@@ -65,6 +72,21 @@ PY
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
 }
 case "${1:-}" in
+  polars)
+    # pieces of 28 MiB: the tree (~21 MB) and one piece stay under a call's 64 MiB
+    v=${POLARS:-2.1.0}
+    rm -rf .whl2 && mkdir -p .whl2/p1 .whl2/p2 .whl2/dl
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --platform manylinux2014_x86_64 -d .whl2/dl "polars==$v" "polars-runtime-32==$v"
+    mv .whl2/dl/polars-"$v"-*.whl .whl2/p1/
+    rt=$(ls .whl2/dl/polars_runtime_32-*.whl)
+    split -b 28M "$rt" ".whl2/dl/$(basename "$rt").part-"
+    mv .whl2/dl/*.part-aa .whl2/p1/ && mv .whl2/dl/*.part-ab .whl2/p2/
+    [ -z "$(ls .whl2/dl/*.part-* 2>/dev/null)" ] || { echo "polars' runtime is over two pieces: add a third call" >&2; exit 1; }
+    rm -rf .whl2/dl
+    grep -qx '/.whl2/' .gitignore || echo "/.whl2/ is not in .gitignore: it would travel with every call" >&2
+    du -b .whl2/p1/* .whl2/p2/*
+    ;;
   start)
     set -e
     parts=$(sed -n 's/^parts=//p' /tmp/kit/MANIFEST 2>/dev/null)
@@ -73,12 +95,19 @@ case "${1:-}" in
       [ -f "$f" ] || { echo "kit incomplete: no $f (the machine went back between the copies?)"; exit 3; }
     done
     bash /tmp/kit/device_install.sh /tmp/kit /tmp/site >/tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
+    for piece in /tmp/whl/*.whl.part-aa; do  # a wheel that came in pieces (device.sh polars)
+      [ -f "$piece" ] || continue
+      cat "${piece%-aa}"-* > "${piece%.part-aa}" && rm -f "${piece%-aa}"-*
+    done
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl $(ls /tmp/whl/*.whl 2>/dev/null)
     rm -rf "$REPO" && mkdir -p "$REPO" && cp -r batchocr bench tests "$REPO"/  # a copy the next call cannot touch
     env_setup
     # batchocr's own dependencies the device image lacks travel in .whl/ too: without pyspellchecker
     # the router turned every page into an error row (2026-12-01); fail here, not after the engine's start
-    python3 -c "import pymupdf, spellchecker, pydantic, psutil, batchocr.cli, batchocr.pipeline, batchocr.render, batchocr.engines.vllm, batchocr.ngram"
+    # polars: a run imports it (compaction's counts in the done-marker, since 2026-12-04): without it
+    # the first start of the nineteenth lease stopped here (docs/GPU.md)
+    python3 -c "import polars" 2>/dev/null || { echo "polars missing: bash bench/gpu/device.sh polars here, then its two copy calls before start"; exit 1; }
+    python3 -c "import pymupdf, spellchecker, pydantic, psutil, polars, batchocr.cli, batchocr.pipeline, batchocr.render, batchocr.engines.vllm, batchocr.ngram"
     case " ${2:-} " in *" route-"*) python3 -c "import polars, rapidfuzz, batchocr.evaluate";; esac  # bench/route.py
     python3 "$REPO/bench/gpu/make_models.py" /tmp/models
     nvidia-smi --query-gpu=index,name,memory.total --format=csv
@@ -101,5 +130,5 @@ case "${1:-}" in
     pack; summary
     ;;
   *)
-    echo "usage: bash bench/gpu/device.sh start|wait SECONDS|poll" >&2; exit 2 ;;
+    echo "usage: bash bench/gpu/device.sh polars|start|wait SECONDS|poll" >&2; exit 2 ;;
 esac
