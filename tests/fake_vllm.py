@@ -67,6 +67,8 @@ class _Request:
     length: int
     pieces: list[str] = field(default_factory=list)  # the answer's text, token by token
     emitted: list[int] = field(default_factory=list)
+    sent: int = 0  # tokens handed to the client so far (stream_interval holds the rest back)
+    text: list[str] = field(default_factory=list)  # each emitted token's text
 
 
 class _Renderer:
@@ -137,8 +139,9 @@ class _Core:
 
 
 class FakeEngine:
-    def __init__(self, max_num_seqs: int, max_model_len: int):
+    def __init__(self, max_num_seqs: int, max_model_len: int, stream_interval: int = 1):
         self.max_num_seqs = max_num_seqs
+        self.stream_interval = stream_interval
         self.max_model_len = max_model_len
         self.renderer = _Renderer()
         self.engine_core = _Core()
@@ -149,6 +152,7 @@ class FakeEngine:
         self.documents = 0  # requests of several images
         self.peak_waiting = 0
         self.tokens = 0  # tokens handed out, every request's, aborted ones too
+        self.outputs = 0  # RequestOutputs made (stream_interval makes fewer)
 
     # What the model was loaded for (a pooling model: ("embed",)), and an error that
     # add_request raises for every request (an engine that refuses them all).
@@ -214,9 +218,16 @@ class FakeEngine:
             reason = "stop" if done else None
             if not done and n + 1 >= req.params.max_tokens:
                 done, reason = True, "length"
-            text = req.pieces[n] if n < len(req.pieces) and not (req.loops and req.params.temperature < 0.15) \
-                else f"w{token} "
-            outs.append(RequestOutput(rid, list(range(req.prompt_len)), [Completion([token], text, reason)], done))
+            req.text.append(req.pieces[n] if n < len(req.pieces) and not (req.loops and req.params.temperature < 0.15)
+                            else f"w{token} ")
+            # as vLLM's output processor (v1/engine/output_processor.py:289-310): a running request's
+            # tokens go out on its first token, then once stream_interval of them are waiting
+            if done or req.sent == 0 or len(req.emitted) - req.sent >= self.stream_interval:
+                new = slice(req.sent, None)
+                req.sent = len(req.emitted)
+                outs.append(RequestOutput(rid, list(range(req.prompt_len)),
+                                          [Completion(req.emitted[new], "".join(req.text[new]), reason)], done))
+                self.outputs += 1
             if done:
                 self.order.remove(rid)
                 del self.requests[rid]
@@ -226,14 +237,15 @@ class FakeEngine:
 class LLM:
     built = 0  # how many were constructed (loading the model, in real vLLM)
 
-    def __init__(self, max_num_seqs: int = 8, max_model_len: int = 4096, **kwargs):
+    def __init__(self, max_num_seqs: int = 8, max_model_len: int = 4096, stream_interval: int = 1, **kwargs):
         LLM.built += 1
         self.kwargs = kwargs
         builds = os.environ.get("BATCHOCR_FAKE_BUILDS")  # a file: each build's span and its memory share
         t0 = time.time()
         if builds:
             time.sleep(0.5)  # a load that takes a while: two at once would overlap
-        self.llm_engine = FakeEngine(max_num_seqs, max_model_len)
+        kwargs["stream_interval"] = stream_interval
+        self.llm_engine = FakeEngine(max_num_seqs, max_model_len, stream_interval)
         if builds:
             with open(builds, "a") as f:
                 f.write(json.dumps({"pid": os.getpid(), "t0": t0, "t1": time.time(),

@@ -143,6 +143,32 @@ def test_a_page_that_keeps_looping_ends_as_repetition(monkeypatch):
     assert rows[("d0", 0)]["text"].startswith("w7 w8 w9")
 
 
+def test_tokens_in_pieces_of_check_every_give_the_same_rows_from_far_fewer_outputs(monkeypatch):
+    """stream_interval CHECK_EVERY is the engine's default (vLLM sends a running page's tokens on
+    its first, then 32 at a time): the repetition check looks as often, one token later (the first
+    token comes alone), so every row is what one token a step gave, a loop stopped one token later."""
+    assert VLLMOptions(model="/m").llm_args(get_preset("qwen2.5-vl"))["stream_interval"] == CHECK_EVERY
+    assert VLLMOptions(model="/m", engine_args={"stream_interval": 1}).llm_args(
+        get_preset("qwen2.5-vl"))["stream_interval"] == 1  # vLLM's own, where a user asks
+    runs = {}
+    for interval in (1, CHECK_EVERY):
+        fake_vllm.install(monkeypatch)
+        llm = fake_vllm.LLM(max_num_seqs=4, stream_interval=interval)
+        engine = VLLMEngine(VLLMOptions(model="/models/fake", max_num_seqs=4, repetition_span=64,
+                                        repetition_max_period=5, max_tokens=400), llm=llm)
+        rows = _run(engine, _pages(9, dark={2, 6}))
+        engine.close()
+        runs[interval] = (sorted((r["doc_id"], r["page_index"], r["text"], r["finish_reason"], r["attempts"],
+                                  r["output_tokens"]) for r in rows), llm.llm_engine)
+    (rows1, fake1), (rows32, fake32) = runs[1], runs[CHECK_EVERY]
+    assert [r[:5] for r in rows32] == [r[:5] for r in rows1]
+    assert [r[5] - q[5] for r, q in zip(rows32, rows1)] == [int(r[4] == 2) for r in rows1]
+    assert len(fake32.aborted) == len(fake1.aborted) == 2 and fake32.tokens == fake1.tokens + 2
+    looped = [r for r in rows32 if r[4] == 2]
+    assert len(looped) == 2 and all(64 < r[5] <= 64 + CHECK_EVERY + len(r[2].split()) for r in looped)
+    assert fake32.outputs * 4 < fake1.outputs
+
+
 def test_a_rejected_request_is_an_error_row_and_the_rest_goes_on(monkeypatch):
     engine, _ = _engine(monkeypatch, max_model_len=2000)
     rows = {(r["doc_id"], r["page_index"]): r for r in _run(engine, _pages(6, big={2}))}
