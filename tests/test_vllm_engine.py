@@ -404,6 +404,11 @@ def test_refusals_alike_before_any_request_was_taken_are_systemic(monkeypatch):
     fake.refuse = ValueError("this model takes no images")
     with pytest.raises(BatchocrError, match=r"\(3 pages, none taken\): ValueError: this model takes no images"):
         _run(engine, _pages(3))
+    # a lone page has nothing to be judged against: its row says it was refused (README)
+    engine, fake = _engine(monkeypatch)
+    fake.refuse = ValueError("this model takes no images")
+    (row,) = _run(engine, _pages(1))
+    assert row["error_type"] == "rejected" and "this model takes no images" in row["error_message"]
 
 
 def test_refusals_before_the_first_taken_request_are_still_rows(monkeypatch):
