@@ -42,7 +42,7 @@
 # machine), tp21-7b-enc3 (b, compiled since the sixteenth lease, against padded and uncompiled),
 # tp21-2b-stream (stream_interval, torch_shm on the 2B), tp21-2b-inst2 (the 2B on two engine instances),
 # tp21-2b-stream8 (stream_interval 8 alone, 1,024 pages), tp21-2b-stream2 (8, 32 and torch_shm beside a control),
-# tp21-2b-stream3 (1 and 128 beside the default 32's control).
+# tp21-2b-stream3 (1, 128 and torch_shm beside the default 32's control).
 # Each run is one throughput.py process: its modes and variants share the pages and the
 # output lengths, and its JSON holds their ratios. Needs vLLM and make_models.py's folders.
 #
@@ -217,10 +217,11 @@ run() {  # one named run of the suite
                        --variant "stream8=--engine-arg stream_interval=8" \
                        --variant "stream32=--engine-arg stream_interval=32" --variant "$TORCH_SHM" ;;
     # stream_interval beyond the default (32 since the nineteenth lease): b, the control in a child, vLLM's 1
-    # (the default's gain again) and 128 (the repetition check then looks every 128 tokens); 1,024 pages (~9.5 min)
+    # (the default's gain again), 128 (the repetition check then looks every 128 tokens), and torch_shm over
+    # 32 (1.051 end to end but 0.989 steady over 1 in the nineteenth lease); 1,024 pages (~11.5 min)
     tp21-2b-stream3) tp tp21-2b-stream3 "--model=$MODELS/qwen2-vl-2b" --pages 1024 --modes b --variant "same=" \
                        --variant "stream1=--engine-arg stream_interval=1" \
-                       --variant "stream128=--engine-arg stream_interval=128" ;;
+                       --variant "stream128=--engine-arg stream_interval=128" --variant "$TORCH_SHM" ;;
     # the 2B's host-bound engine core split in two (engines.vllm.instances 2: two engine cores in batchocr's
     # one process, 0.45 of the GPU each; Unlimited-OCR's host-bound layout gained 1.39x steady, issue 20's ninth
     # lease): b against b with two instances, 2,048 pages (~8 min)
