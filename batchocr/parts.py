@@ -19,7 +19,8 @@ engine needs no measure (`engines.starts_alone`: vLLM with kv_cache_gib, the KV
 cache's size, given). The parent forwards SIGTERM and SIGINT to the parts (each
 commits what finished, as a run alone does), stops the others when one fails (a
 systemic failure is the run's: one line, its exit code), and writes the shard's
-done-marker once every part is done. Each part writes its own run
+done-marker once every part is done. Whether page errors before any page was read are the
+engine's or the pages' is judged over all parts (batchocr.engines.systemic.Parts). Each part writes its own run
 record, holding 1/N of the accelerator, so `report` counts the GPU once.
 """
 
@@ -37,6 +38,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from batchocr import engines, errors, producer
+from batchocr.engines import systemic
 from batchocr.errors import BatchocrError, Interrupted
 from batchocr.sink import completed
 from batchocr.sources import DocRef
@@ -56,6 +58,7 @@ class Part:
     documents: list[DocRef]
     after: Any = None  # an Event: the part before it has built its engine (None: the first part)
     ready: Any = None  # an Event this part sets once its engine is built
+    judged: Any = None  # what the parts share to tell a broken engine from bad pages (systemic.Parts)
 
     def __str__(self) -> str:
         return f"{self.index + 1}/{self.count}"
@@ -113,10 +116,11 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
         **spec.engines, spec.engine: engines.shared(spec.engine, spec.engine_options, n)})
     ctx = mp.get_context("spawn")
     built = [ctx.Event() for _ in range(n)]
+    judged = systemic.Parts.new_array(ctx, n)
     in_turn = engines.starts_alone(one.engine, one.engine_options)  # else all at once (kv_cache_gib given)
     procs, conns = [], []
     for j in range(n):
-        part = Part(j, n, dealt[j], built[j - 1] if j and in_turn else None, built[j])
+        part = Part(j, n, dealt[j], built[j - 1] if j and in_turn else None, built[j], judged)
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_part_main, args=(one, part, progress, send, os.getpid()),
                         name=f"batchocr-part-{j + 1}")
@@ -153,6 +157,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
                     results[j] = ("error", "BatchocrError", f"part {j + 1}/{n} of shard {spec.shard}: its process "
                                   f"died (exit code {procs[j].exitcode}); committed work is intact, rerun to resume",
                                   errors.EXIT_FAILED)
+                systemic.Parts.finished(judged, j)  # a part waiting to judge does not wait on it
                 if results[j][0] == "error":
                     stop_parts()  # the others commit what finished and stop: the run ends with this one's error
     finally:
@@ -166,7 +171,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
             p.close()
         for conn in conns:
             conn.close()
-        del built  # its semaphores, unlinked now (not left to the resource tracker's warning at exit)
+        del built, judged  # their semaphores, unlinked now (not left to the resource tracker's warning at exit)
     failed = [r for r in results.values() if r[0] == "error"]
     if failed:
         _, name, message, code = failed[0]
@@ -203,6 +208,8 @@ def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int)
     from batchocr.renderworker import die_with_parent
 
     die_with_parent(parent_pid)
+    if part.judged is not None:
+        systemic.share(systemic.Parts(part.judged, part.index))
 
     code = errors.EXIT_OK
     try:

@@ -246,6 +246,8 @@ class LLM:
             time.sleep(0.5)  # a load that takes a while: two at once would overlap
         kwargs["stream_interval"] = stream_interval
         self.llm_engine = FakeEngine(max_num_seqs, max_model_len, stream_interval)
+        if os.environ.get("BATCHOCR_FAKE_REFUSE"):  # an engine refusing every request (a process of its own)
+            self.llm_engine.refuse = ValueError(os.environ["BATCHOCR_FAKE_REFUSE"])
         if builds:
             with open(builds, "a") as f:
                 f.write(json.dumps({"pid": os.getpid(), "t0": t0, "t1": time.time(),

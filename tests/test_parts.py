@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -222,6 +224,116 @@ def test_vllm_parts_with_the_kv_size_given_build_their_engines_at_once(tmp_path)
     assert [b["gpu_memory_utilization"] for b in builds] == [0.45, 0.45]
     rows = _rows(out)
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
+
+
+def test_a_part_holding_refusals_waits_for_the_others_verdict_or_their_end():
+    """systemic.Parts in one process (threads for parts): a part that ended holding a refused
+    page waits until another part reads a page (its row is the page's own) or every other part
+    is judged, by its own end or by the parent having its result (a part that died)."""
+    import multiprocessing as mp
+    import threading
+
+    from batchocr.engines import systemic
+
+    def part(array, index):
+        held = systemic.Held("engine x refused every request alike ({n} pages, none taken)")
+        held.parts = systemic.Parts(array, index)
+        return held
+
+    ctx = mp.get_context("spawn")
+    # another part reads a page after this one ended: its row is released then, not before
+    array = systemic.Parts.new_array(ctx, 2)
+    a, b = part(array, 0), part(array, 1)
+    assert a.failed_on([{"page": 1}], "refused: too long (3000 tokens)") == []
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(a.ended()))
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and not got  # waits on part 2
+    assert b.taken() == []
+    waiting.join(5)
+    assert got == [[{"page": 1}]]
+    # the other part died (the parent has its result): a lone refused page is its row
+    array = systemic.Parts.new_array(ctx, 2)
+    a = part(array, 0)
+    a.failed_on([{"page": 1}], "refused")
+    threading.Timer(0.2, systemic.Parts.finished, (array, 1)).start()
+    assert a.ended() == [{"page": 1}]
+    # every part ended holding refusals alike, none read anywhere: each stops, naming them all
+    array = systemic.Parts.new_array(ctx, 2)
+    a, b = part(array, 0), part(array, 1)
+    a.failed_on([{"page": 1}], "refused")
+    b.failed_on([{"page": 2}, {"page": 3}], "refused")
+    errors = []
+
+    def end(held):
+        try:
+            held.ended()
+        except Exception as exc:  # noqa: BLE001 - the verdict
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=end, args=(h,)) for h in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len(errors) == 2 and all("alike (3 pages, none taken): refused" in e for e in errors)
+
+
+def test_an_engine_refusing_every_page_stops_every_part_none_commits_a_row(tmp_path):
+    """Refusals alike are judged over the shard's parts: the part dealt one page (letter.jpg,
+    the largest, alone) used to commit that page's `rejected` row, final, while the other part
+    found the engine refusing everything and stopped the run; the rerun then skipped the page."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("letter.jpg", "receipt.png", "fax.tiff"):  # dealt 1 and 2 by bytes
+        shutil.copy(SAMPLES / name, src / name)
+    pages = sum(count_pages(p) for p in src.iterdir())
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_REFUSE": "this model takes no images"}
+    out = tmp_path / "out"
+    args = ("run", str(src), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+            "--processes", "2", "-q")
+    proc = _cli(*args, env=env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err
+    assert f"refused every request alike ({pages} pages, none taken): ValueError: this model takes no images" \
+        in err.strip().splitlines()[-1], err
+    assert not list(out.glob("pages/**/*.parquet"))  # no part wrote a row
+    env.pop("BATCHOCR_FAKE_REFUSE")
+    proc = _cli(*args, env=env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    rows = _rows(out)
+    assert len(rows) == pages and len({(r["doc_id"], r["page_index"]) for r in rows}) == pages
+    assert not [r for r in rows if r["error_type"]]
+
+
+def test_a_part_dealt_only_pages_too_big_for_the_model_writes_their_rows_while_the_other_reads(tmp_path):
+    """The other way round: the part dealt the two pages vLLM refuses (too many tokens for
+    max_model_len) judged them alone, found every page it had refused, and stopped a run whose
+    other part read its page well. Judged over the parts they are the pages' own rows."""
+    from PIL import Image
+
+    src = tmp_path / "src"
+    src.mkdir()
+    # bytes deal them: the noisy small page (the most bytes) to one part, the two large plain
+    # ones (a few hundred bytes each) to the other
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (280, 280, 3), np.uint8)).save(src / "small.png")
+    for name in ("large-a.png", "large-b.png"):
+        Image.new("RGB", (1120, 1120), (250, 250, 250)).save(src / name)
+    job = tmp_path / "job.yaml"
+    job.write_text("engines:\n  vllm:\n    max_model_len: 1000\n")  # the stand-in: (w // 28) * (h // 28) + 20
+    out = tmp_path / "out"
+    proc = _cli("run", str(src), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+                "--job", str(job), "--processes", "2", "-q", env=_stand_in(tmp_path))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    rows = {Path(r["source_uri"]).name: r for r in _rows(out)}
+    assert sorted(rows) == ["large-a.png", "large-b.png", "small.png"]
+    assert rows["small.png"]["error_type"] is None and rows["small.png"]["text"]
+    for name in ("large-a.png", "large-b.png"):
+        assert rows[name]["error_type"] == "rejected" and "longer than the maximum model length" in \
+            rows[name]["error_message"]
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill_one_part"])
