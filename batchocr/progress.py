@@ -48,7 +48,18 @@ def _columns(file: TextIO) -> int:
         return 80 if file.isatty() else 0
 
 
-class LogLines(tqdm):
+class Bar(tqdm):
+    """tqdm with a thread lock. tqdm's own lock holds a multiprocessing RLock, a named semaphore
+    that a process ending in os._exit (the console script, a part of `processes` N) never
+    unlinks: every run with a bar in its parts ended in resource_tracker's warning of leaked
+    semaphores. A bar is drawn by its own process; a thread lock is all it needs (tqdm.set_lock,
+    here on this class alone: tqdm's own stays as it was for anyone else in the process)."""
+
+
+Bar.set_lock(threading.RLock())
+
+
+class LogLines(Bar):
     """tqdm for a log: each display its own newline-terminated line, never a carriage return."""
 
     def __init__(self, *args, **kwargs):
@@ -179,7 +190,7 @@ class Progress:
             return known + max(guess - (rest.committed - opened.committed), left), False
 
     def _draw(self) -> None:
-        make = tqdm if self.terminal else LogLines
+        make = Bar if self.terminal else LogLines
         where = {"position": self.position} if self.terminal and self.position is not None else {}
         self.bar = make(unit="page", file=self.file, dynamic_ncols=self.terminal, desc=self.desc, smoothing=0.1,
                         mininterval=self.interval, miniters=1, **where)

@@ -105,6 +105,17 @@ def test_two_parts_give_every_page_one_row_and_the_text_of_one_process(tmp_path)
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
 
 
+def test_parts_with_progress_leave_no_semaphore_behind(tmp_path):
+    """Each part draws its progress; tqdm's default lock is a multiprocessing RLock (a named
+    semaphore) that a part ending in os._exit left to the resource tracker, which warned of
+    leaked semaphores after every such run (batchocr.progress.Bar holds a thread lock)."""
+    proc = _cli("run", str(SAMPLES), str(tmp_path / "out"), "--engine", "textlayer", "--processes", "2", env={})
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "part 2/2" in err and "page" in err  # the parts drew their progress
+    assert "leaked" not in err and "resource_tracker" not in err, err
+
+
 def _builds(path: Path) -> list[dict]:
     """The stand-in's engine builds (BATCHOCR_FAKE_BUILDS), in the order they started."""
     return sorted((json.loads(x) for x in path.read_text().splitlines()), key=lambda b: b["t0"])
