@@ -168,12 +168,13 @@ class RenderPool:
     def _spawn(self) -> _Worker:
         try:
             return _Worker(self.ctx, self.spec, self.needs, self.storage_options)
-        except OSError as exc:
+        except (OSError, EOFError) as exc:
             if self.ctx.get_start_method() != "forkserver":
                 raise
             # The fork server could not start: its socket's path is too long for AF_UNIX (108
-            # bytes) under a long TMPDIR, or the temp folder cannot be written. Spawned workers
-            # need neither: slower to start, the same pages.
+            # bytes) under a long TMPDIR, or the temp folder cannot be written; or it is gone
+            # (killed: EOFError or a refused connection). Spawned workers need none of it:
+            # slower to start, the same pages.
             log.warning("render workers: the fork server could not start (%s: %s); spawning each worker "
                         "instead", type(exc).__name__, exc)
             self.ctx = mp.get_context("spawn")

@@ -19,8 +19,15 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 
 from batchocr import renderworker
+
+# SIGTERM sent to the run's whole process group is the run's to handle (commit, exit 75): the
+# server ignores it (SIGINT too, as multiprocessing's forkserver does), as the workers do. Killed
+# by it, the server left the run unable to replace a worker (EOFError from the server's socket:
+# click's "Aborted!", exit 1). It ends when the run does, whatever the signal.
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _remove_run_temp() -> None:

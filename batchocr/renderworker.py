@@ -77,8 +77,11 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], prog
     if cwd is not None:
         os.chdir(cwd)
     skip_pymupdf_extras()
-    # The parent decides when to stop (SIGINT/SIGTERM go to the whole process group).
+    # The parent decides when to stop: SIGINT (Ctrl-C) and SIGTERM sent to the whole process group
+    # (tini -g, kill -TERM -PGID) reach the workers too, and a worker killed by one mid-page cost that
+    # page a renderer_crashed row (final the second time); the parent stops them with SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import pymupdf
 
     from batchocr.errors import BatchocrError

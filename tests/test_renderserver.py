@@ -6,12 +6,16 @@ server outlives a kill -9 of its run: tests/test_hostile.py.)"""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
-from chaos import descendants, render_workers, still_running_after
+from chaos import children, descendants, render_workers, running, start, still_running_after, wait_until_running, \
+    write_job
 from conftest import ROOT, SAMPLES, run_cli
+from corpus import text_corpus
 
 RUN = """
 import json, sys
@@ -111,3 +115,57 @@ def test_a_killed_run_leaves_no_worker_and_no_temp_folder(tmp_path):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+
+
+def test_sigterm_to_the_workers_and_their_server_is_the_run_s_to_handle(tmp_path):
+    """SIGTERM sent to a run's whole process group (tini -g, kill -TERM -PGID) reaches its render
+    workers and their fork server too, and killed them: a worker mid-document cost its page a
+    renderer_crashed row, and a worker asked of a server dying of it failed the run (EOFError,
+    click's "Aborted!", exit 1: once in the chaos test under load). The run handles SIGTERM
+    (commit, exit 75); they ignore it: sent to them alone it changes nothing, the run reads
+    every page with the workers it started."""
+    src = tmp_path / "src"
+    text_corpus(src, documents=12, pages=6)
+    job = write_job(tmp_path, src, tmp_path / "out")
+    proc = start(job)  # the engine slowed to 80 ms a page: the workers live through the signal
+    assert wait_until_running(job, proc, 0)
+    servers = [p for p in children(proc.pid) if b"multiprocessing.forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
+    workers = render_workers(proc.pid)
+    assert len(servers) == 1 and workers
+    for pid in servers + workers:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(1)
+    assert all(running(pid) for pid in servers + workers)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "out" / "_runs").glob("*.json")]
+    assert record["timings"]["render_workers_replaced"] == 0 and record["counts"]["pages"] == 72, record
+    assert record["counts"]["error_pages"] == 0
+
+
+def test_a_server_that_dies_while_a_worker_is_asked_of_it_leaves_spawned_workers(monkeypatch, caplog):
+    """multiprocessing's forkserver reads the new worker's pid from the server's socket: a server
+    that dies meanwhile (killed) raises EOFError, which ended the run ("Aborted!", exit 1). Like
+    a server that cannot start (OSError), it leaves spawned workers, the same pages."""
+    from batchocr import renderpool
+    from batchocr.render import RenderTask
+    from batchocr.schema import Needs
+    from batchocr.sources import list_documents
+    from batchocr.spec import RenderSpec
+    from batchocr.storage import Store
+
+    real, asked = renderpool._Worker, []
+
+    def worker(ctx, *args):
+        asked.append(ctx.get_start_method())
+        if ctx.get_start_method() == "forkserver":
+            raise EOFError  # forkserver.read_signed: the server closed its end before the pid came
+        return real(ctx, *args)
+
+    monkeypatch.setattr(renderpool, "_Worker", worker)
+    (receipt,) = list_documents(Store(str(SAMPLES / "receipt.png")))
+    with caplog.at_level("WARNING", logger="batchocr.renderpool"):
+        with renderpool.RenderPool(RenderSpec(workers=1, timeout_s=120), Needs(image=True)) as pool:
+            rows = [r for batch in pool.run([RenderTask(receipt)]) for r in batch.to_pylist()]
+    assert asked == ["forkserver", "spawn"] and [r["error_type"] for r in rows] == [None]
+    assert "fork server could not start (EOFError" in caplog.text
