@@ -237,15 +237,14 @@ class FakeEngine:
 class LLM:
     built = 0  # how many were constructed (loading the model, in real vLLM)
 
-    def __init__(self, max_num_seqs: int = 8, max_model_len: int = 4096, stream_interval: int = 1, **kwargs):
+    def __init__(self, max_num_seqs: int = 8, max_model_len: int = 4096, **kwargs):
         LLM.built += 1
         self.kwargs = kwargs
         builds = os.environ.get("BATCHOCR_FAKE_BUILDS")  # a file: each build's span and its memory share
         t0 = time.time()
         if builds:
             time.sleep(0.5)  # a load that takes a while: two at once would overlap
-        kwargs["stream_interval"] = stream_interval
-        self.llm_engine = FakeEngine(max_num_seqs, max_model_len, stream_interval)
+        self.llm_engine = FakeEngine(max_num_seqs, max_model_len, kwargs.get("stream_interval", 1))
         if os.environ.get("BATCHOCR_FAKE_REFUSE"):  # an engine refusing every request (a process of its own)
             self.llm_engine.refuse = ValueError(os.environ["BATCHOCR_FAKE_REFUSE"])
         if builds:

@@ -97,8 +97,7 @@ class Held:
         self.running = engines  # engines whose input has not ended
         self.parts = _parts  # the shard's other parts, where this process is one of them
 
-    def systemic(self, n: int | None = None) -> BatchocrError:
-        n = len(self.held) if n is None else n
+    def systemic(self, n: int) -> BatchocrError:
         return BatchocrError(f"{self.failed.format(n=n)}: {self.reason} (a property of the engine "
                              "or model, not of the pages: no page was recorded; fix it and rerun)")
 
@@ -123,7 +122,7 @@ class Held:
             self.held = [(sig, row) for sig, row in self.held if sig == signature] + [(signature, row) for row in rows]
             self.reason = reason
             if len(self.held) >= LIMIT:
-                raise self.systemic()
+                raise self.systemic(len(self.held))
             return released
 
     def ended(self) -> list[dict]:
@@ -135,13 +134,8 @@ class Held:
             self.running -= 1
             if self.running > 0:
                 return []
-            held, self.held = self.held, []
-            if self.parts is None or self.read:
-                if len(held) > 1 and not self.read:
-                    self.held = held
-                    raise self.systemic()
-                return [row for _, row in held]
-        read, total = self.parts.judge(len(held))
+            held, self.held = self.held, []  # none once a page was read
+        read, total = self.parts.judge(len(held)) if self.parts is not None else (self.read > 0, len(held))
         if not read and total > 1:
             raise self.systemic(total)
         return [row for _, row in held]
