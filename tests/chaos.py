@@ -142,10 +142,14 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def fork_servers(pid: int) -> list[int]:
+    """The run `pid`'s fork servers (multiprocessing's: the render workers')."""
+    return [p for p in children(pid) if b"multiprocessing.forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
+
+
 def render_workers(pid: int) -> list[int]:
     """The render workers of the run `pid`: the children of its fork server."""
-    servers = [p for p in children(pid) if b"multiprocessing.forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
-    return [w for server in servers for w in children(server)]
+    return [w for server in fork_servers(pid) for w in children(server)]
 
 
 def running(pid: int) -> bool:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from chaos import children, descendants, render_workers, running, start, still_running_after, wait_until_running, \
+from chaos import descendants, fork_servers, render_workers, running, start, still_running_after, wait_until_running, \
     write_job
 from conftest import ROOT, SAMPLES, run_cli
 from corpus import text_corpus
@@ -129,7 +129,7 @@ def test_sigterm_to_the_workers_and_their_server_is_the_run_s_to_handle(tmp_path
     job = write_job(tmp_path, src, tmp_path / "out")
     proc = start(job)  # the engine slowed to 80 ms a page: the workers live through the signal
     assert wait_until_running(job, proc, 0)
-    servers = [p for p in children(proc.pid) if b"multiprocessing.forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
+    servers = fork_servers(proc.pid)
     workers = render_workers(proc.pid)
     assert len(servers) == 1 and workers
     for pid in servers + workers:
