@@ -261,8 +261,9 @@ class VLLMOptions:
             "mm_processor_kwargs": dict(preset.mm_processor_kwargs) or None,
             # a running page's tokens reach batchocr CHECK_EVERY at a time, not every step: the
             # repetition check looks no more often, and the front end makes ~1/32 of the outputs
-            # (the 2B's layout +7.9% pages/s against a control at equal work, H200; docs/GPU.md,
-            # nineteenth lease). engine_args.stream_interval 1 gives vLLM's own.
+            # (the same rows; against vLLM's 1 on the 2B's layout +7.9% then -3.3% pages/s end to
+            # end at equal work in two H200 leases, within the spread between identical engines:
+            # docs/GPU.md, twentieth lease). engine_args.stream_interval 1 gives vLLM's own.
             "stream_interval": CHECK_EVERY,
         }
         if self.kv_cache_gib is not None:
