@@ -7,6 +7,7 @@ import os
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from batchocr import schema
@@ -28,6 +29,53 @@ def test_a_module_missing_in_the_render_workers_stops_the_run(tmp_path):
     assert len(errors) == 1 and "spellchecker" in errors[0] and "installation" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not list(out.glob("pages/**/*.parquet"))  # no rows claiming per-page errors
+
+
+# OpenCV that will not import: a slim container image without libGL.so.1. Every process of
+# the run sees the same import fail, as cv2 does there.
+NO_OPENCV = """
+import importlib.abc, sys
+
+class _NoCv2(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "cv2":
+            raise ImportError("libGL.so.1: cannot open shared object file: No such file or directory", name="cv2")
+
+sys.meta_path.insert(0, _NoCv2())
+"""
+
+
+def _no_opencv(tmp_path) -> dict:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_OPENCV)
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_opencv_that_will_not_import_stops_a_rapidocr_run_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("run", str(SAMPLES / "receipt.png"), str(out), "--engine", "rapidocr", "--quiet",
+                   env=_no_opencv(tmp_path), subprocess=True)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, proc.stderr
+    assert "engine rapidocr cannot import cv2" in errors[0] and "libGL.so.1" in errors[0], errors
+    assert not list(out.glob("pages/**/*.parquet"))
+
+
+def test_a_job_spec_naming_rapidocr_runs_another_engine_without_opencv(tmp_path):
+    """engines.rapidocr's options are checked in every job that has the section (as
+    jobs/example.yaml does): checking them must not import what only the engine uses."""
+    out = tmp_path / "out"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"source: {SAMPLES / 'report.pdf'}\nout: {out}\nengine: textlayer\n"
+                    "engines: {rapidocr: {threads: 1, deskew: true}}\n")
+    proc = run_cli("run", "--job", str(spec), "--quiet", env=_no_opencv(tmp_path), subprocess=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    table = pa.concat_tables(pq.read_table(p) for p in out.glob("pages/**/*.parquet"))
+    assert table.num_rows > 0 and set(table.column("engine").to_pylist()) == {"textlayer"}
 
 
 # rapidocr released without a method batchocr calls (its private detect/recognise steps):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib
 import threading
+from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Protocol
 
 import pyarrow as pa
 
 from batchocr.config import convert
-from batchocr.errors import ConfigError
+from batchocr.errors import BatchocrError, ConfigError
 from batchocr.schema import Needs
 
 
@@ -47,11 +48,26 @@ _MODULES = {
 }
 
 
+@contextmanager
+def _installed(name: str):
+    """A module the engine needs that will not import (missing, or a library it loads is
+    absent: OpenCV without libGL.so.1 in a slim image) fails every page alike: one line,
+    the run's failure (exit 1), not a traceback. vLLM's own absence is a ConfigError the
+    engine raises itself (its extra was not installed)."""
+    try:
+        yield
+    except ImportError as exc:
+        raise BatchocrError(f"engine {name} cannot import {exc.name or 'a module it needs'} ({exc}): the "
+                            "installation is incomplete (pip install batchocr again; a shared library "
+                            "named here comes from the system's packages)") from None
+
+
 def create(name: str, options: Mapping[str, Any]) -> Engine:
     if name not in _MODULES:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
-    module = importlib.import_module(_MODULES[name])
-    return module.create(options)
+    with _installed(name):
+        module = importlib.import_module(_MODULES[name])
+        return module.create(options)
 
 
 def settings(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -62,8 +78,9 @@ def settings(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     `settings(options)` gives it; run_job checks it against the built engine's run record."""
     if name not in _MODULES:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
-    module = importlib.import_module(_MODULES[name])
-    return {"preset": None, "prompt": None, "render_hints": {}} | module.settings(options)
+    with _installed(name):
+        module = importlib.import_module(_MODULES[name])
+        return {"preset": None, "prompt": None, "render_hints": {}} | module.settings(options)
 
 
 def shared(name: str, options: Mapping[str, Any], n: int) -> Mapping[str, Any]:

@@ -13,13 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Iterator, Mapping
 
-import cv2
 import numpy as np
 import pyarrow as pa
 from annotated_types import Ge, Le
-from rapidocr.utils.process_img import ResizeImgError, resize_image_within_bounds
 
-from batchocr import deskew, readingorder, schema
+from batchocr import readingorder, schema
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
 from batchocr.engines import parse_options, result, systemic
@@ -152,6 +150,9 @@ class RapidOCREngine:
         the page geometry between detection and recognition: a page that needs
         straightening or rescaling is warped once and detected again."""
         from rapidocr.main import RapidOCRError
+        from rapidocr.utils.process_img import ResizeImgError, resize_image_within_bounds
+
+        from batchocr import deskew  # OpenCV: imported by the engine, not by its options' check
 
         opts, ocr = self.options, self._ocr
         # rapidocr's preprocessing (longest side at most 2000, Global.max_side_len) on the
@@ -204,6 +205,8 @@ class RapidOCREngine:
         if scale < 1.0 or limit < DET_SIDE:
             self._bounded(f"detected at {scale:.2f}x, shorter side enlarged to at most {limit} px")
         if scale < 1.0:
+            import cv2
+
             img = cv2.resize(img, (max(1, round(img.shape[1] * scale)), max(1, round(img.shape[0] * scale))),
                              interpolation=cv2.INTER_AREA)
         det_model = self._ocr._load_det_model()  # per call, the detector reads its limit_side_len
