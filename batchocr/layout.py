@@ -64,6 +64,22 @@ def plan_shard(shard: int) -> str:
     return f"{PLAN_DIR}/{shard_name(shard)}.parquet"
 
 
+def if_moved_out(rel: str) -> str:
+    """What to do with one of OUT's state files that cannot be read, and what it costs (the
+    page table is the part files: none of these holds a page)."""
+    if rel.startswith(f"{RUNS}/"):
+        return ("move it out of OUT: a past run's record, which report and status then leave out; "
+                "that run's rows count as made with OUT's settings")
+    if rel.startswith(f"{DONE}/"):
+        return "move it out of OUT: the shard's done-marker; the next run checks the shard again, redoing no page"
+    if rel == PRODUCER:
+        return "move it out of OUT: the next run takes OUT's settings from its latest run record"
+    if rel.startswith(f"{PLAN_DIR}/"):
+        return (f"move OUT's {PLAN_DIR} folder out of it and run `batchocr plan` again: documents "
+                "with rows keep their shards, so no page is redone")
+    return "move it out of OUT"
+
+
 def shard_of_folder(name: str) -> int | None:
     """The shard a folder under OUT/pages holds (None: not a shard folder)."""
     m = _SHARD.fullmatch(name)

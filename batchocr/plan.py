@@ -18,12 +18,13 @@ from typing import Iterable, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchocr.errors import ConfigError
+from batchocr import layout
+from batchocr.errors import ConfigError, StorageError
 from batchocr.layout import PLAN
 from batchocr.layout import plan_shard as shard_file
 from batchocr.sink import committed_keys, shards_present, to_parquet
 from batchocr.sources import DocRef, list_documents
-from batchocr.storage import Store
+from batchocr.storage import Store, public_url
 
 DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string()), ("mtime", pa.float64())])
 
@@ -64,11 +65,19 @@ def read_plan(out: Store) -> PlanInfo | None:
     if not out.exists(PLAN):
         return None
     raw = out.read_json(PLAN)
-    return PlanInfo(**raw | {"per_shard": tuple(raw.get("per_shard", ()))})
+    try:
+        return PlanInfo(**raw | {"per_shard": tuple(raw.get("per_shard", ()))})
+    except TypeError:  # an object, but not a plan's keys
+        raise StorageError(f"{public_url(out.url).rstrip('/')}/{PLAN}: not readable as batchocr writes it (its "
+                           f"keys: {', '.join(sorted(map(str, raw))) or 'none'}); {layout.if_moved_out(PLAN)}") from None
 
 
 def planned_documents(out: Store, shard: int) -> Iterator[DocRef]:
-    table = pq.read_table(io.BytesIO(out.read_bytes(shard_file(shard))))
+    try:
+        table = pq.read_table(io.BytesIO(out.read_bytes(shard_file(shard))))
+    except pa.ArrowException as exc:  # damaged, or not batchocr's: OUT's fault, named (as read_json's)
+        raise StorageError(f"{public_url(out.url).rstrip('/')}/{shard_file(shard)}: not readable as batchocr "
+                           f"writes it ({type(exc).__name__}); {layout.if_moved_out(shard_file(shard))}") from None
     for row in table.to_pylist():
         yield DocRef(uri=row["uri"], size=row["size"], etag=row["etag"], mtime=row["mtime"])
 

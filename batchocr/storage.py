@@ -25,9 +25,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from batchocr import layout
 from batchocr.errors import BatchocrError, ConfigError, StorageError, Unreadable
 
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false",
+               type(None): "null"}
 # Variables whose values are secrets wherever they appear (see redact).
 SECRET_VARIABLES = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
                     "AZURE_CLIENT_SECRET")
@@ -211,6 +214,9 @@ class _Fsspec:
         if where.endswith(": writing") and getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
             # Retrying cannot make a read-only or forbidden OUT writable.
             return ConfigError(f"{where}: {exc.strerror}: OUT must be writable")
+        if isinstance(exc, NotADirectoryError):  # OUT (or SOURCE) given as a file's path: retrying cannot help
+            return ConfigError(f"{where}: a file stands where a folder should be ({exc.strerror}): "
+                               "give the folder's path")
         return StorageError(f"{where}: {type(exc).__name__}: {exc}")
 
     def polars_options(self) -> tuple[dict[str, str] | None, Any]:
@@ -330,8 +336,22 @@ class Store:
                 parts.append(part)
             return b"".join(parts)
 
-    def read_json(self, rel: str) -> Any:
-        return json.loads(self.read_bytes(rel))
+    def read_json(self, rel: str) -> dict[str, Any]:
+        """One of OUT's JSON files (run records, done-markers, the plan, _producer.json):
+        every one is an object. One that is not (damaged, or not batchocr's) is a fault of
+        OUT, named, with what moving it out costs: StorageError, as for a part file that is
+        not Parquet (batchocr.sink), not a traceback."""
+        raw = self.read_bytes(rel)
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        else:
+            if isinstance(value, dict):
+                return value
+            detail = f"JSON {_JSON_KINDS.get(type(value), type(value).__name__)}, not an object"
+        raise StorageError(f"{public_url(self.url).rstrip('/')}/{rel}: not readable as batchocr writes it "
+                           f"({detail}); {layout.if_moved_out(rel)}") from None
 
     def read_jsons(self, rel: str) -> list[Any]:
         """Every JSON file under rel (e.g. OUT's run records), in name order; [] if none."""

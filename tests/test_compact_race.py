@@ -128,6 +128,62 @@ def test_a_part_file_that_is_not_parquet_stops_status_and_a_run_in_one_line(tmp_
         assert f"{bad.name}: not a readable part file" in proc.stderr and "move it out of OUT" in proc.stderr
 
 
+@pytest.mark.parametrize("which, content, commands, hint", [
+    ("_producer.json", b"[1,2", ["report", "compact", "run"], "takes OUT's settings from its latest run record"),
+    ("_runs/*.json", b'{"run_id": "trunc', ["status", "report", "compact", "run"], "a past run's record"),
+    ("_runs/*.json", b"null", ["status", "report", "run"], "a past run's record"),
+    ("_done/*.json", b"\xff\xfe not json", ["status", "run"], "the next run checks the shard again"),
+    ("_done/*.json", b"[]", ["status", "run"], "the next run checks the shard again"),
+])
+def test_a_state_file_of_out_that_is_not_batchocrs_json_stops_each_command_in_one_line(
+        tmp_path, which, content, commands, hint):
+    """OUT's JSON files (run records, done-markers, _producer.json) damaged or replaced: every
+    command that reads them says which file, in one line, and what moving it out costs
+    (exit 1, as for a part file that is not Parquet); a JSONDecodeError or AttributeError
+    traceback before."""
+    src = tmp_path / "src"
+    text_corpus(src, documents=1, pages=2)
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    (bad,) = out.glob(which)
+    bad.write_bytes(content)
+    for command in commands:
+        args = {"run": ["run", str(src), str(out), "--engine", "textlayer", "-q"]}.get(command, [command, str(out)])
+        proc = run_cli(*args)
+        assert proc.returncode == 1, (command, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, (command, proc.stderr)
+        rel = bad.relative_to(out).as_posix()
+        assert f"{rel}: not readable as batchocr writes it" in lines[0] and hint in lines[0], (command, lines)
+
+
+def test_a_damaged_plan_stops_a_run_in_one_line(tmp_path):
+    src = tmp_path / "src"
+    text_corpus(src, documents=2, pages=1)
+    out = tmp_path / "out"
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+    for rel, content in (("_plan/shard-00001.parquet", b"not parquet"), ("_plan/plan.json", b'{"shards": 2}')):
+        (out / rel).write_bytes(content)
+        proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", "1/2", "-q")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"{rel}: not readable as batchocr writes it" in proc.stderr, proc.stderr
+        assert "run `batchocr plan` again" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_out_given_as_a_file_is_a_usage_error_for_every_reader(tmp_path):
+    """status, report, eval and export said 'listing: NotADirectoryError', exit 1 ('retrying
+    may help'), where run and compact said exit 2."""
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    truth = tmp_path / "truth"
+    truth.mkdir()
+    for args in (["status", str(afile)], ["report", str(afile)], ["eval", str(afile), "--truth", str(truth)],
+                 ["export", str(afile), str(tmp_path / "dest")]):
+        proc = run_cli(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "a file stands where a folder should be" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_the_page_table_of_an_out_named_like_a_pattern_reads_whole(tmp_path):
     """polars took the parts' paths as glob patterns: an OUT named `run[1]` matched nothing,
     and report and export said 0 pages with exit 0."""
