@@ -184,8 +184,12 @@ def _run(spec: JobSpec, engine, run_id: str, started: float, started_at: dt.date
     if part is not None:  # the shard is done when every part is: the parent marks it
         return summary
     # Every page of the shard has a row now: only then is the marker written, with what compaction keeps.
-    written = [out.read_parquet(p, KEY_COLUMNS) for p in run.writer.parts]  # this run's rows' keys
-    pages, errors = kept_counts(pa.concat_tables([keys, *written]))
+    try:
+        written = [out.read_parquet(p, KEY_COLUMNS) for p in run.writer.parts]  # this run's rows' keys
+        now = pa.concat_tables([keys, *written])
+    except FileNotFoundError:  # `batchocr compact` ran meanwhile: its file holds them; the shard as it is now
+        now = current_keys(out, shard.index, settings)
+    pages, errors = kept_counts(now)
     _write_marker(out, shard, summary.documents + summary.documents_skipped, pages, errors,
                   set(keys.column("run_id").to_pylist()) | {run_id},
                   {"run_id": run_id, "seconds": round(summary.seconds, 3), "pages": summary.pages})

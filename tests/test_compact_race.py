@@ -112,6 +112,32 @@ def test_a_run_that_fails_reading_its_shard_says_failed_in_its_record(tmp_path, 
     assert record["status"] == "failed" and record["finished_at"]
 
 
+def test_a_run_whose_parts_compaction_replaced_before_its_end_writes_its_done_marker(tmp_path, monkeypatch):
+    """`batchocr compact` beside a run (README: parts a run commits meanwhile are left alone,
+    or compacted): a run that finished while compaction replaced its parts read them again for
+    the done-marker and ended in a FileNotFoundError traceback, exit 1, no marker."""
+    from batchocr import pipeline
+
+    src = tmp_path / "src"
+    text_corpus(src, documents=4, pages=2)
+    out = tmp_path / "out"
+    real_end = pipeline._Shard.end
+
+    def end(self, *args, **kwargs):  # every part committed, then a compaction before the marker
+        real_end(self, *args, **kwargs)
+        assert len(self.writer.parts) >= 2
+        compact_shard(Store(str(out)), 0)
+
+    monkeypatch.setattr(pipeline._Shard, "end", end)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"source: {src}\nout: {out}\nengine: textlayer\ncommit: {{every_pages: 2}}\n")
+    proc = run_cli("run", "--job", str(spec), "-q")
+    assert proc.returncode == 0, proc.stderr
+    marker = json.loads((out / "_done" / "shard-00000.json").read_text())
+    assert marker["pages"] == 8 and marker["error_pages"] == 0
+    assert len(list((out / "pages" / "shard-00000").glob("*.parquet"))) == 1  # the compacted file
+
+
 def test_a_part_file_that_is_not_parquet_stops_status_and_a_run_in_one_line(tmp_path):
     """Not batchocr's (a stray copy) or damaged: a systemic fault of OUT, named, exit 1, and
     what to do; not a pyarrow traceback."""
