@@ -124,6 +124,21 @@ def _temp_prefix(rel: str) -> str:
     return rel.replace("/", "__") + ("" if rel.endswith("/") else ".")
 
 
+def _normal_local(root: str) -> str:
+    """A local root spelled one way, whatever way it was given (`d//x/`, `./d/x`, `d/../d/x`):
+    a document's URI, and so its doc_id and whether a rerun finds it done, comes from the
+    root, and `"$BASE/"` in a CronJob's script must not make every document new (with three
+    rows per page after three spellings). `..` is collapsed only where that names the same
+    folder (it does not, past a symbolic link: `a/link/..` is the link target's parent)."""
+    normal = posixpath.normpath(root)
+    if normal == root:
+        return root
+    try:
+        return normal if os.path.samefile(root, normal) else root
+    except OSError:  # not there (yet): OUT before its first run; nothing to compare, only `//` and `.`
+        return normal if ".." not in root.split("/") else root
+
+
 class _Fsspec:
     """Any filesystem fsspec knows, as it is: local disk, memory://, ..."""
 
@@ -141,6 +156,8 @@ class _Fsspec:
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"cannot open {url}: {exc}") from None
         self.root = cls._strip_protocol(url).rstrip("/") or "/"
+        if isinstance(self.fs, LocalFileSystem):
+            self.root = _normal_local(self.root)
 
     def walk(self, root: str) -> Iterator[tuple[str, dict]]:
         if self.fs.isfile(root):

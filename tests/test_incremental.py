@@ -189,3 +189,30 @@ def test_before_compaction_export_report_and_eval_keep_the_row_compaction_keeps_
     after = views("after")
     assert "too_large" in after[1]["error_types"], "no current error row: this would show nothing"
     assert before == after
+
+
+def test_one_local_source_spelled_several_ways_is_one_set_of_documents(tmp_path, monkeypatch):
+    """`d//x/`, `./d/x` and `d/../d/x` name one folder: the same documents (doc_id from the
+    URI), so a rerun so spelled finds them done. Each spelling made every document new
+    (three rows a page after three runs, eval matching the same file three times)."""
+    monkeypatch.chdir(tmp_path)
+    text_corpus(tmp_path / "d" / "x", documents=2, pages=2)
+    out = tmp_path / "out"
+    run_cli("run", "d/x", str(out), "--engine", "textlayer", "-q", check=True)
+    for spelling in ("./d//x/", "d/../d/x", str(tmp_path / "d" / "." / "x")):
+        proc = run_cli("run", spelling, str(out), "--engine", "textlayer", "-q", check=True)
+        assert "nothing to do" in proc.stderr + proc.stdout, (spelling, proc.stderr)
+    pages = read_pages(str(out)).collect()
+    assert pages.height == 4 and pages["source_uri"].n_unique() == 2
+    assert all("//" not in u[len("file://"):] and "/./" not in u for u in pages["source_uri"])
+
+
+def test_dot_dot_past_a_symbolic_link_is_not_collapsed(tmp_path):
+    """`link/..` is the link target's parent, not the folder holding the link: collapsing it
+    as text would read another folder."""
+    text_corpus(tmp_path / "real" / "docs", documents=1, pages=1)
+    (tmp_path / "real" / "sub").mkdir()
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "link").symlink_to(tmp_path / "real" / "sub")
+    store = Store(str(tmp_path / "here" / "link" / ".." / "docs"))
+    assert [d.uri.rsplit("/", 1)[1] for d in list_documents(store)] == ["doc00000.pdf"]  # real/docs's
