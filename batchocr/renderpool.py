@@ -157,7 +157,10 @@ class RenderPool:
         self._resume: collections.deque[RenderTask] = collections.deque()
 
     def __enter__(self) -> "RenderPool":
-        self.workers = [self._spawn() for _ in range(self.spec.worker_count)]
+        # One now (a broken install shows before any document); the others as documents come
+        # to them: no more processes than documents at once (render.workers 1000 started 1,000
+        # processes for one document).
+        self.workers = [self._spawn()]
         return self
 
     def __exit__(self, *exc) -> None:
@@ -189,8 +192,8 @@ class RenderPool:
         timeout = self.spec.timeout_s
         while True:
             if not stop():
-                for i in range(len(self.workers)):
-                    if self.workers[i].task is not None:
+                for i in range(self.spec.worker_count):
+                    if i < len(self.workers) and self.workers[i].task is not None:
                         continue
                     task = self._resume.popleft() if self._resume else None
                     if task is None and not exhausted:
@@ -198,6 +201,8 @@ class RenderPool:
                         exhausted = task is None
                     if task is None:
                         break
+                    if i == len(self.workers):  # every worker busy: one more, for this document
+                        self.workers.append(self._spawn())
                     while True:
                         try:
                             self.workers[i].assign(task, timeout)

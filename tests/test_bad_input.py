@@ -203,3 +203,16 @@ def test_a_hanging_document_does_not_stall_the_run(tmp_path, engine):
     assert "section" in slow.sort("page_index")["text"][1]
     receipt = pages.filter(pages["source_uri"].str.ends_with("receipt.png"))
     assert receipt["finish_reason"].to_list() == ["stop"] and "TOTAL" in receipt["text"][0].upper()
+
+
+def test_the_pool_starts_no_more_workers_than_documents_at_once(tmp_path):
+    """render.workers is an upper bound: 1,000 asked for one document started 1,000 processes
+    (7 GB). Workers start as documents come to them; every page is still read."""
+    text_corpus(tmp_path / "src", documents=2, pages=2)
+    docs = list(list_documents(Store(str(tmp_path / "src"))))
+    with RenderPool(RenderSpec(workers=64, timeout_s=120), Needs(text_layer=True, image=False)) as pool:
+        assert len(pool.workers) == 1
+        rows = _collect(pool, [RenderTask(d) for d in docs])
+        assert len(pool.workers) == 2 and pool.replaced == 0
+    assert sorted((r["source_uri"].rsplit("/", 1)[1], r["page_index"], r["error_type"]) for r in rows) == [
+        (name, i, None) for name in ("doc00000.pdf", "doc00001.pdf") for i in range(2)]
