@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -46,6 +47,22 @@ def main():
     skip_pymupdf_extras()  # this process is batchocr's own: PyMuPDF's unused extras stay out
     if not sys.stderr.isatty():  # a pod's log, a file: rapidocr's colorlog honours NO_COLOR
         os.environ.setdefault("NO_COLOR", "1")
+
+
+def _write_whole(target, text: str) -> None:
+    """A file written whole or not at all: a full disk or a read-only folder is one line (exit
+    1), and no half-written page is left (nor an older one truncated). Written beside it, then
+    renamed over it; a target that is not a regular file (/dev/stdout) is written as it is."""
+    tmp = target if target.exists() and not target.is_file() else target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        if tmp != target:
+            os.replace(tmp, target)
+    except OSError as exc:
+        if tmp != target:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise BatchocrError(f"{target}: cannot write it ({exc.strerror or exc})") from None
 
 
 class _Finite(click.FloatRange):
@@ -319,7 +336,7 @@ def report(out, truth, as_json, html_file, top, gpu_hourly_usd, storage):
 
         from batchocr.charts import to_html
 
-        Path(html_file).write_text(to_html(summary), encoding="utf-8")
+        _write_whole(Path(html_file), to_html(summary))
         click.echo(f"batchocr: wrote {Path(html_file).resolve()}", err=True)
 
 

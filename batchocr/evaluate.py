@@ -47,16 +47,24 @@ class Evaluation:
         return self.errors / self.chars if self.chars else 0.0
 
 
+def _truth_text(path: Path) -> str:
+    """A truth file's text: UTF-8 (a BOM allowed), as the README asks; anything else is the
+    user's to fix, named (not a UnicodeDecodeError traceback)."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"truth file {path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r}): "
+                          "save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"truth file {path}: {exc.strerror or exc}") from None
+
+
 def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
     """pages: the page table (needs source_uri, page_index, text, finish_reason)."""
     truth_dir = Path(truth_dir)
     if not truth_dir.is_dir():
         raise ConfigError(f"truth folder {truth_dir} does not exist")
-    truth = {
-        (p.parent.name, int(p.stem)): normalise(p.read_text())
-        for p in truth_dir.glob("*/*.txt")
-        if p.stem.isdigit()
-    }
+    truth = {(p.parent.name, int(p.stem)): normalise(_truth_text(p)) for p in truth_dir.glob("*/*.txt") if p.stem.isdigit()}
     if not truth:
         raise ConfigError(f"no truth files in {truth_dir} (expected <document name>/<page_index>.txt)")
     names = {name for name, _ in truth}

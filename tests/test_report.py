@@ -7,6 +7,7 @@ import collections
 import datetime as dt
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -232,6 +233,42 @@ def test_report_html_without_matplotlib_says_what_to_install_before_anything_els
     # and without --html the text report needs no matplotlib
     proc = subprocess.run([sys.executable, "-c", code, "report", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "batchocr report: " in proc.stdout, proc.stderr
+
+
+def test_report_html_that_cannot_be_written_is_one_line_and_leaves_the_old_page(rapidocr_run, tmp_path, monkeypatch):
+    """A full disk while the page is written: a traceback before (OSError, exit 1), and the
+    page left half-written. Now one line, and the page there before is as it was."""
+    import errno
+    import pathlib
+
+    out, _ = rapidocr_run
+    page = tmp_path / "report.html"
+    page.write_text("the report of yesterday")
+    real = pathlib.Path.write_text
+
+    def full(self, text, *args, **kwargs):  # half the page, then the disk is full
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    proc = run_cli("report", str(out), "--html", str(page))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == f"Error: {page}: cannot write it (No space left on device)\n"
+    assert "batchocr report: " in proc.stdout  # the text report stands
+    monkeypatch.undo()
+    assert page.read_text() == "the report of yesterday" and sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+
+
+def test_eval_with_a_truth_file_that_is_not_utf8_names_it(rapidocr_run, tmp_path):
+    out, _ = rapidocr_run
+    truth = tmp_path / "truth"
+    shutil.copytree(SAMPLES / "truth", truth)
+    bad = truth / "report.pdf" / "0.txt"
+    bad.write_bytes(b"\xff\xfe caf\xe9")
+    for args in (["eval", str(out), "--truth", str(truth)], ["report", str(out), "--truth", str(truth)]):
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith(f"Error: truth file {bad} is not UTF-8 text") and proc.stderr.count("\n") == 1
 
 
 def test_report_of_a_folder_without_a_page_table_is_a_user_error(tmp_path):
