@@ -54,10 +54,8 @@ def dedupe(rows: pl.DataFrame, stale: frozenset[str] | set[str] = frozenset()) -
 
 def kept_counts(keys: pa.Table) -> tuple[int, int]:
     """The rows and error rows compaction would keep of a shard whose committed rows'
-    key columns (sink.KEY_COLUMNS) are `keys`: the done-marker's counts. The key
-    columns have no processed_at; a row's run id, which starts with its run's start
-    time, orders the versions of a document instead (one run reads one version)."""
-    kept = dedupe(pl.from_arrow(keys).with_columns(pl.col("run_id").alias("processed_at")))
+    key columns (sink.KEY_COLUMNS) are `keys`: the done-marker's counts."""
+    kept = dedupe(pl.from_arrow(keys))
     return kept.height, kept.filter(pl.col("finish_reason") == "error").height
 
 

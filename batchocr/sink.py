@@ -19,7 +19,7 @@ from batchocr.storage import Store, each
 
 FIRST_COMMIT_S = 15.0
 KEY_COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "attempts",
-               "run_id"]
+               "run_id", "processed_at"]
 # A page (or document) that hung or killed its renderer once is tried again by the
 # next run; a row of these with attempts >= 2 is final.
 RETRIED_ERRORS = ("timeout", "renderer_crashed")
@@ -139,18 +139,32 @@ def is_final(error_type: str | None, attempts: int | None) -> bool:
 def completed(keys: pa.Table) -> dict[tuple[str, str], Resume | None]:
     """For each (doc_id, etag) seen: None if the document is complete, else what
     is left. Complete means every page has a final row: once its page count is
-    known, a document-level row (-1) stands in for no page."""
+    known, a document-level row (-1) stands in for no page.
+
+    Only a document's latest version counts (the etag of its latest row: the version
+    compaction keeps, batchocr.compact.dedupe). A document whose file went back to an
+    earlier version (restored from a backup with its mtime, `cp -p`; an ETag that is the
+    content's hash) lists that version's etag, which is not complete then: it is read
+    again, or compaction would keep the newer version's rows for a file that holds the
+    older one."""
     final: dict[tuple[str, str], set[int]] = {}
     tried: dict[tuple[str, str], set[int]] = {}
     counts: dict[tuple[str, str], int] = {}
+    latest: dict[str, tuple[int, str]] = {}  # doc_id -> (processed_at, etag) of its latest row
     cols = keys.select(["doc_id", "source_etag", "page_index", "page_count", "error_type", "attempts"]).to_pydict()
-    for doc, etag, index, count, error, attempts in zip(*cols.values()):
+    written = keys.column("processed_at").cast(pa.int64()).to_pylist()  # microseconds, as dedupe orders them
+    for doc, etag, index, count, error, attempts, at in zip(*cols.values(), written):
         key = (doc, etag)
         (final if is_final(error, attempts) else tried).setdefault(key, set()).add(index)
         if count is not None:
             counts[key] = count
+        at = -1 if at is None else at
+        if doc not in latest or (at, etag) > latest[doc]:
+            latest[doc] = (at, etag)
     out: dict[tuple[str, str], Resume | None] = {}
     for key in final.keys() | tried.keys():
+        if latest[key[0]][1] != key[1]:  # an older version of the document: not done, whatever it holds
+            continue
         done, failed = final.get(key, set()), tried.get(key, set()) - final.get(key, set())
         count = counts.get(key)
         if count is None:  # only document-level rows: it never opened

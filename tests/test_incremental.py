@@ -216,3 +216,30 @@ def test_dot_dot_past_a_symbolic_link_is_not_collapsed(tmp_path):
     (tmp_path / "here" / "link").symlink_to(tmp_path / "real" / "sub")
     store = Store(str(tmp_path / "here" / "link" / ".." / "docs"))
     assert [d.uri.rsplit("/", 1)[1] for d in list_documents(store)] == ["doc00000.pdf"]  # real/docs's
+
+
+def test_a_document_restored_to_an_earlier_version_is_read_again(tmp_path):
+    """A file restored from a backup with its mtime (`cp -p`; on a store, an ETag that is the
+    content's hash) lists an etag OUT has complete rows for, from before the newer version:
+    the rerun skipped it and compaction then kept the newer version's pages, for a file that
+    holds the older one."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=2, pages=1)
+    doc = src / "doc00001.pdf"
+    original, stat = doc.read_bytes(), doc.stat()
+    old_text = text_pdf(tmp_path / "again.pdf", 1, seed=1)
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    text_pdf(doc, 3, seed=999)  # version 2: three pages
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    doc.write_bytes(original)  # version 1 again, with its mtime: its etag as in the first run
+    os.utime(doc, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    (listed,) = [d for d in list_documents(Store(str(src))) if d.name == "doc00001.pdf"]
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    assert "1 document, 1 page" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    compact(Store(str(out)))
+    mine = read_pages(str(out)).filter(pl.col("doc_id") == listed.doc_id).collect()
+    assert mine["source_etag"].to_list() == [listed.etag] and mine["page_index"].to_list() == [0]
+    assert mine["text"][0].split() == old_text[0].split()
+    # and a fourth run has nothing to do
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    assert "nothing to do" in proc.stdout + proc.stderr
