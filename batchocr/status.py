@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batchocr import layout
+from batchocr.compact import kept_counts
 from batchocr.errors import ConfigError
 from batchocr.plan import PlanInfo, read_plan
 from batchocr.layout import done_marker
@@ -18,7 +19,7 @@ class ShardStatus:
     shard: int
     state: str  # done | partial | not started
     documents: int  # documents with at least one row
-    pages: int  # rows committed (before compaction a redone page counts twice)
+    pages: int  # pages with a row, as compaction keeps them (a page redone counts once)
     error_pages: int
     planned_documents: int | None  # from the plan, if OUT has one
 
@@ -77,6 +78,6 @@ def status(out: Store) -> list[ShardStatus]:
         else:
             state = "not started"
         planned = plan.per_shard[shard]["documents"] if plan and plan.per_shard else None
-        rows.append(ShardStatus(shard, state, len(set(keys.column("doc_id").to_pylist())), len(reasons),
-                                reasons.count("error"), planned))
+        pages, errors = kept_counts(keys)  # a page redone (a changed document, a compaction killed) once
+        rows.append(ShardStatus(shard, state, len(set(keys.column("doc_id").to_pylist())), pages, errors, planned))
     return rows

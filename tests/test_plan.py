@@ -110,6 +110,8 @@ def test_status_of_a_partial_shard_and_compact_dedupes(tmp_path):
     (out / "_done" / "shard-00000.json").unlink()
     proc = run_cli("status", str(out), check=True)
     assert "partial" in proc.stdout and "0/1 shards done, 1 partial" in proc.stdout
+    # its pages as compaction keeps them: 3, not the 6 rows (the marker and report say 3 too)
+    assert "; 3 pages, 0 error pages" in proc.stdout, proc.stdout
 
     proc = run_cli("compact", str(out), check=True)
     assert "shard 0: 2 parts, 6 rows -> 1 part, 3 rows" in proc.stdout
