@@ -385,8 +385,17 @@ def entry(argv: list[str] | None = None) -> None:
     for stream in (sys.stdout, sys.stderr):  # a path given in bytes that are not UTF-8 is printed as given
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="surrogateescape")
+    from batchocr.signals import graceful_stop
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in args if not a.startswith("-")), None)
     try:
-        main.main(args=argv, prog_name="batchocr")
+        # A run's SIGTERM (a spot eviction notice, Kubernetes' pod deletion) from the first
+        # instant: before `run` itself is reached, the group's set-up and click's parsing took
+        # ~0.1-0.5 s in which it killed the process (143; SIGINT a traceback, exit 1) instead
+        # of the run's exit 75. `run` shares this flag (graceful_stop nests).
+        with graceful_stop() if command == "run" else contextlib.nullcontext():
+            main.main(args=args, prog_name="batchocr")
         code = EXIT_OK
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_FAILED)

@@ -87,3 +87,26 @@ def test_sigterm_with_the_real_ocr_engine(rapidocr_run, tmp_path):
     run_cli("run", "--job", str(job), "-q", check=True)
     reference, _ = rapidocr_run
     assert_same_as_clean(out, table(reference))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_before_run_is_reached_is_still_the_runs_exit_75(tmp_path, sig):
+    """A SIGTERM in the command's first instants (the group's set-up, click's parsing: ~0.1-0.5
+    s before `run` took the signal) killed the process (143; SIGINT: a KeyboardInterrupt
+    traceback, exit 1), so a pod evicted as it started was counted as a failure. Sent here
+    from inside that set-up."""
+    text_corpus(tmp_path / "src", documents=1, pages=1)
+    code = ("import os, signal, sys\n"
+            "import batchocr.renderworker as r\n"
+            "setup = r.skip_pymupdf_extras\n"
+            f"r.skip_pymupdf_extras = lambda: (os.kill(os.getpid(), {int(sig)}), setup())\n"
+            "from batchocr.cli import entry\n"
+            "entry(sys.argv[1:])\n")
+    proc = subprocess.run([sys.executable, "-c", code, "run", str(tmp_path / "src"), str(tmp_path / "out"),
+                           "--engine", "textlayer", "-q"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == EXIT_INTERRUPTED, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and "rerun to resume" in proc.stderr, proc.stderr
+    # a command that is not a run keeps the default: Ctrl-C stops `status` at once
+    proc = subprocess.run([sys.executable, "-c", code, "status", str(tmp_path / "src")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode in (-int(sig), 1), (proc.returncode, proc.stderr)
