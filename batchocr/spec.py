@@ -6,6 +6,7 @@ validation (types, `Annotated` ranges, `Literal` choices), no key beyond the fie
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
@@ -180,7 +181,7 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
             raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}): "
                               f"save the job spec as UTF-8") from None
         try:
-            raw = yaml.safe_load(text) or {}
+            raw = yaml.load(text, Loader=_Loader) or {}  # noqa: S506 - a SafeLoader
         except yaml.YAMLError as exc:
             raise ConfigError(_yaml_error(path, exc)) from None
         if not isinstance(raw, dict):
@@ -189,6 +190,8 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     raw = {k: v for k, v in raw.items() if v is not None}  # `render:` with nothing under it: the defaults
     if isinstance(raw.get("shard"), str):
         raw["shard"] = Shard.parse(raw["shard"])
+    elif "shard" in raw and not isinstance(raw["shard"], Mapping):  # `shard: 2`: the documented form is I/N
+        raise ConfigError(f"{where}: shard: got {raw['shard']!r}, expected I/N (e.g. shard: 0/4)")
 
     # Flags over the file: a None override is unset.
     data = {**raw, "source": raw.get("source") or "", "out": raw.get("out") or ""}
@@ -212,6 +215,33 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     for name, options in spec.engines.items():
         engines.options(name, options, where)  # every engine's section, typed by its options class
     return spec
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load's loader, less two traps of YAML 1.1 that PyYAML keeps: a key given
+    twice (`dpi: 150` ... `dpi: 300`) silently took the last value, now it is an error
+    naming the key and both lines; and `1e3` (an exponent without a dot) was text, so
+    `every_seconds: 1e3` failed as "not a number", now it is the number (YAML 1.2)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                from batchocr.config import key_name
+
+                first = seen[key]
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key_name(key)!r} given twice (first at line {first.line + 1})",
+                    key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
 
 
 def _yaml_error(path: str | Path, exc: yaml.YAMLError) -> str:

@@ -107,6 +107,8 @@ def test_job_spec_yaml_with_flag_overrides(tmp_path):
     ("source: s\nout: o\nrender: {colour: 1}\n", "render: unknown key 'colour'"),
     ("source: s\nout: o\nengine: tesseract\n", "engine: got 'tesseract', expected 'rapidocr', 'textlayer' or 'vllm'"),
     ("source: [unclosed\n", "not valid YAML"),
+    ("source: s\nout: o\nrender:\n  dpi: 150\n  dpi: 300\n", r"job.yaml:5:3: .*key 'dpi' given twice \(first at line 4\)"),
+    ("source: s\nout: o\nshard: 2\n", r"shard: got 2, expected I/N \(e.g. shard: 0/4\)"),
     ("- a list\n", "mapping"),
     ("out: o\n", "no SOURCE"),
 ])
@@ -115,6 +117,17 @@ def test_job_spec_errors_are_clear(tmp_path, text, match):
     job.write_text(text)
     with pytest.raises(ConfigError, match=match):
         load_job(job)
+
+
+def test_job_spec_numbers_in_exponent_form_are_numbers(tmp_path):
+    """YAML 1.1 (PyYAML) reads `1e3` as text: `every_seconds: 1e3` failed as not a number."""
+    job = tmp_path / "job.yaml"
+    job.write_text("source: s\nout: o\ncommit: {every_seconds: 1e3, every_pages: 2_000}\nrender: {max_pixels: 4E7}\n")
+    with pytest.raises(ConfigError, match="render.max_pixels: got 40000000.0, expected a valid integer"):
+        load_job(job)
+    job.write_text("source: s\nout: o\ncommit: {every_seconds: 1e3}\nstorage_options: {x: 1e3x}\n")
+    spec = load_job(job)
+    assert spec.commit.every_seconds == 1000.0 and spec.storage_options == {"x": "1e3x"}
 
 
 def test_shard_from_env_and_parse():
