@@ -119,6 +119,15 @@ def test_job_spec_errors_are_clear(tmp_path, text, match):
         load_job(job)
 
 
+def test_vllm_flags_with_another_engine_name_the_flag(tmp_path):
+    """--model with the default engine said `engines.rapidocr: unknown key 'model'`, a key the
+    user never wrote."""
+    with pytest.raises(ConfigError, match=r"^--model --mode: for --engine vllm; this run's engine is rapidocr$"):
+        load_job(None, source="s", out="o", engine_options={"model": "m", "mode": "page", "preset": None})
+    spec = load_job(None, source="s", out="o", engine="vllm", engine_options={"model": "m"})
+    assert spec.engine_options["model"] == "m"
+
+
 def test_job_spec_numbers_in_exponent_form_are_numbers(tmp_path):
     """YAML 1.1 (PyYAML) reads `1e3` as text: `every_seconds: 1e3` failed as not a number."""
     job = tmp_path / "job.yaml"
