@@ -84,6 +84,28 @@ class PartWriter:
         self._last_commit = self.clock()
 
 
+def unreadable_part(store: Store, rel: str, exc: BaseException) -> StorageError:
+    """A part file that is not Parquet (written by something else, or damaged): named, with
+    what to do; a fault of OUT (exit 1), not a traceback."""
+    return StorageError(f"{store.url.rstrip('/')}/{rel}: not a readable part file "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); move it out "
+                        "of OUT and rerun: its pages are redone")
+
+
+def find_unreadable_part(store: Store) -> StorageError | None:
+    """The first of OUT's part files whose Parquet footer cannot be read, as unreadable_part's
+    error; None if every one reads (then what failed was something else)."""
+    for rel in store.find(layout.PAGES, suffix=".parquet"):
+        try:
+            with store.fs.open(store.path(rel), "rb") as f:
+                pq.read_metadata(f)
+        except FileNotFoundError:
+            continue
+        except (pa.ArrowException, OSError) as exc:
+            return unreadable_part(store, rel, exc)
+    return None
+
+
 def read_parts(store: Store, shard: int, read: Callable[[str], pa.Table]) -> tuple[list[str], list[pa.Table]]:
     """A shard's part files (paths, in name order) and each one `read`. Compaction
     (batchocr compact) may delete a part between the listing and its read: it
@@ -99,9 +121,7 @@ def read_parts(store: Store, shard: int, read: Callable[[str], pa.Table]) -> tup
         except FileNotFoundError:
             return None
         except pa.ArrowException as exc:  # not Parquet: written by something else, or damaged
-            raise StorageError(f"{store.url.rstrip('/')}/{rel}: not a readable part file "
-                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); move it out "
-                               "of OUT and rerun: its pages are redone") from None
+            raise unreadable_part(store, rel, exc) from None
 
     for _ in range(PART_READS):
         parts = store.find(shard_dir(shard), suffix=".parquet")

@@ -60,6 +60,13 @@ def reading(out: str, storage_options: Mapping[str, Any] | None = None) -> Itera
         raise StorageError(f"{out}: a part file went away while it was read (`batchocr compact` at work?): "
                            "run the command again") from None
     except (OSError, pl.exceptions.ComputeError) as exc:
+        from batchocr.sink import find_unreadable_part
+
+        bad = None
+        with contextlib.suppress(Exception):  # which part, where one is not Parquet (polars does not say)
+            bad = find_unreadable_part(Store(out, storage_options))
+        if bad is not None:
+            raise bad from None
         secrets = [str(v) for v in (storage_options or {}).values() if isinstance(v, str)]
         first = (str(exc).strip().splitlines() or [""])[0]
         raise StorageError(redact(f"{out}: reading the page table failed: {type(exc).__name__}: {first}",

@@ -140,14 +140,16 @@ def test_a_run_whose_parts_compaction_replaced_before_its_end_writes_its_done_ma
 
 def test_a_part_file_that_is_not_parquet_stops_status_and_a_run_in_one_line(tmp_path):
     """Not batchocr's (a stray copy) or damaged: a systemic fault of OUT, named, exit 1, and
-    what to do; not a pyarrow traceback."""
+    what to do; not a pyarrow traceback. report, eval and export (polars reads their table,
+    and does not say which file) named no part."""
     src = tmp_path / "src"
     text_corpus(src, documents=1, pages=2)
     out = tmp_path / "out"
     run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
     (bad,) = list((out / "pages" / "shard-00000").glob("*.parquet"))
     bad.write_bytes(b"garbage, not parquet" * 10)
-    for args in (["status", str(out)], ["run", str(src), str(out), "--engine", "textlayer", "-q"]):
+    for args in (["status", str(out)], ["run", str(src), str(out), "--engine", "textlayer", "-q"],
+                 ["report", str(out)], ["eval", str(out), "--truth", str(src)], ["export", str(out), str(tmp_path / "x")]):
         proc = run_cli(*args)
         assert proc.returncode == 1, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
