@@ -109,6 +109,8 @@ def test_job_spec_yaml_with_flag_overrides(tmp_path):
     ("source: [unclosed\n", "not valid YAML"),
     ("source: s\nout: o\nrender:\n  dpi: 150\n  dpi: 300\n", r"job.yaml:5:3: .*key 'dpi' given twice \(first at line 4\)"),
     ("source: s\nout: o\nshard: 2\n", r"shard: got 2, expected I/N \(e.g. shard: 0/4\)"),
+    ("source: s\nout: o\nengines: {textlayer: {min_chars: -3}}\n",
+     "engines.textlayer.min_chars: got -3, expected greater than or equal to 0"),
     ("- a list\n", "mapping"),
     ("out: o\n", "no SOURCE"),
 ])

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Annotated, Any, Iterator, Mapping
 
 import pyarrow as pa
 import pymupdf
+from annotated_types import Ge
 
 from batchocr import schema
 from batchocr.config import FORBID
@@ -27,7 +28,7 @@ def page_text(page: pymupdf.Page) -> str:
 class TextLayerOptions:
     __pydantic_config__ = FORBID  # typed by batchocr.config, like all configuration
     # Pages whose text layer has fewer non-space characters than this are skipped.
-    min_chars: int = 1
+    min_chars: Annotated[int, Ge(0)] = 1
 
 
 class TextLayerEngine:
