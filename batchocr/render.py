@@ -12,6 +12,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
+import fsspec
 import pyarrow as pa
 import pymupdf
 
@@ -23,7 +24,7 @@ from batchocr.renderworker import READING, UNKNOWN
 from batchocr.router import route_page
 from batchocr.sources import DocRef, native
 from batchocr.spec import RenderSpec
-from batchocr.storage import Store
+from batchocr.storage import AZURE_PROTOCOLS, Store
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,19 @@ def open_document(doc: DocRef, storage_options: Mapping[str, Any],
     data = store.read_document(progress=lambda: progress(READING, UNKNOWN),  # each chunk: it moves
                                listed_size=doc.size or None)
     progress(UNKNOWN, UNKNOWN)
+    if doc.size and len(data) != doc.size and fsspec.core.split_protocol(uri)[0] in AZURE_PROTOCOLS:
+        raise Unreadable(_changed(doc.size, len(data)))  # a blob's size is its bytes (an http body's need not be)
     if not data:
         raise EmptyFile()
     return pymupdf.open(stream=data, filetype=doc.filetype)
+
+
+def _changed(listed: int, now: int) -> str:
+    """A document rewritten between its listing (or plan) and its read: its row would hold the
+    new content under the listed etag and size. Its `unreadable` row is superseded by the next
+    run, which lists the new version (with a plan: the next `batchocr plan`)."""
+    return (f"the file changed after it was listed ({listed} bytes listed, {now} now): a later run reads "
+            "the new version once it is listed")
 
 
 class EmptyFile(Exception):
@@ -97,6 +108,8 @@ def _open_local(path: str, doc: DocRef) -> pymupdf.Document:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Unreadable(f"not a regular file but {_kind(st.st_mode)}")
+        if doc.size and st.st_size != doc.size:
+            raise Unreadable(_changed(doc.size, st.st_size))
         if st.st_size == 0:
             raise EmptyFile()
         # MuPDF opens its own descriptor of the same file by this name; the path

@@ -108,6 +108,29 @@ def test_plan_resume_status_and_compact_on_azure(azurite, tmp_path):
     assert rows.height == 15 and rows.select(KEYS).is_unique().all()
 
 
+def test_a_blob_rewritten_after_the_plan_is_not_read_under_the_planned_etag(azurite, tmp_path):
+    """Planned as one version, rewritten, then run: the row held the new blob's text under the
+    planned etag and size. Now `unreadable` (changed after it was listed); the next plan
+    lists the new version, which the run then reads."""
+    azurite.container("rewrite")
+    text_pdf(tmp_path / "a.pdf", pages=1, seed=1)
+    azurite.upload("rewrite", [tmp_path / "a.pdf"], prefix="in/")
+    env = _env(azurite)
+    src, out = "az://rewrite/in", "az://rewrite/out"
+    run_cli("plan", src, out, "--shards", "1", env=env, check=True)
+    new = text_pdf(tmp_path / "a.pdf", pages=2, seed=2)
+    azurite.upload("rewrite", [tmp_path / "a.pdf"], prefix="in/")
+    run_cli("run", src, out, "--engine", "textlayer", "-q", env=env, check=True)
+    options = {"connection_string": azurite.connection_string}
+    (row,) = batchocr.read_pages(out, options).collect().to_dicts()
+    assert row["error_type"] == "unreadable" and "changed after it was listed" in row["error_message"]
+    run_cli("plan", src, out, "--shards", "1", env=env, check=True)
+    run_cli("run", src, out, "--engine", "textlayer", "-q", env=env, check=True)
+    run_cli("compact", out, env=env, check=True)
+    rows = batchocr.read_pages(out, options).collect().sort("page_index")
+    assert [t.split() for t in rows["text"]] == [t.split() for t in new] and rows["error_type"].null_count() == 2
+
+
 def test_credentials_come_in_the_documented_order():
     cs = connection_string(10000)
     env = {"AZURE_STORAGE_CONNECTION_STRING": cs, "AZURE_STORAGE_ACCOUNT_KEY": KEY, "AZURE_STORAGE_SAS_TOKEN": "sv=x&sig=y",

@@ -216,3 +216,26 @@ def test_the_pool_starts_no_more_workers_than_documents_at_once(tmp_path):
         assert len(pool.workers) == 2 and pool.replaced == 0
     assert sorted((r["source_uri"].rsplit("/", 1)[1], r["page_index"], r["error_type"]) for r in rows) == [
         (name, i, None) for name in ("doc00000.pdf", "doc00001.pdf") for i in range(2)]
+
+
+def test_a_document_rewritten_after_it_was_listed_is_not_read_under_its_old_etag(tmp_path):
+    """Listed (or planned) as one version, read as another: its row held the new content under
+    the listed etag and size, as if it were the version listed. Now an `unreadable` row,
+    superseded once a run lists the new version."""
+    texts = text_corpus(tmp_path / "src", documents=2, pages=1)
+    docs = {d.name: d for d in list_documents(Store(str(tmp_path / "src")))}
+    new = text_pdf(tmp_path / "src" / "doc00001.pdf", 2, seed=77)  # rewritten: two pages now
+    with RenderPool(RenderSpec(workers=1, timeout_s=120), Needs(text_layer=True, image=False)) as pool:
+        rows = _collect(pool, [RenderTask(d) for d in docs.values()])
+    got = {(r["source_uri"].rsplit("/", 1)[1], r["page_index"]): r for r in rows}
+    assert sorted(got) == [("doc00000.pdf", 0), ("doc00001.pdf", -1)]
+    assert got[("doc00000.pdf", 0)]["text_layer"].split() == texts["doc00000.pdf"][0].split()
+    changed = got[("doc00001.pdf", -1)]
+    assert changed["error_type"] == "unreadable" and changed["source_etag"] == docs["doc00001.pdf"].etag
+    assert "changed after it was listed (" in changed["error_message"]
+    # listed again, it is the new version (another etag): read whole
+    (again,) = [d for d in list_documents(Store(str(tmp_path / "src"))) if d.name == "doc00001.pdf"]
+    assert again.etag != docs["doc00001.pdf"].etag
+    with RenderPool(RenderSpec(workers=1, timeout_s=120), Needs(text_layer=True, image=False)) as pool:
+        rows = _collect(pool, [RenderTask(again)])
+    assert [r["text_layer"].split() for r in sorted(rows, key=lambda r: r["page_index"])] == [t.split() for t in new]
