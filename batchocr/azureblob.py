@@ -327,6 +327,9 @@ class AzureBackend:
             container = self.root.split("/", 1)[0]
             return StorageError(f"{where}: the container {container!r} no longer exists (deleted during the run?)")
         if code == "BlobNotFound" or (isinstance(exc, FileNotFoundError) and status is None):
+            if any(ord(c) < 32 or ord(c) == 127 for c in where):  # adlfs strips them from a path: another name
+                return Unreadable("adlfs cannot address a blob whose name holds a control character (a tab, a "
+                                  "line break): rename the blob")
             return Unreadable("the blob was deleted after it was listed")
         if code == "BlobArchived":
             return Unreadable("the blob is in the Archive tier: rehydrate it (set its tier to Hot or Cool) to read it")

@@ -131,6 +131,21 @@ def test_a_blob_rewritten_after_the_plan_is_not_read_under_the_planned_etag(azur
     assert [t.split() for t in rows["text"]] == [t.split() for t in new] and rows["error_type"].null_count() == 2
 
 
+def test_a_blob_whose_name_holds_a_tab_says_why_it_cannot_be_read(azurite, tmp_path):
+    """adlfs strips control characters from a path, so it asks for another name: the row said
+    "the blob was deleted after it was listed" of a blob that is there."""
+    azurite.container("tabs")
+    cc = azurite.client().get_container_client("tabs")
+    cc.upload_blob("in/tab\tname.png", (SAMPLES / "receipt.png").read_bytes())
+    cc.upload_blob("in/plain.png", (SAMPLES / "receipt.png").read_bytes())
+    out = "az://tabs/out"
+    run_cli("run", "az://tabs/in", out, "--engine", "textlayer", "-q", env=_env(azurite), check=True)
+    rows = batchocr.read_pages(out, {"connection_string": azurite.connection_string}).collect()
+    (row,) = rows.filter(pl.col("source_uri") == "az://tabs/in/tab%09name.png").to_dicts()
+    assert row["error_type"] == "unreadable" and "holds a control character" in row["error_message"], row
+    assert rows.filter(pl.col("source_uri") == "az://tabs/in/plain.png")["error_type"].to_list() == ["no_text_layer"]
+
+
 def test_credentials_come_in_the_documented_order():
     cs = connection_string(10000)
     env = {"AZURE_STORAGE_CONNECTION_STRING": cs, "AZURE_STORAGE_ACCOUNT_KEY": KEY, "AZURE_STORAGE_SAS_TOKEN": "sv=x&sig=y",
