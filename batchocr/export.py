@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 
 from batchocr.compact import dedupe
+from batchocr.sources import native
 from batchocr.storage import Store
 
 FORMATS = ("markdown", "text", "jsonl")
@@ -42,11 +43,21 @@ class Exported:
 NAME_BYTES = 160  # of the file name kept: with the doc_id, the suffix and a temp name's, under 255
 
 
+def own_name(uri: str) -> str:
+    """The document file's own name (`100%.pdf`), not its URI's spelling (`100%25.pdf`,
+    sources.spell); the spelling where the name is not text (bytes that are not UTF-8)."""
+    spelled = posixpath.basename(uri.rstrip("/"))
+    name = native(spelled)
+    return name if name.isprintable() and name.encode(errors="replace") == name.encode(errors="surrogateescape") \
+        else spelled
+
+
 def file_name(uri: str, doc_id: str) -> str:
-    """The document's file name, made safe and cut to NAME_BYTES of UTF-8 (a file system's
-    names end at 255 bytes), and its doc_id: two documents of one name in different folders,
-    or of one long name's start, get different files."""
-    name = re.sub(r"[^\w.-]+", "_", posixpath.basename(uri.rstrip("/"))) or "document"
+    """The document's own file name, made safe (what is not a letter, digit, `.`, `-` or `_`
+    becomes `_`) and cut to NAME_BYTES of UTF-8 (a file system's names end at 255 bytes), and
+    its doc_id: two documents of one name in different folders, or of one long name's start,
+    get different files."""
+    name = re.sub(r"[^\w.-]+", "_", own_name(uri)) or "document"
     if len(name.encode()) > NAME_BYTES:
         name = name.encode()[:NAME_BYTES].decode(errors="ignore")
     return f"{name}.{doc_id}"
@@ -80,7 +91,7 @@ def _label(page: dict[str, Any]) -> str:
 
 
 def to_markdown(uri: str, pages: list[dict[str, Any]]) -> str:
-    parts = [f"# {posixpath.basename(uri.rstrip('/'))}\n\n`{uri}`\n\n"]
+    parts = [f"# {own_name(uri)}\n\n`{uri}`\n\n"]
     for p in pages:
         # One line, and no "-->" to end the comment early: the page markers must stay parseable.
         note = " ".join(_note(p).split()).replace("-->", "->")

@@ -11,6 +11,7 @@ import pytest
 from azurite import azurite  # noqa: F401 - a fixture
 from batchocr.export import FORM_FEED, file_name
 from conftest import count_pages, read_table, run_cli, sample_documents
+from corpus import text_pdf
 from synthetic import resumed_output
 
 MARKER = re.compile(r"^<!-- (page (\d+)|document)(?: · (.*))? -->\n", re.M)
@@ -247,3 +248,19 @@ def test_export_of_a_long_file_name_fits_the_file_systems_name_limit(tmp_path):
         names = sorted(p.name for p in (tmp_path / fmt).iterdir())
         assert len(names) == 2 and all(len(n.encode()) <= 200 and n.endswith(suffix) for n in names)
         assert names[0].startswith("zz-short.pdf.") and names[1].startswith("文" * 53 + ".")
+
+
+def test_export_names_files_and_headings_by_the_documents_own_names(tmp_path):
+    """`100%.pdf` exported as `100_25.pdf.<id>.md` headed `# 100%25.pdf` (its URI's spelling,
+    sources.spell): a user looking for 50%.pdf's export looks for its own name."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("100%.pdf", "a%20b.pdf"):
+        text_pdf(src / name, 1, seed=3)
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    run_cli("export", str(out), str(tmp_path / "md"), check=True)
+    files = sorted(p.name.split(".")[0] + "." + p.name.split(".")[1] for p in (tmp_path / "md").iterdir())
+    assert files == ["100_.pdf", "a_20b.pdf"]
+    headings = sorted(p.read_text().splitlines()[0] for p in (tmp_path / "md").iterdir())
+    assert headings == ["# 100%.pdf", "# a%20b.pdf"]
