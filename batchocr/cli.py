@@ -225,6 +225,10 @@ def status(out, storage):
     click.echo(f"{states.count('done')}/{len(rows)} shards done, {states.count('partial')} partial, "
                f"{states.count('not started')} not started; {plural(sum(r.pages for r in rows), 'page')}, "
                f"{plural(sum(r.error_pages for r in rows), 'error page')}")
+    if set(states) == {"not started"} and not any(store.exists(p) for p in (layout.PRODUCER, layout.PLAN)) \
+            and not store.find(layout.RUNS, suffix=".json"):  # a mistyped OUT reads the same as one not begun
+        click.echo(f"batchocr: nothing of batchocr's under {out} yet (no run or plan has written it): "
+                   "is that OUT's path?", err=True)
 
 
 @main.command()

@@ -144,3 +144,16 @@ def test_planning_an_out_with_output_keeps_its_documents_on_their_shard(tmp_path
     shutil.rmtree(out / "_plan")
     with pytest.raises(ConfigError, match=r"output in shard 1: a plan of 1 shards .* --shards 2"):
         make_plan(Store(str(src)), Store(str(out)), 1)
+
+
+def test_status_of_a_folder_no_run_has_written_says_so(tmp_path):
+    """A mistyped OUT (the container's root, a parent folder) read as a job not started yet:
+    exit 0 and 'not started', nothing to say the path may be wrong."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=1, pages=1)
+    proc = run_cli("status", str(tmp_path))
+    assert proc.returncode == 0 and "1 not started" in proc.stdout
+    assert f"nothing of batchocr's under {tmp_path} yet" in proc.stderr
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)  # planned, no run yet: no such line
+    proc = run_cli("status", str(out))
+    assert proc.returncode == 0 and "2 not started" in proc.stdout and proc.stderr == ""
