@@ -97,6 +97,11 @@ def test_a_signal_before_run_is_reached_is_still_the_runs_exit_75(tmp_path, sig)
     from inside that set-up."""
     text_corpus(tmp_path / "src", documents=1, pages=1)
     code = ("import os, signal, sys\n"
+            # Python's own dispositions, whatever this test's process passes down (an xdist
+            # worker's SIGINT can be ignored, and a child starting so keeps it ignored: status ended 0 in a fresh clone's suite)
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})\n"
             "import batchocr.renderworker as r\n"
             "setup = r.skip_pymupdf_extras\n"
             f"r.skip_pymupdf_extras = lambda: (os.kill(os.getpid(), {int(sig)}), setup())\n"
