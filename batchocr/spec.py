@@ -206,7 +206,9 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
         elif key == "engine_options":  # flags such as --model: into the chosen engine's section
             name = data.get("engine", "rapidocr")
             given = [k for k, v in value.items() if v is not None]
-            if given and name != "vllm":  # --model, --preset, --mode are the vLLM engine's
+            if not given:  # no such flag: no section made for it (`engine: typo` got a second error)
+                continue
+            if name != "vllm":  # --model, --preset, --mode are the vLLM engine's
                 flags = " ".join(f"--{k}" for k in given)
                 raise ConfigError(f"{flags}: for --engine vllm; this run's engine is {name}")
             engines = _mapping(data.get("engines"), "engines", where)

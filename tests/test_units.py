@@ -128,6 +128,9 @@ def test_vllm_flags_with_another_engine_name_the_flag(tmp_path):
         load_job(None, source="s", out="o", engine_options={"model": "m", "mode": "page", "preset": None})
     spec = load_job(None, source="s", out="o", engine="vllm", engine_options={"model": "m"})
     assert spec.engine_options["model"] == "m"
+    # no flag given: no engines section made for the engine named (a misspelt one's line had "(and 1 more)")
+    with pytest.raises(ConfigError, match=r"engine: got 'rapidocrx', expected 'rapidocr', 'textlayer' or 'vllm'$"):
+        load_job(None, source="s", out="o", engine="rapidocrx", engine_options={})
 
 
 def test_job_spec_numbers_in_exponent_form_are_numbers(tmp_path):
