@@ -48,8 +48,11 @@ def own_name(uri: str) -> str:
     sources.spell); the spelling where the name is not text (bytes that are not UTF-8)."""
     spelled = posixpath.basename(uri.rstrip("/"))
     name = native(spelled)
-    return name if name.isprintable() and name.encode(errors="replace") == name.encode(errors="surrogateescape") \
-        else spelled
+    try:
+        name.encode()  # bytes that are not UTF-8 come back as surrogate escapes
+    except UnicodeEncodeError:
+        return spelled
+    return name if name.isprintable() else spelled
 
 
 def file_name(uri: str, doc_id: str) -> str:

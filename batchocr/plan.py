@@ -18,13 +18,12 @@ from typing import Iterable, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchocr import layout
-from batchocr.errors import ConfigError, StorageError
+from batchocr.errors import ConfigError
 from batchocr.layout import PLAN
 from batchocr.layout import plan_shard as shard_file
 from batchocr.sink import committed_keys, shards_present, to_parquet
 from batchocr.sources import DocRef, list_documents
-from batchocr.storage import Store, public_url
+from batchocr.storage import Store
 
 DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string()), ("mtime", pa.float64())])
 
@@ -68,16 +67,14 @@ def read_plan(out: Store) -> PlanInfo | None:
     try:
         return PlanInfo(**raw | {"per_shard": tuple(raw.get("per_shard", ()))})
     except TypeError:  # an object, but not a plan's keys
-        raise StorageError(f"{public_url(out.url).rstrip('/')}/{PLAN}: not readable as batchocr writes it (its "
-                           f"keys: {', '.join(sorted(map(str, raw))) or 'none'}); {layout.if_moved_out(PLAN)}") from None
+        raise out.not_batchocrs(PLAN, f"its keys: {', '.join(sorted(map(str, raw))) or 'none'}") from None
 
 
 def planned_documents(out: Store, shard: int) -> Iterator[DocRef]:
     try:
         table = pq.read_table(io.BytesIO(out.read_bytes(shard_file(shard))))
     except pa.ArrowException as exc:  # damaged, or not batchocr's: OUT's fault, named (as read_json's)
-        raise StorageError(f"{public_url(out.url).rstrip('/')}/{shard_file(shard)}: not readable as batchocr "
-                           f"writes it ({type(exc).__name__}); {layout.if_moved_out(shard_file(shard))}") from None
+        raise out.not_batchocrs(shard_file(shard), type(exc).__name__) from None
     for row in table.to_pylist():
         yield DocRef(uri=row["uri"], size=row["size"], etag=row["etag"], mtime=row["mtime"])
 

@@ -233,15 +233,15 @@ class _Loader(yaml.SafeLoader):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)):  # not hashable, or no name: convert() says so
+                continue
+            if key in seen:
                 from batchocr.config import key_name
 
-                first = seen[key]
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key_name(key)!r} given twice (first at line {first.line + 1})",
+                    None, None, f"key {key_name(key)!r} given twice (first at line {seen[key].line + 1})",
                     key_node.start_mark)
-            if isinstance(key, (str, int, float, bool)):
-                seen[key] = key_node.start_mark
+            seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
 

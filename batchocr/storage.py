@@ -367,8 +367,13 @@ class Store:
             if isinstance(value, dict):
                 return value
             detail = f"JSON {_JSON_KINDS.get(type(value), type(value).__name__)}, not an object"
-        raise StorageError(f"{public_url(self.url).rstrip('/')}/{rel}: not readable as batchocr writes it "
-                           f"({detail}); {layout.if_moved_out(rel)}") from None
+        raise self.not_batchocrs(rel, detail) from None
+
+    def not_batchocrs(self, rel: str, detail: str) -> StorageError:
+        """One of OUT's state files (JSON, the plan's Parquet) that cannot be read as batchocr
+        writes it: named, what was found, and what moving it out costs."""
+        return StorageError(f"{public_url(self.url).rstrip('/')}/{rel}: not readable as batchocr writes it "
+                            f"({detail}); {layout.if_moved_out(rel)}")
 
     def read_jsons(self, rel: str) -> list[Any]:
         """Every JSON file under rel (e.g. OUT's run records), in name order; [] if none."""
