@@ -26,6 +26,7 @@ record, holding 1/N of the accelerator, so `report` counts the GPU once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
-from batchocr import engines, errors, producer
+from batchocr import engines, errors, producer, signals
 from batchocr.engines import systemic
 from batchocr.errors import BatchocrError, Interrupted
 from batchocr.sink import completed
@@ -89,6 +90,25 @@ def shares(documents: list[DocRef], n: int) -> list[list[DocRef]]:
     return [s for s in out if s]
 
 
+_NOTHING = {"run_id": "", "documents": 0, "documents_skipped": 0, "pages": 0, "error_pages": 0, "skipped_pages": 0,
+            "routed_pages": 0}  # an interrupted part's summary before its run began
+_STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
+_HELD = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGTERM and SIGINT blocked in this thread while a part is spawned: the part inherits
+    the mask through exec, so a signal in its start-up (the interpreter, its imports) waits
+    until _part_main has its handlers in place, instead of killing it with a traceback. The
+    run's own signal, if one came meanwhile, is delivered when the mask is restored."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
     """Run the shard of `spec` as spec.processes parts; the combined RunSummary."""
     from batchocr import pipeline
@@ -120,15 +140,18 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
     in_turn = engines.starts_alone(one.engine, one.engine_options)  # else all at once (kv_cache_gib given)
     procs, conns = [], []
     for j in range(n):
+        if stop.is_set():  # SIGTERM before every part has started: none more starts
+            break
         part = Part(j, n, dealt[j], built[j - 1] if j and in_turn else None, built[j], judged)
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_part_main, args=(one, part, progress, send, os.getpid()),
                         name=f"batchocr-part-{j + 1}")
-        p.start()
+        with _signals_held():
+            p.start()
         send.close()
         procs.append(p)
         conns.append(recv)
-    results: dict[int, tuple] = {}
+    results: dict[int, tuple] = {j: ("interrupted", _NOTHING) for j in range(len(procs), n)}
     stopping_at = None
 
     def stop_parts() -> None:
@@ -154,6 +177,12 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
                     results[j] = conn.recv()
                 except (EOFError, OSError):  # it died without a word (killed, out of memory)
                     procs[j].join(5)
+                    if procs[j].exitcode in _STOP_SIGNALS and (stop.is_set() or stopping_at is not None):
+                        # Stopped by the signal the run passed on (or the group's own), before the
+                        # part's handler was in place (its start-up): it had committed nothing.
+                        results[j] = ("interrupted", _NOTHING)
+                        systemic.Parts.finished(judged, j)
+                        continue
                     results[j] = ("error", "BatchocrError", f"part {j + 1}/{n} of shard {spec.shard}: its process "
                                   f"died (exit code {procs[j].exitcode}); committed work is intact, rerun to resume",
                                   errors.EXIT_FAILED)
@@ -213,12 +242,13 @@ def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int)
 
     code = errors.EXIT_OK
     try:
-        summary = pipeline.run_job(spec, progress=progress, part=part)
+        with signals.graceful_stop():  # before the signals held since the spawn come: a stop, not a death
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+            summary = pipeline.run_job(spec, progress=progress, part=part)
         conn.send(("done", dataclasses.asdict(summary)))
     except Interrupted as exc:
         summary = getattr(exc, "summary", None)
-        conn.send(("interrupted", summary or {"run_id": "", "documents": 0, "documents_skipped": 0, "pages": 0,
-                                              "error_pages": 0, "skipped_pages": 0, "routed_pages": 0}))
+        conn.send(("interrupted", summary or _NOTHING))
         code = exc.exit_code
     except BatchocrError as exc:
         conn.send(("error", type(exc).__name__, str(exc), exc.exit_code))

@@ -381,6 +381,38 @@ def test_a_stopped_or_broken_part_ends_the_run_in_one_line_and_the_rerun_complet
     assert json.loads((out / "_done" / "shard-00000.json").read_text())["pages"] == total
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_parts_start_is_exit_75_in_one_line(tmp_path, sig):
+    """SIGTERM to the run's process the moment its parts exist (an eviction in a pod's first
+    seconds, with jobs/aks-vllm.yaml's two processes), or SIGINT to the whole group (Ctrl-C):
+    the parts, still starting (interpreter, imports), stop as they would later, exit 75, one
+    line. They died of the signal before (exit 1, 'its process died (exit code -15)'), which
+    the Job's podFailurePolicy counts against the shard's retries."""
+    from corpus import text_corpus
+
+    src = tmp_path / "src"
+    text_corpus(src, documents=6, pages=3)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(out), "--engine",
+                             "textlayer", "--processes", "2", "-q"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(_part_pids(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    assert len(_part_pids(proc.pid)) == 2, proc.communicate()
+    if sig == signal.SIGTERM:
+        proc.send_signal(sig)  # the run's own process only, as the kubelet signals a container's first
+    else:
+        os.killpg(proc.pid, sig)  # the terminal's Ctrl-C: every process of the group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert len(err.strip().splitlines()) == 1 and "interrupted" in err and "Traceback" not in err, err
+    rerun = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", str(src), str(out), "--engine",
+                            "textlayer", "--processes", "2", "-q"], capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len({(r["doc_id"], r["page_index"]) for r in _rows(out)}) == len(_rows(out)) == 18
+
+
 def test_processes_out_of_range_is_exit_2_naming_the_key(tmp_path):
     from conftest import run_cli
 
