@@ -275,6 +275,7 @@ class AzureBackend:
 
     url: str
     options: Mapping[str, Any]
+    document: bool = False  # one blob to read (render.open_document), not a folder: no prefix check
     fs: BlobFileSystem = field(init=False)
     root: str = field(init=False)
     credentials: Credentials = field(init=False)
@@ -286,11 +287,13 @@ class AzureBackend:
         self.root = BlobFileSystem._strip_protocol(self.url).rstrip("/")
         if not self.root:
             raise ConfigError(f"{self.url}: name a container, as az://container/prefix")
+        if self.document:  # a blob named 10:30.pdf reads well; its own row says if it does not
+            return
         try:  # adlfs parses paths as URLs: a name like run[1] reads as an IPv6 host, on every write
             self.fs._parent(f"{self.root.partition('/')[2]}/x")  # adlfs asks this of the name in the container
         except ValueError as exc:
             raise ConfigError(f"{self.url}: adlfs cannot address this name ({exc}): "
-                              "choose one without '[' or ']'") from None
+                              "choose one without '[', ']' or ':'") from None
 
     faults = (AzureError, OSError, ValueError)  # what the SDK and adlfs raise for storage faults
 

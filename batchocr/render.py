@@ -65,7 +65,7 @@ def open_document(doc: DocRef, storage_options: Mapping[str, Any],
     uri = native(doc.location or doc.uri)
     if uri.startswith("file://"):
         return _open_local(uri[len("file://"):], doc)
-    store = Store(uri, storage_options)
+    store = Store(uri, storage_options, document=True)
     progress(READING, UNKNOWN)
     data = store.read_document(progress=lambda: progress(READING, UNKNOWN),  # each chunk: it moves
                                listed_size=doc.size or None)

@@ -246,7 +246,9 @@ _ROOT_FDS: dict[str, int] = {}  # Store.local_path's descriptors, by root
 class Store:
     """A folder on any fsspec filesystem: a local path, az://container/prefix, memory://..."""
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None):
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, document: bool = False):
+        """`document`: the URL is one SOURCE document to read, not a folder batchocr lists or
+        writes in (a name adlfs could not write under may still be read)."""
         self.url = url
         options = dict(storage_options or {})
         if fsspec.core.split_protocol(url)[0] in AZURE_PROTOCOLS:
@@ -255,7 +257,7 @@ class Store:
             except ImportError as exc:
                 raise ConfigError(f"{url} needs the azure extra ({exc.name} is missing): "
                                   "pip install 'batchocr[azure]'") from None
-            self._backend = AzureBackend(url, options)
+            self._backend = AzureBackend(url, options, document)
         else:
             self._backend = _Fsspec(url, options)
         self.fs, self.root = self._backend.fs, self._backend.root

@@ -146,6 +146,27 @@ def test_a_blob_whose_name_holds_a_tab_says_why_it_cannot_be_read(azurite, tmp_p
     assert rows.filter(pl.col("source_uri") == "az://tabs/in/plain.png")["error_type"].to_list() == ["no_text_layer"]
 
 
+def test_blobs_named_with_colons_and_brackets_are_read_or_their_own_rows(azurite, tmp_path):
+    """A blob named `Scan 2024-01-05 10:30.png` or `br[ack]et.png` at SOURCE's top stopped every
+    run, rerun included, with exit 2: the check made of SOURCE and OUT's own names (adlfs
+    parses a path as a URL when it writes) was made of each document's. What only one blob's
+    name concerns is that blob's row, as for any bad input."""
+    azurite.container("odd")
+    cc = azurite.client().get_container_client("odd")
+    png = (SAMPLES / "receipt.png").read_bytes()
+    names = ["Scan 2024-01-05 10:30.png", "a:1.png", "br[ack]et.png", "run[1]/c.png", "plain.png"]
+    for name in names:  # at the container's top: adlfs's URL parsing trips on them there
+        cc.upload_blob(name, png)
+    azurite.container("oddout")
+    out = "az://oddout/out"
+    done = run_cli("run", "az://odd/", out, "--engine", "textlayer", "-q", env=_env(azurite))
+    assert done.returncode == 0, done.stderr
+    rows = batchocr.read_pages(out, {"connection_string": azurite.connection_string}).collect()
+    assert rows.height == len(names), rows
+    # A PNG has no text layer: each was read (adlfs reads all these names).
+    assert rows["error_type"].to_list() == ["no_text_layer"] * len(names), rows.to_dicts()
+
+
 def test_credentials_come_in_the_documented_order():
     cs = connection_string(10000)
     env = {"AZURE_STORAGE_CONNECTION_STRING": cs, "AZURE_STORAGE_ACCOUNT_KEY": KEY, "AZURE_STORAGE_SAS_TOKEN": "sv=x&sig=y",
