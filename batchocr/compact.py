@@ -32,10 +32,19 @@ class Compacted:
 
 
 def dedupe(rows: pl.DataFrame, stale: frozenset[str] | set[str] = frozenset()) -> pl.DataFrame:
-    """`stale`: run ids that ran with settings OUT no longer has (batchocr.producer):
-    their rows lose to any row of the current settings."""
-    latest_etag = rows.group_by("doc_id").agg(pl.col("source_etag").sort_by("processed_at").last())
-    rows = rows.join(latest_etag, on=["doc_id", "source_etag"], how="semi")
+    """One row a page, of one version of each document: its latest version that has a row
+    for every page (or a document row), else its latest. A changed document whose rereading
+    was stopped part-way keeps its last whole version until the new one is whole: compacting
+    then kept the new version's few pages alone, and a document deleted from SOURCE before a
+    rerun finished it had lost every other page's row for good. `stale`: run ids that ran with
+    settings OUT no longer has (batchocr.producer): their rows lose to any row of the current
+    settings."""
+    pages_of = pl.col("page_index").filter(pl.col("page_index") >= 0).n_unique()
+    versions = rows.group_by("doc_id", "source_etag").agg(
+        pl.col("processed_at").max().alias("_at"),
+        ((pages_of >= pl.col("page_count").max()).fill_null(False) | (pl.col("page_index") < 0).any()).alias("_whole"))
+    kept_etag = versions.sort("_whole", "_at", nulls_last=False).group_by("doc_id").agg(pl.col("source_etag").last())
+    rows = rows.join(kept_etag, on=["doc_id", "source_etag"], how="semi")
     # A document-level row (-1) goes only once every page of the document has a row
     # of its own: it stands in for pages that were never read, so it stays until they are.
     pages = rows.filter(pl.col("page_index") >= 0)

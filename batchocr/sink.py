@@ -161,8 +161,8 @@ def completed(keys: pa.Table) -> dict[tuple[str, str], Resume | None]:
     is left. Complete means every page has a final row: once its page count is
     known, a document-level row (-1) stands in for no page.
 
-    Only a document's latest version counts (the etag of its latest row: the version
-    compaction keeps, batchocr.compact.dedupe). A document whose file went back to an
+    Only a document's latest version counts (the etag of its latest row; compaction,
+    batchocr.compact.dedupe, keeps it once it is whole). A document whose file went back to an
     earlier version (restored from a backup with its mtime, `cp -p`; an ETag that is the
     content's hash) lists that version's etag, which is not complete then: it is read
     again, or compaction would keep the newer version's rows for a file that holds the

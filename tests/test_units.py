@@ -339,6 +339,12 @@ def test_compaction_keeps_text_over_error_else_the_latest():
         {"doc_id": "d", "source_etag": "e", "page_index": -1, "finish_reason": "error", "processed_at": t[0]},
         {"doc_id": "d", "source_etag": "e", "page_index": 0, "page_count": 2, "finish_reason": "stop", "text": "ok",
          "processed_at": t[4]},
+        *[{"doc_id": "e", "source_etag": "v1", "page_index": i, "page_count": 2, "finish_reason": "stop",
+           "text": f"v1 {i}", "processed_at": t[0]} for i in range(2)],
+        {"doc_id": "e", "source_etag": "v2", "page_index": 0, "page_count": 2, "finish_reason": "stop", "text": "v2",
+         "processed_at": t[5]},  # its rereading stopped after one page (and the file deleted since, say)
+        *[{"doc_id": "f", "source_etag": v, "page_index": 0, "page_count": 1, "finish_reason": "stop", "text": v,
+           "processed_at": t[k]} for k, v in ((0, "v1"), (1, "v2"), (2, "v3"))],
     ], schema=schema.PAGE_TABLE)
     kept = dedupe(pl.from_arrow(rows)).sort("doc_id", "page_index")
     assert kept.select("doc_id", "page_index", "text", "finish_reason").rows() == [
@@ -348,6 +354,9 @@ def test_compaction_keeps_text_over_error_else_the_latest():
         ("c", 0, "ok", "stop"),  # a document error row goes once every page has a row of its own
         ("d", -1, None, "error"),  # not before: it stands in for page 1, never read
         ("d", 0, "ok", "stop"),
+        ("e", 0, "v1 0", "stop"),  # the last whole version, until the new one is whole
+        ("e", 1, "v1 1", "stop"),
+        ("f", 0, "v3", "stop"),  # of whole versions, the latest
     ]
 
 
