@@ -238,15 +238,17 @@ def compact(out, storage):
     """Rewrite each shard's part files as one, one row per (doc_id, page_index).
 
     A page redone by a resumed run can have rows in two parts; compaction keeps
-    the row of the document's latest version, a text row over an error row,
-    otherwise the latest. Safe to run while a run writes: parts committed
-    meanwhile are left alone, and a run or `status` that reads the shard
-    meanwhile reads the compacted file in place of the parts it replaced.
+    the rows of the document's latest version that has a row for every page, a
+    text row over an error row, otherwise the latest. Safe to run while a run
+    writes: parts committed meanwhile are left alone, and a run or `status` that
+    reads the shard meanwhile reads the compacted file in place of the parts it
+    replaced. A shard another compaction is at work on is left to it.
 
     \b
     Example:
         batchocr compact out/demo
     """
+    from batchocr.compact import Busy
     from batchocr.compact import compact as compact_out
     from batchocr.storage import Store
     from batchocr.table import has_no_rows_yet, no_page_table
@@ -258,6 +260,9 @@ def compact(out, storage):
             return
         raise no_page_table(out)
     for c in compact_out(store):
+        if isinstance(c, Busy):
+            click.echo(f"shard {c.shard}: left to another batchocr compact at work on it ({c.holder})", err=True)
+            continue
         click.echo(f"shard {c.shard}: {plural(c.parts_before, 'part')}, {plural(c.rows_before, 'row')} -> 1 part, "
                    f"{plural(c.rows_after, 'row')}")
 

@@ -1,18 +1,27 @@
 """Compaction: each shard's part files rewritten as one, one row per (doc_id, page_index).
 
-Which row survives: rows of a document's latest version (etag) only; then a text
-row beats an error row; otherwise the latest. A document-level row (-1) survives
+Which row survives: rows of one version (etag) of a document only, its latest that
+has a row for every page, else its latest (dedupe); then a text row beats an error
+row; otherwise the latest. A document-level row (-1) survives
 until every page of the document has a row of its own. The new file is committed
 atomically before the parts it replaces are deleted, so a crash in between
 leaves duplicates (which the next compaction removes), never a loss. Parts
-committed by a run while compaction works are not touched.
+committed by a run while compaction works are not touched. Two compactions of one
+shard at once would each commit the whole shard and delete the same parts, leaving
+every row twice: a compaction claims the shard first (OUT/_compact/shard-N.json,
+created only if absent), and another finding it claimed leaves the shard to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import io
+import json
+import os
+import socket
 from dataclasses import dataclass
+from typing import Iterator
 
 import polars as pl
 import pyarrow as pa
@@ -68,7 +77,86 @@ def kept_counts(keys: pa.Table) -> tuple[int, int]:
     return kept.height, kept.filter(pl.col("finish_reason") == "error").height
 
 
-def compact_shard(out: Store, shard: int) -> Compacted | None:
+# A claim older than this is a dead compaction's (one on another machine: a pod gone): a
+# live one compacts a shard of a million rows in about a minute.
+CLAIM_STALE_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Busy:
+    """A shard another compaction has claimed: left to it."""
+    shard: int
+    holder: str
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (Linux), which a reused pid does not share."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _gone(held: dict) -> bool:
+    """A claim whose compaction is over: too old, or its process on this machine is not running."""
+    try:
+        since = dt.datetime.fromisoformat(held["since"])
+        if (dt.datetime.now(dt.UTC) - since).total_seconds() > CLAIM_STALE_S:
+            return True
+        if held["host"] != socket.gethostname():
+            return False
+        pid = int(held["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False  # being written (a local file is created empty), or not ours to judge: held
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return held.get("started") is not None and held.get("started") != _started(pid)
+
+
+@contextlib.contextmanager
+def _claimed(out: Store, shard: int) -> Iterator[str | None]:
+    """None while this process holds the shard's claim; else who does (the shard is theirs)."""
+    rel = layout.compact_claim(shard)
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid()),
+          "since": dt.datetime.now(dt.UTC).isoformat()}
+    held: dict = {}
+    for _ in range(3):
+        if out.create(rel, json.dumps(me).encode()):
+            try:
+                yield None
+            finally:
+                out.remove(rel)
+                if out.is_local:  # no empty folder left in OUT
+                    with contextlib.suppress(OSError):
+                        os.rmdir(out.path(layout.COMPACTING))
+            return
+        try:
+            held = json.loads(out.read_bytes(rel) or b"{}")
+        except FileNotFoundError:
+            continue  # released meanwhile
+        except ValueError:
+            held = {}
+        if not isinstance(held, dict) or not _gone(held):
+            break
+        out.remove(rel)  # a dead compaction's
+    held = held if isinstance(held, dict) else {}
+    yield (f"pid {held.get('pid', '?')} on {held.get('host', '?')} since {held.get('since', '?')}; if it is not "
+           f"running, delete {out.url.rstrip('/')}/{rel}")
+
+
+def compact_shard(out: Store, shard: int) -> Compacted | Busy | None:
+    with _claimed(out, shard) as holder:
+        if holder is not None:
+            return Busy(shard, holder)
+        return _compact_shard(out, shard)
+
+
+def _compact_shard(out: Store, shard: int) -> Compacted | None:
     parts, tables = read_parts(out, shard, lambda p: schema.conform(pq.read_table(io.BytesIO(out.read_bytes(p)))))
     if not parts:
         return None
@@ -85,5 +173,5 @@ def compact_shard(out: Store, shard: int) -> Compacted | None:
     return Compacted(shard, len(parts), rows.height, kept.height)
 
 
-def compact(out: Store) -> list[Compacted]:
+def compact(out: Store) -> list[Compacted | Busy]:
     return [c for s in shards_present(out) if (c := compact_shard(out, s)) is not None]

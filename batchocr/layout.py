@@ -5,6 +5,7 @@
     OUT/_runs/<run_id>.json                             one record per run
     OUT/_producer.json                                  what produced OUT: engine, model, settings (producer.py)
     OUT/_plan/shard-NNNNN.parquet, OUT/_plan/plan.json  a frozen plan (batchocr plan)
+    OUT/_compact/shard-NNNNN.json                       while `batchocr compact` works on the shard (its claim)
     OUT/_tmp/                                           local disk: part files being written (STAGING; gone when empty;
                                                         a killed writer's temp: removed by a run once an hour old)
 
@@ -25,6 +26,7 @@ import re
 PAGES = "pages"
 DONE = "_done"
 RUNS = "_runs"
+COMPACTING = "_compact"
 PLAN_DIR = "_plan"
 PLAN = f"{PLAN_DIR}/plan.json"
 PRODUCER = "_producer.json"
@@ -50,6 +52,10 @@ def part_file(shard: int, run_id: str, seq: int) -> str:
 
 def compacted_part(shard: int, stamp: str) -> str:
     return part_file(shard, f"compact-{stamp}", 0)
+
+
+def compact_claim(shard: int) -> str:
+    return f"{COMPACTING}/{shard_name(shard)}.json"
 
 
 def done_marker(shard: int) -> str:

@@ -467,6 +467,31 @@ class Store:
                 self.fs.pipe_file(path, data)
         return path
 
+    def create(self, rel: str, data: bytes) -> bool:
+        """Write a new file only if none is there (True; False if one is): of two writers one
+        wins (O_EXCL on local disk, If-None-Match on Azure). A local reader may meet it empty."""
+        path = self.path(rel)
+        with self._faults("writing", rel):
+            if self.is_local:
+                os.makedirs(posixpath.dirname(path), exist_ok=True)
+                try:  # (not a link from a temp: SMB mounts such as Azure Files have none)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                return True
+            if isinstance(self._backend, _Fsspec):  # no conditional write in general: close enough
+                if self.fs.exists(path):
+                    return False
+                self.fs.pipe_file(path, data)
+                return True
+            try:
+                self.fs.pipe_file(path, data, overwrite=False)
+            except FileExistsError:
+                return False
+            return True
+
     def write_json(self, rel: str, obj: Any) -> str:
         return self.write_atomic(rel, (json.dumps(obj, indent=2, default=str) + "\n").encode())
 

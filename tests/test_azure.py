@@ -17,6 +17,7 @@ import batchocr
 from batchocr.azureblob import polars_options, resolve
 from batchocr.errors import ConfigError
 from batchocr.sources import doc_id
+from batchocr.storage import Store
 from azurite import ACCOUNT, KEY, azurite, connection_string  # noqa: F401 - azurite is a fixture
 from conftest import SAMPLES, count_pages, run_cli, sample_documents
 from corpus import text_pdf
@@ -106,6 +107,9 @@ def test_plan_resume_status_and_compact_on_azure(azurite, tmp_path):
     assert len(fs.glob("planned/out/pages/*/*.parquet")) == 2
     rows = batchocr.read_pages(out, {"connection_string": azurite.connection_string}).collect()
     assert rows.height == 15 and rows.select(KEYS).is_unique().all()
+    assert not fs.glob("planned/out/_compact/*")  # the shards' claims, released
+    store = Store(out, {"connection_string": azurite.connection_string})  # a claim is If-None-Match: one wins
+    assert [store.create("_compact/x.json", b"{}"), store.create("_compact/x.json", b"{}")] == [True, False]
 
 
 def test_a_blob_rewritten_after_the_plan_is_not_read_under_the_planned_etag(azurite, tmp_path):

@@ -239,3 +239,72 @@ def test_a_part_compacted_away_while_polars_reads_it_is_one_line(tmp_path):
     with pytest.raises(StorageError, match="a part file went away while it was read"):
         with reading(str(out)):
             pages.collect()
+
+
+def _many_parts(tmp_path, docs: int = 150) -> Store:
+    store = Store(str(tmp_path))
+    writer = PartWriter(store, 0, "r", CommitSpec(every_pages=1))
+    for k in range(docs):
+        writer.add(_rows(f"d{k:03d}", 4))
+    return store
+
+
+def test_two_compactions_at_once_leave_one_row_a_page(tmp_path):
+    """Two `batchocr compact` of one OUT at once (a CronJob's overlapping with a person's):
+    both exited 0 and every row was there twice, each having committed the whole shard and
+    deleted the same parts. The one that finds the shard claimed leaves it to the other."""
+    import polars as pl
+
+    import subprocess
+    import sys
+
+    _many_parts(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-m", "batchocr.cli", "compact", str(tmp_path)], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+    assert [r[2] for r in results] == [0, 0], results
+    rows = pl.read_parquet(str(tmp_path / "pages" / "**" / "*.parquet"))
+    assert rows.height == 600 and rows.select("doc_id", "page_index").n_unique() == 600, results
+    said = "".join(r[0] + r[1] for r in results)
+    assert said.count("-> 1 part") + said.count("left to another batchocr compact") == 2, said
+    assert not (tmp_path / "_compact").exists()
+
+
+def test_a_claimed_shard_is_left_to_its_compaction_until_that_is_over(tmp_path, monkeypatch):
+    import datetime as dt
+    import socket
+    import subprocess
+    import sys
+
+    from batchocr import compact
+
+    store = _shard_of_three_parts(tmp_path)
+    claim = tmp_path / "_compact" / "shard-00000.json"
+    claim.parent.mkdir()
+    now = dt.datetime.now(dt.UTC)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for held, busy in [
+            ({"host": socket.gethostname(), "pid": alive.pid, "started": compact._started(alive.pid)}, True),
+            ({"host": socket.gethostname(), "pid": alive.pid, "started": "1"}, False),  # its pid reused since
+            ({"host": "another-pod", "pid": 1}, True),  # on another machine: its word stands
+            ({"host": "another-pod", "pid": 1, "age": compact.CLAIM_STALE_S + 60}, False),  # but not for ever
+        ]:
+            since = now - dt.timedelta(seconds=held.pop("age", 0))
+            claim.write_text(json.dumps(held | {"since": since.isoformat()}))
+            parts = store.find("pages/shard-00000")
+            done = compact.compact_shard(store, 0)
+            if busy:
+                assert isinstance(done, compact.Busy) and f"pid {held['pid']}" in done.holder, done
+                assert store.find("pages/shard-00000") == parts and claim.exists()
+            else:
+                assert isinstance(done, compact.Compacted) and not claim.exists(), done
+                claim.parent.mkdir(exist_ok=True)
+        alive.kill()
+        alive.wait()
+        claim.parent.mkdir(exist_ok=True)  # a compaction here that died (kill -9): its pid is free
+        claim.write_text(json.dumps({"host": socket.gethostname(), "pid": alive.pid, "since": now.isoformat()}))
+        assert isinstance(compact.compact_shard(_many_parts(tmp_path, 1), 0), compact.Compacted)
+        assert not claim.exists()
+    finally:
+        alive.kill()
