@@ -139,6 +139,18 @@ def _normal_local(root: str) -> str:
         return normal if ".." not in root.split("/") else root
 
 
+def _followed(entry: dict, path: str) -> dict:
+    """A symbolic link to a file as its target: fsspec gives the target's size but the link's
+    own mtime, which never changes, so a target rewritten at the same size (a fixed-size TIFF)
+    kept the link's etag and was never read again. A dangling link stays as listed (its row
+    says so)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return entry
+    return {**entry, "size": st.st_size, "mtime": st.st_mtime}
+
+
 class _Fsspec:
     """Any filesystem fsspec knows, as it is: local disk, memory://, ..."""
 
@@ -191,6 +203,8 @@ class _Fsspec:
             if entry.get("type") == "directory" or (entry.get("islink") and self._is_local_folder(name)):
                 if name != folder:
                     folders.append(name)
+            elif entry.get("islink") and isinstance(self.fs, LocalFileSystem):
+                yield name, _followed(entry, name)
             else:
                 yield name, entry
         for sub in folders:

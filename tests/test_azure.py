@@ -150,7 +150,7 @@ def test_a_blob_whose_name_holds_a_tab_says_why_it_cannot_be_read(azurite, tmp_p
     assert rows.filter(pl.col("source_uri") == "az://tabs/in/plain.png")["error_type"].to_list() == ["no_text_layer"]
 
 
-def test_blobs_named_with_colons_and_brackets_are_read_or_their_own_rows(azurite, tmp_path):
+def test_blobs_named_with_colons_and_brackets_are_read(azurite, tmp_path):
     """A blob named `Scan 2024-01-05 10:30.png` or `br[ack]et.png` at SOURCE's top stopped every
     run, rerun included, with exit 2: the check made of SOURCE and OUT's own names (adlfs
     parses a path as a URL when it writes) was made of each document's. What only one blob's

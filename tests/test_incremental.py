@@ -5,6 +5,7 @@ changed ones. Unchanged documents are not touched."""
 import json
 import os
 import re
+import time
 
 import polars as pl
 
@@ -243,3 +244,30 @@ def test_a_document_restored_to_an_earlier_version_is_read_again(tmp_path):
     # and a fourth run has nothing to do
     proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
     assert "nothing to do" in proc.stdout + proc.stderr
+
+
+def test_a_file_reached_by_a_symbolic_link_rewritten_at_the_same_size_is_read_again(tmp_path):
+    """A link's etag took the target's size but the link's own mtime, which never changes: a
+    target rewritten at the same size (a fixed-size scan) kept its old text under the link."""
+    import pymupdf
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+
+    def write(text: str) -> None:
+        doc = pymupdf.open()
+        doc.new_page().insert_text((72, 72), text)
+        doc.save(src / "real.pdf")
+
+    write("Version one ABCD")
+    (src / "link.pdf").symlink_to("real.pdf")
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    size = (src / "real.pdf").stat().st_size
+    write("Version one DCBA")  # the same letters: the same size
+    assert (src / "real.pdf").stat().st_size == size  # the same size: only the mtime tells
+    os.utime(src / "real.pdf", (time.time() + 5, time.time() + 5))
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    assert "2 documents" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    compact(Store(str(out)))
+    texts = {u.rsplit("/", 1)[1]: t.strip() for u, t in read_pages(str(out)).select("source_uri", "text").collect().rows()}
+    assert texts == {"real.pdf": "Version one DCBA", "link.pdf": "Version one DCBA"}, texts
