@@ -175,16 +175,9 @@ def render_document(
     # each page's `warning` (pages of a repaired file may come out blank).
     repaired = _warnings() if getattr(pdoc, "is_repaired", False) else ""
     with pdoc:
-        if pdoc.needs_pass:
-            yield schema.batch(schema.PAGES, [doc_error(doc, "encrypted", f"{doc.uri}: the document is password-protected")])
-            return
-        count = pdoc.page_count
-        if count == 0:
-            yield schema.batch(schema.PAGES, [doc_error(doc, "no_pages", f"{doc.uri}: the document has no pages", 0)])
-            return
-        undecodable = _undecodable(pdoc)
-        if undecodable is not None:
-            yield schema.batch(schema.PAGES, [doc_error(doc, "open_failed", _cannot_open(doc, undecodable))])
+        count, error = _pages(pdoc, doc)
+        if error is not None:
+            yield schema.batch(schema.PAGES, [error])
             return
         rows: list[dict] = []
         for index in range(count):
@@ -204,6 +197,25 @@ def render_document(
         progress(count, count)
         if rows:
             yield schema.batch(schema.PAGES, rows)
+
+
+def _pages(pdoc: pymupdf.Document, doc: DocRef) -> tuple[int, dict | None]:
+    """The document's page count, or 0 and its one error row."""
+    try:
+        if pdoc.needs_pass:
+            return 0, doc_error(doc, "encrypted", f"{doc.uri}: the document is password-protected")
+        count = pdoc.page_count
+        if count == 0:
+            return 0, doc_error(doc, "no_pages", f"{doc.uri}: the document has no pages", 0)
+        undecodable = _undecodable(pdoc)
+    # MuPDF reads the page tree when it first counts the pages: a /Count it cannot
+    # believe (7 over one page, -1) raised "Invalid number of pages", a traceback
+    # that killed the worker (a renderer_crashed row, tried again on every rerun).
+    except Exception as exc:  # noqa: BLE001 - any failure here is this document's error row
+        return 0, doc_error(doc, _error_kind(exc, "open_failed"), _cannot_open(doc, exc))
+    if undecodable is not None:
+        return 0, doc_error(doc, "open_failed", _cannot_open(doc, undecodable))
+    return count, None
 
 
 def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, spec: RenderSpec, needs: Needs,

@@ -5,6 +5,7 @@ import signal
 import threading
 import time
 
+import pymupdf
 import pytest
 
 from batchocr import read_pages, renderworker, schema
@@ -239,3 +240,28 @@ def test_a_document_rewritten_after_it_was_listed_is_not_read_under_its_old_etag
     with RenderPool(RenderSpec(workers=1, timeout_s=120), Needs(text_layer=True, image=False)) as pool:
         rows = _collect(pool, [RenderTask(again)])
     assert [r["text_layer"].split() for r in sorted(rows, key=lambda r: r["page_index"])] == [t.split() for t in new]
+
+
+def test_a_pdf_whose_page_tree_miscounts_its_pages_is_one_open_failed_row(tmp_path):
+    """MuPDF raises "Invalid number of pages" when it first counts the pages of a page tree
+    whose /Count it cannot believe: that was a traceback on stderr, the worker died, and the
+    row said `renderer_crashed` (tried again by every rerun)."""
+    for count in ("7", "-1", "99999999999"):
+        pdf = pymupdf.open()
+        pdf.new_page().insert_text((72, 72), "Hello page")
+        pages = int(pdf.xref_get_key(pdf.pdf_catalog(), "Pages")[1].split()[0])
+        pdf.xref_set_key(pages, "Count", count)
+        # Document.save counts the pages first, and raises as the worker did
+        pymupdf.mupdf.pdf_save_document(pymupdf._as_pdf_document(pdf), str(tmp_path / f"count{count}.pdf"),
+                                        pymupdf.mupdf.PdfWriteOptions())
+    text_pdf(tmp_path / "sound.pdf", 1)
+    docs = sorted(list_documents(Store(str(tmp_path))), key=lambda d: d.name)
+    with RenderPool(RenderSpec(workers=1, timeout_s=120), Needs(text_layer=True, image=False)) as pool:
+        rows = _collect(pool, [RenderTask(d) for d in docs])
+        assert pool.replaced == 0
+    got = {r["source_uri"].rsplit("/", 1)[1]: r for r in rows}
+    assert sorted((name, r["page_index"], r["error_type"]) for name, r in got.items()) == [
+        ("count-1.pdf", -1, "open_failed"), ("count7.pdf", -1, "open_failed"),
+        ("count99999999999.pdf", -1, "open_failed"), ("sound.pdf", 0, None)]
+    assert got["count7.pdf"]["error_message"] == (
+        f"file://{tmp_path}/count7.pdf: cannot open as pdf: RuntimeError: code=7: Invalid number of pages")
