@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pymupdf
 
 from batchocr.engines.textlayer import page_text
+from batchocr.layertext import layer_words
 from batchocr.schema import Needs
 from batchocr.spec import ROUTES
 
@@ -129,8 +130,9 @@ def route_page(page, is_pdf: bool, mode: str) -> dict:
         return {"route": "model", "route_score": 0.0}
     # Scored on the layer in content order: the same characters as the reading
     # order the textlayer engine keeps (page_text), at ~1/50 of its cost, which
-    # only a routed page then pays.
-    s = score_page(page, page.get_text())
+    # only a routed page then pays. Not get_text(): it keeps glyphs page_text drops
+    # (font size 0 over a scan), and such a page was routed to an empty layer.
+    s = score_page(page, layer_words(page))
     routed = (mode == "auto" and s.score >= MIN_SCORE) or (mode == "textlayer" and s.chars > 0)
     row = {"route": "textlayer" if routed else "model", "route_score": s.score}
     if routed:

@@ -139,7 +139,7 @@ def cost(corpus: Path, ocr_pages: int) -> dict:
     import numpy as np
     import pymupdf
 
-    from batchocr.layertext import page_markdown
+    from batchocr.layertext import layer_words, page_markdown
     from batchocr.router import MIN_SCORE, score_page
 
     timings = {"score": [], "text before": [], "text now": [], "render 200 dpi": [], "model page 200 dpi": [],
@@ -149,7 +149,7 @@ def cost(corpus: Path, ocr_pages: int) -> dict:
         doc = pymupdf.open(path)
         for page in doc:
             start = time.process_time()
-            s = score_page(page, page.get_text())
+            s = score_page(page, layer_words(page))  # as router.route_page
             timings["score"].append(time.process_time() - start)
             if s.score < MIN_SCORE:  # a model page: rendered instead (rapidocr's dpi; olmOCR's 1288 px)
                 zoom = 1288 / max(page.rect.width, page.rect.height)

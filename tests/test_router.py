@@ -222,3 +222,38 @@ def test_text_drawn_as_outlines_beside_a_line_of_real_text_goes_to_the_model():
         table.draw_circle((60, 300 + 12 * i), 3, fill=(0, 0, 0))
     s = router.score_page(table, table.get_text())
     assert s.outlines == 0 and s.score == 1.0
+
+
+def test_a_layer_the_textlayer_engine_cannot_read_goes_to_the_model(tmp_path):
+    """The router scored get_text(), which keeps glyphs that the layer's text (page_text:
+    PyMuPDF's dict) drops, those of an empty box: a scan's layer drawn at font size 0,
+    squeezed flat (0 Tz) or by a singular text matrix, on a MediaBox too large for floats.
+    Such a page scored 1.0 and was routed to an empty layer: `skipped`, never read; with a
+    line of real text beside it, it was that line alone."""
+    text = routing_corpus.prose(3, lines=6)
+    size0 = lambda s: s.replace(b" 11 Tf", b" 0 Tf")  # noqa: E731
+    pages = {"sound": None, "size 0": size0, "0 Tz": lambda s: s.replace(b"BT", b"BT 0 Tz"),
+             "singular": lambda s: s.replace(b"BT", b"BT 0 0 0 0 60 400 Tm"), "huge MediaBox": None,
+             "size 0 and a footer": size0}
+    doc = pymupdf.open()
+    for what, edit in pages.items():
+        page = doc.new_page(width=595, height=842)
+        page.insert_image(page.rect, pixmap=pymupdf.Pixmap(pymupdf.csGRAY, pymupdf.IRect(0, 0, 60, 80), 0))  # the scan
+        page.insert_text((60, 80), text, fontsize=11)
+        if edit:
+            page.clean_contents()
+            (xref,) = page.get_contents()
+            doc.update_stream(xref, edit(doc.xref_stream(xref)))
+        if what == "huge MediaBox":
+            page.set_mediabox(pymupdf.Rect(0, 0, 1e9, 1e9))
+        if what.endswith("footer"):
+            page.insert_text((60, 800), "Page 7 of 12", fontsize=9)
+    doc.save(tmp_path / "layers.pdf")
+    rows = _rendered(tmp_path / "layers.pdf", "auto")
+    assert [(r["route"], r["route_score"] >= router.MIN_SCORE) for r in rows] == [("textlayer", True)] + [
+        ("model", False)] * (len(pages) - 1), [(what, r["route_score"]) for what, r in zip(pages, rows)]
+    assert _words(rows[0]["text_layer"]) == _words(text)
+    assert all(r["image"] and r["error_type"] is None for r in rows[1:])
+    # route: textlayer takes any layer page_text reads, and only those
+    assert [r["route"] for r in _rendered(tmp_path / "layers.pdf", "textlayer")] == [
+        "textlayer", "model", "model", "model", "model", "textlayer"]
