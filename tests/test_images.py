@@ -11,6 +11,7 @@ from batchocr.render import RenderTask, render_document
 from batchocr.schema import Needs
 from batchocr.sources import DocRef
 from batchocr.spec import RenderSpec
+from conftest import ROOT
 
 TEXT = ["Invoice 4711 total 1234.56", "due by 2026-12-31"]
 # EXIF orientation -> how the camera stored an upright picture (the inverse of what a viewer does)
@@ -120,3 +121,24 @@ def test_an_image_file_that_cannot_be_decoded_is_one_open_failed_row(tmp_path):
         assert "/proc/" not in row["error_message"], row
     (row,) = _rows(png)  # a sound one is a page
     assert (row["page_index"], row["width"], row["height"], row["error_type"]) == (0, 300, 200, None)
+
+
+def test_the_exif_orientation_of_a_jpeg_is_applied_and_readme_says_which_formats(oriented, tmp_path):
+    """MuPDF applies the EXIF orientation of a JPEG only: a PNG's (its eXIf chunk) or a TIFF's
+    (its Orientation tag) is not, while README said image files were turned upright. Should
+    MuPDF begin to apply them, README's sentence is to change with this test."""
+    upright, files = oriented
+    stored = Image.fromarray(upright).transpose(STORED[6])  # a phone's portrait
+    exif = stored.getexif()
+    exif[0x0112] = 6
+    for name in ("exif6.png", "exif6.tif"):
+        stored.save(tmp_path / name, exif=exif.tobytes())
+        with Image.open(tmp_path / name) as im:  # the tag is there, for any viewer that reads it
+            assert im.getexif()[0x0112] == 6
+    shape = {name: (row["height"], row["width"]) for name, path in
+             [("jpeg", files[6]), ("png", tmp_path / "exif6.png"), ("tiff", tmp_path / "exif6.tif")]
+             for (row,) in [_rows(path)]}
+    assert shape == {"jpeg": upright.shape, "png": upright.shape[::-1], "tiff": upright.shape[::-1]}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert ("image files keep their own pixels, a JPEG turned upright by its EXIF orientation, as a phone's photos "
+            "need; a PNG's or a TIFF's orientation tag is not applied: MuPDF reads it from JPEGs only") in readme
