@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from batchocr import layout
 from batchocr.compact import kept_counts
 from batchocr.errors import ConfigError
-from batchocr.plan import PlanInfo, read_plan
+from batchocr.plan import PlanInfo, planned_documents, read_plan
 from batchocr.layout import done_marker
-from batchocr.sink import committed_keys, shards_present
+from batchocr.sink import committed_keys, completed, shards_present
 from batchocr.spec import Shard
 from batchocr.storage import Store
 
@@ -64,6 +66,15 @@ def check_shard_count(out: Store, shard: Shard, url: str) -> None:
                           f"SOURCE OUT --shards {shard.count}` first to change the count without redoing them")
 
 
+def _has_planned(out: Store, shard: int, keys: pa.Table) -> bool:
+    """Whether the shard has rows of every document the plan gives it, of the planned version
+    (`keys`: its committed rows'). A done-marker says that a run finished the documents it was
+    given; a plan made since gives the shard new (or changed) ones, and a pod that ran with
+    the old plan writes its marker all the same, even after `batchocr plan` has finished."""
+    have = completed(keys)  # (doc_id, etag) of each document's latest version with rows
+    return all((doc.doc_id, doc.etag) in have for doc in planned_documents(out, shard))
+
+
 def status(out: Store) -> list[ShardStatus]:
     plan = read_plan(out)
     markers = out.find(layout.DONE, suffix=".json")  # listed once: no request per shard
@@ -71,7 +82,7 @@ def status(out: Store) -> list[ShardStatus]:
     for shard in range(shard_count(out, plan, markers)):
         keys = committed_keys(out, shard)
         reasons = keys.column("finish_reason").to_pylist()
-        if done_marker(shard) in markers:
+        if done_marker(shard) in markers and (plan is None or _has_planned(out, shard, keys)):
             state = "done"
         elif reasons:
             state = "partial"

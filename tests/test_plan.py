@@ -15,7 +15,7 @@ from batchocr.sources import DocRef
 from batchocr.status import status
 from batchocr.storage import Store
 from conftest import SAMPLES, run_cli
-from corpus import text_corpus
+from corpus import text_corpus, text_pdf
 
 docs_strategy = st.lists(
     st.builds(DocRef, uri=st.text(min_size=1, max_size=20), size=st.integers(0, 10**9), etag=st.just("e")),
@@ -120,6 +120,35 @@ def test_status_of_a_partial_shard_and_compact_dedupes(tmp_path):
     assert len(list((out / "pages" / "shard-00000").glob("*.parquet"))) == 1
     proc = run_cli("compact", str(out), check=True)  # idempotent
     assert "1 part, 3 rows -> 1 part, 3 rows" in proc.stdout
+
+
+def test_a_done_shard_that_a_new_plan_gives_documents_is_partial_until_it_has_their_rows(tmp_path):
+    """Planning again over finished shards gave each new documents: `status` said "2/2 shards
+    done" with 6 of 12 planned documents unread, from the done-markers alone (a pod that ran
+    with the old plan writes its marker after `plan` all the same). Done is the marker and a
+    row of every planned document's planned version."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=6, pages=1)
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+
+    def run_all():
+        for i in range(2):
+            run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", f"{i}/2", check=True)
+
+    run_all()
+    text_corpus(src / "new", documents=6, pages=1)
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+    assert len(list((out / "_done").iterdir())) == 2  # the markers of the old plan's runs
+    proc = run_cli("status", str(out), check=True)
+    assert "0/2 shards done, 2 partial, 0 not started; 6 pages" in proc.stdout, proc.stdout
+    run_all()
+    assert [r.state for r in status(Store(str(out)))] == ["done"] * 2
+    # A changed document (a new etag in the new plan) is not done either: its shard's rows are of the old one.
+    text_pdf(src / "doc00000.pdf", 1, seed=99)
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+    changed = next(i for i in range(2)
+                   if any(d.uri.endswith("/doc00000.pdf") for d in planned_documents(Store(str(out)), i)))
+    assert [r.state for r in status(Store(str(out)))] == ["partial" if i == changed else "done" for i in range(2)]
 
 
 def test_planning_an_out_with_output_keeps_its_documents_on_their_shard(tmp_path):
