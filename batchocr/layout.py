@@ -33,6 +33,7 @@ PRODUCER = "_producer.json"
 STAGING = "_tmp"  # Store.write_atomic's staging folder for part files
 
 _SHARD = re.compile(r"shard-(\d{5,})")
+_PART = re.compile(r"part-(.+)-\d{5,}\.parquet")
 # The layout of batchocr 0.1 (hive folders): found only to say what to do with it.
 _OLD_SHARD = re.compile(r"shard=(\d{5,})")
 
@@ -56,6 +57,13 @@ def compacted_part(shard: int, stamp: str) -> str:
 
 def compact_claim(shard: int) -> str:
     return f"{COMPACTING}/{shard_name(shard)}.json"
+
+
+def part_run(rel: str) -> str | None:
+    """The run whose rows a part file holds, from its name (part_file's); None for a compacted
+    part (rows of many runs) or a name batchocr does not give."""
+    m = _PART.fullmatch(rel.rpartition("/")[2])
+    return None if m is None or m.group(1).startswith("compact-") else m.group(1)
 
 
 def done_marker(shard: int) -> str:

@@ -143,6 +143,17 @@ def committed_keys(store: Store, shard: int) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+def committed_runs(store: Store, shard: int) -> set[str]:
+    """The ids of the runs with rows committed in a shard: a run's part file names it; a
+    compacted part holds many runs' rows, whose run_id column alone is read."""
+    def read(rel: str) -> pa.Table:
+        run = layout.part_run(rel)
+        return pa.table({"run_id": [run]}) if run is not None else store.read_parquet(rel, ["run_id"])
+
+    _, tables = read_parts(store, shard, read)
+    return {run for table in tables for run in table.column("run_id").unique().to_pylist()}
+
+
 @dataclass(frozen=True)
 class Resume:
     """What a run still has to do for a document: render every page but `skip`;

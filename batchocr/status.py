@@ -11,7 +11,7 @@ from batchocr.compact import kept_counts
 from batchocr.errors import ConfigError
 from batchocr.plan import PlanInfo, planned_documents, read_plan
 from batchocr.layout import done_marker
-from batchocr.sink import committed_keys, completed, shards_present
+from batchocr.sink import committed_keys, committed_runs, completed, shards_present
 from batchocr.spec import Shard
 from batchocr.storage import Store
 
@@ -41,14 +41,31 @@ def shard_count(out: Store, plan: PlanInfo | None, markers: list[str]) -> int:
 
 def output_shard_counts(out: Store) -> set[int]:
     """The shard counts (N of --shard I/N) that OUT's output was made with: from its
-    done-markers, else (no shard done yet) from the records of runs that may have
-    committed rows (one still running or killed, or one that wrote parts). The
-    markers first: a CronJob's OUT has many run records, and a marker per shard."""
+    done-markers, else (no shard done yet) from the records of runs that committed rows:
+    one that ended lists its parts; one whose record says "running" (under way, or killed:
+    its end never written) counts once its shard holds rows of it, so that a run killed
+    before its first commit leaves no count behind. The markers first: a CronJob's OUT has
+    many run records, and a marker per shard."""
     counts = {m["shards"] for m in out.read_jsons(layout.DONE) if "shards" in m}
     if counts:
         return counts
-    return {int(run.get("spec", {}).get("shard", {}).get("count", 1)) for run in out.read_jsons(layout.RUNS)
-            if run.get("status") == "running" or run.get("parts")}
+    unsure: dict[int, list[dict]] = {}  # shard index -> its "running" records
+    for run in out.read_jsons(layout.RUNS):
+        if run.get("parts"):
+            counts.add(_count(run))
+        elif run.get("status") == "running":
+            unsure.setdefault(int(run.get("spec", {}).get("shard", {}).get("index", 0)), []).append(run)
+    for index, runs in unsure.items():
+        runs = [r for r in runs if _count(r) not in counts]  # a shard's parts are read only if it can tell
+        if runs:
+            committed = committed_runs(out, index)
+            counts |= {_count(r) for r in runs if r.get("run_id") in committed}
+    return counts
+
+
+def _count(run: dict) -> int:
+    """The shard count a run record's run had."""
+    return int(run.get("spec", {}).get("shard", {}).get("count", 1))
 
 
 def check_shard_count(out: Store, shard: Shard, url: str) -> None:

@@ -12,6 +12,8 @@ import polars as pl
 from batchocr import read_pages
 from batchocr.compact import compact
 from batchocr.sources import list_documents
+from batchocr.spec import Shard
+from batchocr.status import check_shard_count, output_shard_counts
 from batchocr.storage import Store
 from conftest import run_cli
 from corpus import text_corpus, text_pdf
@@ -119,6 +121,37 @@ def test_another_shard_count_on_the_same_out_is_exit_2_until_it_is_planned(tmp_p
     compact(Store(str(out)))
     table = read_pages(str(out)).select("doc_id", "page_index").collect()
     assert table.height == table.n_unique() == 4 * 2 + 2
+
+
+def test_a_run_killed_before_its_first_commit_leaves_no_shard_count(tmp_path):
+    """A run SIGKILLed once its record was written ("running": its end, and so its parts, never
+    listed) but before its first part file left no output, yet a run with another count was
+    exit 2, 'OUT holds output of 3 shards'. Such a record counts once its shard holds rows of
+    the run: its part files, or their rows compacted."""
+    src, out, job = tmp_path / "src", tmp_path / "out", tmp_path / "job.yaml"
+    text_corpus(src, documents=30, pages=1)  # shard 0 of 3 gets none with a chance of (2/3)^30
+    job.write_text("engine: textlayer\ncommit: {every_pages: 4}\n")
+    run_cli("run", str(src), str(out), "--job", str(job), "-q", "--shard", "0/3", check=True)
+    (record,) = (out / "_runs").glob("*.json")
+    ended = json.loads(record.read_text())
+    record.write_text(json.dumps({k: v for k, v in ended.items() if k not in ("finished_at", "parts")}
+                                 | {"status": "running"}))
+    (out / "_done" / "shard-00000.json").unlink()
+    parts = {p: p.read_bytes() for p in (out / "pages" / "shard-00000").glob("*.parquet")}
+    assert len(parts) > 1
+    for p in parts:
+        p.unlink()
+    store = Store(str(out))
+    assert output_shard_counts(store) == set()
+    check_shard_count(store, Shard(0, 4), str(out))  # no output to keep on its shards: any count may start
+
+    for p, data in parts.items():  # killed after its commits
+        p.write_bytes(data)
+    assert output_shard_counts(store) == {3}
+    compact(store)  # its rows in a part named after no run
+    assert [p.name[:13] for p in (out / "pages" / "shard-00000").glob("*.parquet")] == ["part-compact-"]
+    proc = run_cli("run", str(src), str(out), "--job", str(job), "-q", "--shard", "0/4")
+    assert proc.returncode == 2 and "holds output of 3 shards, this run is shard 0/4" in proc.stderr
 
 
 def test_out_remembers_what_made_it_and_reprocess_redoes_its_pages(rapidocr_run, tmp_path, monkeypatch):
