@@ -218,8 +218,8 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     spec = convert(JobSpec, data, where)
     from batchocr import engines
 
-    for name, options in spec.engines.items():
-        engines.options(name, options, where)  # every engine's section, typed by its options class
+    for name, options in spec.engines.items():  # every engine's section, typed by its options class
+        engines.options(name, options, where, chosen=name == spec.engine)
     return spec
 
 

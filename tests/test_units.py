@@ -133,6 +133,28 @@ def test_vllm_flags_with_another_engine_name_the_flag(tmp_path):
         load_job(None, source="s", out="o", engine="rapidocrx", engine_options={})
 
 
+def test_an_engines_section_the_run_does_not_use_needs_no_model(tmp_path):
+    """Only the chosen engine's section is used (jobs/example.yaml): `engine: textlayer` with a
+    vllm section kept without its model was exit 2, 'engine vllm needs a model'. The section's
+    values are still checked; the model is needed where vllm is the run's engine (routing never
+    runs vllm: its routed pages go to the textlayer engine)."""
+    from batchocr import engines
+
+    job = tmp_path / "job.yaml"
+    section = "engines:\n  vllm: {preset: unlimited-ocr, mode: document}\n"
+    job.write_text("source: s\nout: o\nengine: textlayer\n" + section)
+    assert load_job(job).engines["vllm"] == {"preset": "unlimited-ocr", "mode": "document"}
+    job.write_text("source: s\nout: o\nengine: vllm\n" + section)
+    assert load_job(job, engine="rapidocr", route="auto").engine == "rapidocr"  # --engine over the file's
+    with pytest.raises(ConfigError, match=r"^.*job.yaml: engine vllm needs a model: --model PATH"):
+        load_job(job)
+    with pytest.raises(ConfigError, match="needs a model"):  # --engine vllm with no section: at the run's start
+        engines.settings("vllm", {})
+    job.write_text("source: s\nout: o\nengine: textlayer\nengines:\n  vllm: {preset: unlimited-ocr, group_pages: 99}\n")
+    with pytest.raises(ConfigError, match="engines.vllm.group_pages: got 99, expected less than or equal to 50"):
+        load_job(job)
+
+
 def test_job_spec_numbers_in_exponent_form_are_numbers(tmp_path):
     """YAML 1.1 (PyYAML) reads `1e3` as text: `every_seconds: 1e3` failed as not a number."""
     job = tmp_path / "job.yaml"

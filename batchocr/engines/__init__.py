@@ -108,13 +108,22 @@ def parse_options(cls: type, options: Mapping[str, Any], engine: str, where: str
     return convert(cls, options, where, prefix=("engines", engine))
 
 
-def options(name: str, options: Mapping[str, Any], where: str = "engine options"):
+def options(name: str, options: Mapping[str, Any], where: str = "engine options", chosen: bool = False):
     """The options of engine `name`, validated by its own dataclass (without
-    building the engine, or importing what only the engine needs)."""
+    building the engine, or importing what only the engine needs). `chosen`: the
+    run's engine, whose options must also hold what running needs (the dataclass's
+    `check_chosen`, where it has one: vllm's model); another engine's section,
+    unused, is only checked."""
     if name not in _MODULES:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
     cls = getattr(importlib.import_module(_MODULES[name]), _OPTIONS[name])
-    return parse_options(cls, options, name, where)
+    parsed = parse_options(cls, options, name, where)
+    if chosen and hasattr(parsed, "check_chosen"):
+        try:
+            parsed.check_chosen()
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return parsed
 
 
 def result(doc_id: str, page_index: int, **fields: Any) -> dict:

@@ -140,8 +140,6 @@ class VLLMOptions:
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        if not self.model:
-            raise ConfigError("engine vllm needs a model: --model PATH (or engines.vllm.model in the job spec)")
         preset = get_preset(self.preset)
         if self.mode == "document" and preset.document_template is None:
             raise ConfigError(f"engines.vllm.mode: document needs a preset that reads whole documents "
@@ -172,6 +170,13 @@ class VLLMOptions:
             raise ConfigError(f"engines.vllm.group_pages: a group of {self.group_size(preset)} page does not fit "
                               f"max_model_len {self.max_model_len or preset.max_model_len} with group_page_tokens "
                               f"{self.group_page_tokens} a page: lower group_page_tokens or use mode: page")
+
+    def check_chosen(self) -> None:
+        """What only the run's own engine needs (engines.options): a model. A job spec whose
+        engine is another may keep a vllm section without one (only the chosen engine's section
+        is used, and routing never runs vllm: routed pages go to the textlayer engine)."""
+        if not self.model:
+            raise ConfigError("engine vllm needs a model: --model PATH (or engines.vllm.model in the job spec)")
 
     def group_size(self, preset: Preset) -> int:
         """Pages a request holds: 1 in page mode; in document mode as many as fit the context,
@@ -1031,7 +1036,7 @@ def _render_hints(preset: Preset) -> dict[str, int]:
 def settings(options: Mapping[str, Any]) -> dict[str, Any]:
     """What OUT remembers of this engine (model, preset, prompt, page size), from its
     options alone: vLLM is not imported, no model loaded (engines.settings)."""
-    o = parse_options(VLLMOptions, options, "vllm")
+    o = _chosen(options)
     preset = get_preset(o.preset)
     return {"model": o.model, "preset": preset.name, "prompt": _prompt_setting(o, preset),
             "render_hints": _render_hints(preset)}
@@ -1064,5 +1069,12 @@ def _prompt_setting(o: VLLMOptions, preset: Preset) -> str:
     return preset.prompt(o.prompt)
 
 
+def _chosen(options: Mapping[str, Any]) -> VLLMOptions:
+    """The options of a run whose engine this is."""
+    o = parse_options(VLLMOptions, options, "vllm")
+    o.check_chosen()
+    return o
+
+
 def create(options: Mapping[str, Any]) -> VLLMEngine:
-    return VLLMEngine(parse_options(VLLMOptions, options, "vllm"))
+    return VLLMEngine(_chosen(options))
