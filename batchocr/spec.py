@@ -73,11 +73,13 @@ class Shard:
             raise ConfigError(f"shard must be I/N with 0 <= I < N, got {self.index}/{self.count}")
 
     @classmethod
-    def parse(cls, text: str) -> "Shard":
+    def parse(cls, text: str, where: str = "") -> "Shard":
+        """`where`: the job spec's file the text is from, named first (a flag's needs none)."""
+        at = f"{where}: " if where else ""
         i, sep, n = text.partition("/")
         if not sep:
-            raise ConfigError(f"shard must look like I/N (e.g. 3/16), got {text!r}")
-        return convert(cls, {"index": i.strip(), "count": n.strip()}, f"shard {text!r}", strings=True)
+            raise ConfigError(f"{at}shard must look like I/N (e.g. 3/16), got {text!r}")
+        return convert(cls, {"index": i.strip(), "count": n.strip()}, f"{at}shard {text!r}", strings=True)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Shard | None":
@@ -189,7 +191,7 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
     where = str(path) if path else "configuration"
     raw = {k: v for k, v in raw.items() if v is not None}  # `render:` with nothing under it: the defaults
     if isinstance(raw.get("shard"), str):
-        raw["shard"] = Shard.parse(raw["shard"])
+        raw["shard"] = Shard.parse(raw["shard"], where)
     elif "shard" in raw and not isinstance(raw["shard"], Mapping):  # `shard: 2`: the documented form is I/N
         raise ConfigError(f"{where}: shard: got {raw['shard']!r}, expected I/N (e.g. shard: 0/4)")
 
