@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -101,7 +102,9 @@ def _signals_held():
     """SIGTERM and SIGINT blocked in this thread while a part is spawned: the part inherits
     the mask through exec, so a signal in its start-up (the interpreter, its imports) waits
     until _part_main has its handlers in place, instead of killing it with a traceback. The
-    run's own signal, if one came meanwhile, is delivered when the mask is restored."""
+    run's own signal, if one came meanwhile, is delivered when the mask is restored. The
+    resource tracker first: its own start unblocks both (resource_tracker.ensure_running)."""
+    resource_tracker.ensure_running()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
     try:
         yield

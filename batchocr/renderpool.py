@@ -17,7 +17,9 @@ import functools
 import logging
 import multiprocessing as mp
 import os
+import signal
 import time
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -170,7 +172,7 @@ class RenderPool:
 
     def _spawn(self) -> _Worker:
         try:
-            return _Worker(self.ctx, self.spec, self.needs, self.storage_options)
+            return self._start()
         except (OSError, EOFError) as exc:
             if self.ctx.get_start_method() != "forkserver":
                 raise
@@ -181,7 +183,19 @@ class RenderPool:
             log.warning("render workers: the fork server could not start (%s: %s); spawning each worker "
                         "instead", type(exc).__name__, exc)
             self.ctx = mp.get_context("spawn")
+            return self._start()
+
+    def _start(self) -> _Worker:
+        """A worker, with SIGINT and SIGTERM held in this thread meanwhile (renderworker.HELD):
+        the fork server, or a spawned worker, inherits them held until it ignores them. A signal
+        that came meanwhile is this process's when it is over. The resource tracker first: its
+        own start unblocks both (multiprocessing.resource_tracker.ensure_running)."""
+        resource_tracker.ensure_running()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, renderworker.HELD)
+        try:
             return _Worker(self.ctx, self.spec, self.needs, self.storage_options)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def run(self, tasks: Iterable[RenderTask], stop: Callable[[], bool] = lambda: False) -> Iterator[pa.RecordBatch]:
         """Page batches of every task, in the order they finish. When stop() turns

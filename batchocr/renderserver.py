@@ -17,17 +17,22 @@ that process holds: renderworker.release_server), and each worker dies with it (
 
 from __future__ import annotations
 
-import atexit
-import os
 import signal
 
-from batchocr import renderworker
-
 # SIGTERM sent to the run's whole process group is the run's to handle (commit, exit 75): the
-# server ignores it (SIGINT too, as multiprocessing's forkserver does), as the workers do. Killed
-# by it, the server left the run unable to replace a worker (EOFError from the server's socket:
-# click's "Aborted!", exit 1). It ends when the run does, whatever the signal.
+# server ignores it (SIGINT too, which multiprocessing's forkserver ignores only after this
+# import), as the workers do. Killed by it, the server left the run unable to replace a worker
+# (EOFError from the server's socket: click's "Aborted!", exit 1). It ends when the run does,
+# whatever the signal. Both were blocked since the run started the server (renderpool): one
+# sent meanwhile is dropped here, not a KeyboardInterrupt traceback from the imports below.
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+import atexit  # noqa: E402
+import os  # noqa: E402
+
+from batchocr import renderworker  # noqa: E402
 
 
 def _remove_run_temp() -> None:

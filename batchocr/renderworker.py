@@ -31,6 +31,13 @@ def skip_pymupdf_extras() -> None:
     os.environ.setdefault("PYMUPDF_SUGGEST_LAYOUT_ANALYZER", "0")
 
 
+# SIGINT and SIGTERM are blocked in the run's thread while it starts a worker (renderpool), so
+# that the fork server or a spawned worker inherits them blocked through exec until it ignores
+# them: one in its start-up (the interpreter, the server's imports) killed it with a traceback
+# (multiprocessing's resource tracker is started the same way).
+HELD = {signal.SIGINT, signal.SIGTERM}
+
+
 def die_with_parent(parent_pid: int | None) -> None:
     """SIGKILL this process when the one that started it dies (kill -9 of a run
     must not leave a worker hung on a page at 100% CPU, re-parented to PID 1). A
@@ -82,6 +89,7 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], prog
     # page a renderer_crashed row (final the second time); the parent stops them with SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # held while it started (renderpool): ignored now
     import pymupdf
 
     from batchocr.errors import BatchocrError

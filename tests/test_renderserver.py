@@ -12,6 +12,8 @@ import sys
 import tempfile
 import time
 
+import pytest
+
 from chaos import descendants, fork_servers, render_workers, running, start, still_running_after, wait_until_running, \
     write_job
 from conftest import ROOT, SAMPLES, run_cli
@@ -141,6 +143,28 @@ def test_sigterm_to_the_workers_and_their_server_is_the_run_s_to_handle(tmp_path
     (record,) = [json.loads(p.read_text()) for p in (tmp_path / "out" / "_runs").glob("*.json")]
     assert record["timings"]["render_workers_replaced"] == 0 and record["counts"]["pages"] == 72, record
     assert record["counts"]["error_pages"] == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_group_as_the_fork_server_starts_is_one_line(tmp_path, sig):
+    """Ctrl-C (SIGINT to the whole group) the moment the render workers' fork server exists,
+    while it imports: the run exited 75 as it should, but with a KeyboardInterrupt traceback
+    from the server's imports and a warning that the fork server could not start (16 lines
+    of stderr). The run holds both signals while it starts the server, which ignores them
+    before it imports anything."""
+    src = tmp_path / "src"
+    text_corpus(src, documents=20, pages=5)
+    proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(tmp_path / "out"),
+                             "--engine", "textlayer", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not fork_servers(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert len(err.strip().splitlines()) == 1 and "interrupted" in err, err
 
 
 def test_a_server_that_dies_while_a_worker_is_asked_of_it_leaves_spawned_workers(monkeypatch, caplog):
