@@ -180,10 +180,13 @@ def test_sigkill_during_a_hang_and_a_long_document_then_resume_equals_a_clean_ru
     src.mkdir()
     hang_pdf(src / "hang-late.pdf", pages=6, hang_at=(4,))
     hang_pdf(src / "hang-first.pdf", pages=3, hang_at=(0,), seed=1)
-    text_pdf(src / "long.pdf", 200, seed=2, lines=2)
+    text_pdf(src / "long.pdf", 80, seed=2, lines=2)
     text_corpus(src / "small", documents=4, pages=2)
+    # A commit every 0.2 s: kills land between commits and mid-document. (200 pages committed
+    # one a part made this CI's longest test, 130 s under the loaded suite, reading 200 parts
+    # at every rerun.)
     sections = {"render": {"workers": 2, "batch_pages": 4, "timeout_s": 1.5},
-                "commit": {"every_pages": 1, "every_seconds": 0.2}}
+                "commit": {"every_pages": 4, "every_seconds": 0.2}}
 
     def until_nothing_to_do(job) -> None:
         for _ in range(4):
@@ -201,7 +204,7 @@ def test_sigkill_during_a_hang_and_a_long_document_then_resume_equals_a_clean_ru
     expected = table(clean)
     # Every page of every document has its row: the hung pages are timeout rows, the rest text.
     errors = expected.filter(pl.col("finish_reason") == "error")
-    assert sorted(errors["page_index"]) == [0, 4] and expected.height == 6 + 3 + 200 + 8
+    assert sorted(errors["page_index"]) == [0, 4] and expected.height == 6 + 3 + 80 + 8
 
     out = tmp_path / "killed"
     job = write_job(tmp_path, src, out, **sections)
