@@ -24,7 +24,7 @@ from batchocr.storage import Store
 from conftest import ROOT
 
 DRIVER = ROOT / "tests" / "pod_driver.py"
-MS_PER_PAGE = 80  # slow enough that 12 kills land before 300 pages are done, even with a fast start-up
+MS_PER_PAGE = 80  # slow enough that 8 kills (12 once) land before 300 pages are done, even with a fast start-up
 KEY = ["doc_id", "page_index"]
 
 
