@@ -19,6 +19,15 @@ from batchocr.errors import ConfigError
 from batchocr.sources import native
 
 
+_PAGE = re.compile(r"[0-9]+")
+
+
+def _shown(name: str) -> str:
+    """A file name as printed and tabled: bytes that are not UTF-8 (surrogate escapes, as
+    os.fsdecode gives them) as \\xNN; polars and stdout refuse the escapes themselves."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
@@ -44,7 +53,9 @@ class Evaluation:
 
     @property
     def cer(self) -> float:
-        return self.errors / self.chars if self.chars else 0.0
+        """Over every page; truth pages all empty (blank pages): 1.0 if anything was read on
+        them, as each such page counts (it said 0.00%, and --max-cer 0 passed)."""
+        return self.errors / self.chars if self.chars else float(self.errors > 0)
 
 
 def _truth_text(path: Path) -> str:
@@ -64,7 +75,16 @@ def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
     truth_dir = Path(truth_dir)
     if not truth_dir.is_dir():
         raise ConfigError(f"truth folder {truth_dir} does not exist")
-    truth = {(p.parent.name, int(p.stem)): normalise(_truth_text(p)) for p in truth_dir.glob("*/*.txt") if p.stem.isdigit()}
+    truth, files = {}, {}
+    for p in sorted(truth_dir.glob("*/*.txt")):
+        if not _PAGE.fullmatch(p.stem):  # 0.txt, 12.txt (not ².txt, which isdigit() takes)
+            continue
+        key = (p.parent.name, int(p.stem))
+        if key in files:  # 0.txt and 00.txt: one would be dropped unread
+            raise ConfigError(f"truth files {_shown(str(files[key]))} and {_shown(str(p))} are both page {key[1]} of {_shown(key[0])}: "
+                              "keep one")
+        files[key] = p
+        truth[key] = normalise(_truth_text(p))
     if not truth:
         raise ConfigError(f"no truth files in {truth_dir} (expected <document name>/<page_index>.txt)")
     names = {name for name, _ in truth}
@@ -75,7 +95,7 @@ def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
         seen.add((name, index))
         ref = truth[(name, index)]
         errors = levenshtein(normalise(text or ""), ref)
-        rows.append({"document": name, "page_index": index, "chars": len(ref), "errors": errors,
+        rows.append({"document": _shown(name), "page_index": index, "chars": len(ref), "errors": errors,
                      "cer": errors / len(ref) if ref else float(errors > 0), "finish_reason": reason})
 
     for uri, index, text, reason in pages.select("source_uri", "page_index", "text", "finish_reason").iter_rows():
@@ -90,13 +110,13 @@ def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
     alike = {name: sorted(u) for name, u in uris.items() if len(u) > 1}
     if alike:
         name, found = next(iter(sorted(alike.items())))
-        raise ConfigError(f"truth {truth_dir}/{name}/ matches {len(found)} documents of that file name "
+        raise ConfigError(f"truth {truth_dir}/{_shown(name)}/ matches {len(found)} documents of that file name "
                           f"({found[0]}, {found[1]}{', ...' if len(found) > 2 else ''}): truth is matched by "
                           "file name, so evaluate them in OUTs of their own")
     for name, index in sorted(set(truth) - seen):
         if name in unopened:
             score(name, index, None, "error")
-    missing = sorted(f"{name}/{index}" for name, index in set(truth) - seen)
+    missing = sorted(f"{_shown(name)}/{index}" for name, index in set(truth) - seen)
     schema = {"document": pl.String, "page_index": pl.Int32, "chars": pl.Int64, "errors": pl.Int64,
               "cer": pl.Float64, "finish_reason": pl.String}
     frame = pl.DataFrame(rows, schema=schema).sort("document", "page_index")

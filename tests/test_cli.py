@@ -1,5 +1,6 @@
 """The command line: help with examples, exit codes and one-line errors, state read back."""
 
+import os
 import shutil
 
 import pytest
@@ -249,6 +250,38 @@ def test_eval_counts_a_redone_page_once(tmp_path):
     overall = [line for line in once.splitlines() if line.startswith("overall:")]
     assert overall and overall == [line for line in twice.splitlines() if line.startswith("overall:")]
     assert sum(line.startswith("report.pdf ") for line in twice.splitlines()) == 3
+
+
+def test_eval_of_a_name_not_utf8_of_blank_truth_pages_and_of_truth_files_named_twice(tmp_path):
+    """eval and report --truth on a document whose name is not UTF-8 (any name the file system
+    allows is a document) were a UnicodeEncodeError traceback; blank truth pages all read as
+    something scored 0.00% overall (--max-cer 0 passed); truth `².txt` was a ValueError
+    traceback, and 0.txt beside 00.txt dropped one unread."""
+    import pymupdf
+
+    src, truth, out = tmp_path / "src", tmp_path / "truth", tmp_path / "out"
+    src.mkdir()
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "hello")
+    name = os.fsdecode(b"b-\xff.pdf")
+    (src / name).write_bytes(doc.tobytes())
+    (truth / name).mkdir(parents=True)
+    (truth / name / "0.txt").write_text("hello")
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    for args in (("eval", str(out), "--truth", str(truth)), ("report", str(out), "--truth", str(truth))):
+        proc = run_cli(*args, subprocess=True)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "b-\\xff.pdf" in proc.stdout, proc.stdout
+    (truth / name / "0.txt").write_text("")  # a blank page, read as "hello"
+    proc = run_cli("eval", str(out), "--truth", str(truth), "--max-cer", "0")
+    assert proc.returncode == 1 and "CER 100.00%" in proc.stdout.splitlines()[-1], proc.stdout
+    (truth / name / "00.txt").write_text("hello")
+    proc = run_cli("eval", str(out), "--truth", str(truth))
+    assert proc.returncode == 2 and "are both page 0" in proc.stderr, proc.stderr
+    (truth / name / "00.txt").unlink()
+    (truth / name / "\u00b2.txt").write_text("x")  # not a page number: not a truth page
+    proc = run_cli("eval", str(out), "--truth", str(truth))
+    assert proc.returncode == 0 and "over 1 pages" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_eval_matches_truth_by_the_files_own_name_and_scores_an_unopened_document(tmp_path):
