@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import os
 import platform
 import secrets
 import sys
@@ -33,7 +34,7 @@ from batchocr.signals import graceful_stop
 from batchocr.status import check_shard_count
 from batchocr.layout import done_marker, shard_dir
 from batchocr.sink import KEY_COLUMNS, PartWriter, Resume, committed_keys, completed
-from batchocr.sources import DocRef, list_documents, located
+from batchocr.sources import DocRef, is_document, list_documents, located, not_a_document
 from batchocr.spec import JobSpec, RenderSpec, Shard
 from batchocr.storage import Store
 from batchocr.words import plural
@@ -404,6 +405,10 @@ def _check_stores(spec: JobSpec, source: Store, out: Store) -> None:
     """SOURCE exists and OUT can be written, in one line each (exit 2) if not."""
     if not source.exists():
         raise ConfigError(f"SOURCE {spec.source} does not exist")
+    if source.is_local and os.path.isfile(source.root) and not is_document(source.root):
+        # Now, not when the listing reaches it: after the engine's build and OUT's first
+        # files (its settings, a run record), which then held OUT to this run's settings.
+        raise not_a_document(source)
     out.check_writable_root("OUT")
 
 

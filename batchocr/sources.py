@@ -75,6 +75,11 @@ def is_document(path: str) -> bool:
     return _path(path).lower().endswith(EXTENSIONS)
 
 
+def not_a_document(store: Store) -> ConfigError:
+    return ConfigError(f"SOURCE {public_url(store.url)} is a file batchocr does not read: "
+                       f"expected a folder or a {', '.join(e.lstrip('.') for e in EXTENSIONS)} file")
+
+
 def list_documents(store: Store) -> Iterator[DocRef]:
     """Every document under the store's root (or the root itself, if it is a file: then it
     must be a document)."""
@@ -83,8 +88,7 @@ def list_documents(store: Store) -> Iterator[DocRef]:
     for path, info in store.walk_files():
         if not is_document(path):
             if path == store.root:
-                raise ConfigError(f"SOURCE {public_url(store.url)} is a file batchocr does not read: "
-                                  f"expected a folder or a {', '.join(e.lstrip('.') for e in EXTENSIONS)} file")
+                raise not_a_document(store)
             continue
         uri = store.uri(path)
         public = public_url(uri)

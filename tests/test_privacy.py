@@ -174,4 +174,10 @@ def test_a_single_file_source_that_is_no_document_is_refused(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr == (f"Error: SOURCE {tmp_path / 'README.md'} is a file batchocr does not read: expected a "
                            f"folder or a pdf, tif, tiff, png, jpg, jpeg file\n")
-    assert not (tmp_path / "out" / "pages").exists()
+    # Refused before anything is written to OUT: its settings and a run record held OUT to
+    # this run's engine, and the next run with another was exit 2 over an OUT of no pages.
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "a.pdf").write_bytes((SAMPLES / "report.pdf").read_bytes())
+    proc = run_cli("run", str(tmp_path / "a.pdf"), str(tmp_path / "out"), "--engine", "rapidocr", "--route",
+                   "textlayer", "-q")
+    assert proc.returncode == 0, proc.stderr
