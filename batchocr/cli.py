@@ -93,6 +93,14 @@ def storage_option(what: str):
                         callback=_storage_options, help=f"fsspec storage option for {what} (repeatable)")
 
 
+def _not_empty(ctx, param, value):
+    """An empty SOURCE, OUT, DEST or --html (an unset shell variable: "$OUT") is refused: it
+    named the current folder (plan, export wrote there with exit 0) or nothing (report --html)."""
+    if value is not None and value.strip() == "":
+        raise click.BadParameter("is empty (an unset variable?)")
+    return value
+
+
 @main.command()
 @click.argument("source", required=False)
 @click.argument("out", required=False)
@@ -172,8 +180,8 @@ def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard
 
 
 @main.command()
-@click.argument("source")
-@click.argument("out")
+@click.argument("source", callback=_not_empty)
+@click.argument("out", callback=_not_empty)
 @click.option("--shards", type=int, required=True, help="number of shards (pods of the Indexed Job)")
 @storage_option("SOURCE and OUT")
 def plan(source, out, shards, storage):
@@ -201,7 +209,7 @@ def plan(source, out, shards, storage):
 
 
 @main.command()
-@click.argument("out")
+@click.argument("out", callback=_not_empty)
 @storage_option("OUT")
 def status(out, storage):
     """Show each shard of OUT: done, partial or not started; pages and error pages.
@@ -232,7 +240,7 @@ def status(out, storage):
 
 
 @main.command()
-@click.argument("out")
+@click.argument("out", callback=_not_empty)
 @storage_option("OUT")
 def compact(out, storage):
     """Rewrite each shard's part files as one, one row per (doc_id, page_index).
@@ -268,7 +276,7 @@ def compact(out, storage):
 
 
 @main.command("eval")
-@click.argument("out")
+@click.argument("out", callback=_not_empty)
 @click.option("--truth", required=True, type=click.Path(file_okay=False), help="folder of <document name>/<page_index>.txt")
 @click.option("--max-cer", type=_Finite(min=0), help="exit 1 if the overall CER is above this (e.g. 0.02)")
 @storage_option("OUT")
@@ -304,10 +312,10 @@ def eval_(out, truth, max_cer, storage):
 
 
 @main.command()
-@click.argument("out")
+@click.argument("out", callback=_not_empty)
 @click.option("--truth", type=click.Path(file_okay=False), help="also CER per page against DIR/<document name>/<page_index>.txt")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON instead of a table")
-@click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True), help="also write a self-contained HTML page with charts (needs matplotlib: batchocr[analysis])")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True), callback=_not_empty, help="also write a self-contained HTML page with charts (needs matplotlib: batchocr[analysis])")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="slowest documents to list")
 @click.option("--gpu-hourly-usd", "gpu_hourly_usd", type=_Finite(min=0), metavar="PRICE",
               help="price of one accelerator-hour (a GPU; for CPU engines the machine): adds $ per million pages "
@@ -350,8 +358,8 @@ def report(out, truth, as_json, html_file, top, gpu_hourly_usd, storage):
 
 
 @main.command()
-@click.argument("out")
-@click.argument("dest")
+@click.argument("out", callback=_not_empty)
+@click.argument("dest", callback=_not_empty)
 @click.option("--format", "fmt", type=click.Choice(["markdown", "text", "jsonl"]), default="markdown", show_default=True,
               help="markdown or text: one file per document; jsonl: one line per document")
 @storage_option("OUT and DEST")

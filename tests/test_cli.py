@@ -311,3 +311,23 @@ def test_eval_matches_truth_by_the_files_own_name_and_scores_an_unopened_documen
     proc = run_cli("eval", str(out), "--truth", str(truth))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "matches 2 documents of that file name" in proc.stderr and "sub/100%25 report.pdf" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [("plan", "SRC", "", "--shards", "2"), ("export", "OUT", ""), ("status", ""),
+                                  ("compact", ""), ("report", "OUT", "--html", ""), ("eval", "", "--truth", "T")])
+def test_an_empty_location_is_exit_2_naming_it(tmp_path, monkeypatch, args):
+    """An unset variable ("$DEST"): plan and export wrote into the current folder with exit 0
+    (plan printed "-> /_plan/"), report --html "" wrote nothing and said nothing."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.pdf").write_bytes((SAMPLES / "report.pdf").read_bytes())
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    args = [str(src) if a == "SRC" else str(tmp_path / "out") if a == "OUT" else str(SAMPLES / "truth") if a == "T"
+            else a for a in args]
+    if args[0] in ("export", "report"):
+        run_cli("run", str(src), str(tmp_path / "out"), "--engine", "textlayer", "-q", check=True)
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and "is empty" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert not list(here.iterdir())
