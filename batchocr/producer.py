@@ -33,9 +33,19 @@ def of_record(record: dict[str, Any]) -> dict[str, Any]:
 def settings(engine: str | None, model: str | None, preset: str | None, prompt: str | None, route: str | None,
              render: dict[str, Any]) -> dict[str, Any]:
     """What OUT remembers: from a run record (of_record), or from the configuration
-    alone before the engine loads (pipeline.run_job)."""
-    return {"engine": engine, "model": model, "preset": preset, "prompt": prompt, "route": route,
-            "render": {k: render.get(k) for k in RENDER_KEYS}}
+    alone before the engine loads (pipeline.run_job). The textlayer engine does not route:
+    its route is None, whatever was given (an OUT made with --route auto was exit 2 for the
+    same engine with --route textlayer, which changes no row)."""
+    return {"engine": engine, "model": model, "preset": preset, "prompt": prompt,
+            "route": None if engine == "textlayer" else route, "render": {k: render.get(k) for k in RENDER_KEYS}}
+
+
+def _normal(producer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OUT/_producer.json as settings() would give it now (one written before a textlayer
+    run's route was None holds its route)."""
+    if not isinstance(producer, dict) or producer.get("engine") != "textlayer":
+        return producer
+    return producer | {"route": None}
 
 
 def _flat(producer: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +77,7 @@ def check(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> di
     """OUT's settings are this run's, or it is asked to reprocess; writes nothing
     (run before the engine loads: a refused run, or one whose engine fails to load,
     leaves OUT as it was). Returns what OUT/_producer.json holds (None: no file)."""
-    written = out.read_json(PRODUCER) if out.exists(PRODUCER) else None
+    written = _normal(out.read_json(PRODUCER)) if out.exists(PRODUCER) else None
     stored = written if written is not None else _from_runs(out)
     if stored is not None and stored != producer and not reprocess:
         raise ConfigError(f"OUT {url} holds pages made with {describe_change(stored, producer)}: use another OUT, "
@@ -103,7 +113,7 @@ def stale_runs(out: Store, run_ids: Iterable[str]) -> set[str]:
     """Those of `run_ids` that ran with settings other than OUT's now (compaction)."""
     if not out.exists(PRODUCER):
         return set()
-    return other_runs(out, run_ids, out.read_json(PRODUCER))
+    return other_runs(out, run_ids, _normal(out.read_json(PRODUCER)))
 
 
 def stale_in(out: Store, records: list[dict[str, Any]] | None = None) -> set[str]:
@@ -112,6 +122,6 @@ def stale_in(out: Store, records: list[dict[str, Any]] | None = None) -> set[str
     compaction's rule, which export, eval and report apply before compaction too."""
     if not out.exists(PRODUCER):
         return set()
-    now = out.read_json(PRODUCER)
+    now = _normal(out.read_json(PRODUCER))
     records = out.read_jsons(layout.RUNS) if records is None else records
     return {r["run_id"] for r in records if r.get("run_id") and of_record(r) != now}

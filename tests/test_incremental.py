@@ -304,3 +304,24 @@ def test_a_file_reached_by_a_symbolic_link_rewritten_at_the_same_size_is_read_ag
     compact(Store(str(out)))
     texts = {u.rsplit("/", 1)[1]: t.strip() for u, t in read_pages(str(out)).select("source_uri", "text").collect().rows()}
     assert texts == {"real.pdf": "Version one DCBA", "link.pdf": "Version one DCBA"}, texts
+
+
+def test_the_route_of_a_textlayer_run_is_no_setting_of_its_out(tmp_path):
+    """The textlayer engine does not route, but OUT remembered its --route: a rerun with
+    another was exit 2, and --reprocess redid every page for the same rows. An OUT written
+    before (its _producer.json holds route 'auto') takes the new runs too."""
+    import json
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=1, pages=1)
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
+    text_pdf(src / "new.pdf", 1)
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--route", "textlayer", "-q")
+    assert proc.returncode == 0 and "1 document" in proc.stdout + proc.stderr, proc.stderr
+    producer = json.loads((out / "_producer.json").read_text())
+    assert producer["route"] is None
+    (out / "_producer.json").write_text(json.dumps(producer | {"route": "auto"}))  # as written before
+    text_pdf(src / "newer.pdf", 1)
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--route", "model", "-q")
+    assert proc.returncode == 0 and "1 document" in proc.stdout + proc.stderr, proc.stderr
+    assert run_cli("run", str(src), str(out), "--engine", "rapidocr", "-q").returncode == 2  # an engine still counts
