@@ -27,7 +27,10 @@ class _Group(click.Group):
             click.echo(f"Error: {redact(str(exc), environment_secrets())}", err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:  # a subcommand's bad flag or argument: the same one line, no banner
-            command = " ".join(["batchocr", *(exc.ctx or ctx).command_path.split()[1:]])
+            # An option's missing value is raised by the parser without a context: the
+            # subcommand, named before it parsed, is the one whose --help tells.
+            words = (exc.ctx or ctx).command_path.split()[1:] or [ctx.invoked_subcommand or ""]
+            command = " ".join(["batchocr", *filter(None, words)])
             click.echo(f"Error: {exc.format_message()} (see {command} --help)", err=True)
             ctx.exit(exc.exit_code)
 

@@ -31,6 +31,8 @@ MISSING = "{tmp}/no-such-out"
     (["status", "{tmp}", "--storage-option", "nokey"], "Invalid value for --storage-option: expected key=value"),
     (["report", "{tmp}", "--html", "{tmp}/no-folder/r.html"], "--html {tmp}/no-folder/r.html: folder {tmp}/no-folder does not exist"),
     (["frobnicate"], "No such command 'frobnicate'. (see batchocr --help)"),
+    (["run", "{tmp}", "{tmp}/out", "--dpi"], "Option '--dpi' requires an argument. (see batchocr run --help)"),
+    (["eval", "{tmp}", "--truth"], "Option '--truth' requires an argument. (see batchocr eval --help)"),
 ], ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else None)
 def test_every_command_says_what_is_wrong_in_one_line_and_exits_2(tmp_path, args, message):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
