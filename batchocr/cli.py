@@ -389,6 +389,22 @@ def export(out, dest, fmt, storage):
         done = export_documents(pages, target, fmt, producer.stale_in(Store(out, storage)))
     click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
                f"into {plural(done.files, 'file')} -> {dest}")
+    unread = _planned_without_rows(Store(out, storage), pages)
+    if unread:  # a missing page is marked in its document; a document of no row has no file to mark it in
+        click.echo(f"note: {plural(unread, 'document')} of OUT's plan {'has' if unread == 1 else 'have'} no rows "
+                   f"yet, so no file (batchocr status {out} says which shards are not done)", err=True)
+
+
+def _planned_without_rows(out, pages) -> int:
+    """How many documents OUT's plan gives its shards that no row names (0 without a plan)."""
+    from batchocr.plan import planned_documents, read_plan
+    from batchocr.sources import doc_id
+
+    plan = read_plan(out)
+    if plan is None:
+        return 0
+    planned = {doc_id(d.uri) for shard in range(plan.shards) for d in planned_documents(out, shard)}
+    return len(planned - set(pages.select("doc_id").unique().collect()["doc_id"].to_list()))
 
 
 def entry(argv: list[str] | None = None) -> None:

@@ -264,3 +264,20 @@ def test_export_names_files_and_headings_by_the_documents_own_names(tmp_path):
     assert files == ["100_.pdf", "a_20b.pdf"]
     headings = sorted(p.read_text().splitlines()[0] for p in (tmp_path / "md").iterdir())
     assert headings == ["# 100%.pdf", "# a%20b.pdf"]
+
+
+def test_export_of_a_plan_not_all_run_says_how_many_documents_have_no_rows(tmp_path):
+    """One shard of two run: the other shard's documents have no row, so no file, and the
+    export said nothing of them (exit 0, "exported 2 documents" of a plan of 4)."""
+    from corpus import text_corpus
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=4, pages=1)
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", "1/2", "-q", check=True)
+    proc = run_cli("export", str(out), str(tmp_path / "dest"), check=True)
+    exported = int(re.search(r"exported (\d+) document", proc.stdout).group(1))
+    assert 0 < exported < 4 and f"note: {4 - exported} document" in proc.stderr, proc.stdout + proc.stderr
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", "0/2", "-q", check=True)
+    proc = run_cli("export", str(out), str(tmp_path / "dest"), check=True)
+    assert "exported 4 documents" in proc.stdout and "note" not in proc.stderr, proc.stdout + proc.stderr
