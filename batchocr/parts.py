@@ -26,7 +26,6 @@ record, holding 1/N of the accelerator, so `report` counts the GPU once.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
@@ -35,7 +34,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -93,23 +91,7 @@ def shares(documents: list[DocRef], n: int) -> list[list[DocRef]]:
 
 _NOTHING = {"run_id": "", "documents": 0, "documents_skipped": 0, "pages": 0, "error_pages": 0, "skipped_pages": 0,
             "routed_pages": 0}  # an interrupted part's summary before its run began
-_STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
-_HELD = {signal.SIGTERM, signal.SIGINT}
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """SIGTERM and SIGINT blocked in this thread while a part is spawned: the part inherits
-    the mask through exec, so a signal in its start-up (the interpreter, its imports) waits
-    until _part_main has its handlers in place, instead of killing it with a traceback. The
-    run's own signal, if one came meanwhile, is delivered when the mask is restored. The
-    resource tracker first: its own start unblocks both (resource_tracker.ensure_running)."""
-    resource_tracker.ensure_running()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+_STOP_EXITS = {-s for s in signals.STOP}  # a part's exit code when a stop signal killed it
 
 
 def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
@@ -149,7 +131,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_part_main, args=(one, part, progress, send, os.getpid()),
                         name=f"batchocr-part-{j + 1}")
-        with _signals_held():
+        with signals.held_for_a_child():  # until _part_main has its handlers in place
             p.start()
         send.close()
         procs.append(p)
@@ -180,7 +162,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
                     results[j] = conn.recv()
                 except (EOFError, OSError):  # it died without a word (killed, out of memory)
                     procs[j].join(5)
-                    if procs[j].exitcode in _STOP_SIGNALS and (stop.is_set() or stopping_at is not None):
+                    if procs[j].exitcode in _STOP_EXITS and (stop.is_set() or stopping_at is not None):
                         # Stopped by the signal the run passed on (or the group's own), before the
                         # part's handler was in place (its start-up): it had committed nothing.
                         results[j] = ("interrupted", _NOTHING)
@@ -246,7 +228,7 @@ def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int)
     code = errors.EXIT_OK
     try:
         with signals.graceful_stop():  # before the signals held since the spawn come: a stop, not a death
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.STOP)
             summary = pipeline.run_job(spec, progress=progress, part=part)
         conn.send(("done", dataclasses.asdict(summary)))
     except Interrupted as exc:

@@ -17,15 +17,13 @@ import functools
 import logging
 import multiprocessing as mp
 import os
-import signal
 import time
-from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
-from batchocr import schema
+from batchocr import schema, signals
 from batchocr import renderworker
 from batchocr.errors import BatchocrError, StorageError
 from batchocr.render import RenderTask, doc_error, page_error
@@ -186,16 +184,10 @@ class RenderPool:
             return self._start()
 
     def _start(self) -> _Worker:
-        """A worker, with SIGINT and SIGTERM held in this thread meanwhile (renderworker.HELD):
-        the fork server, or a spawned worker, inherits them held until it ignores them. A signal
-        that came meanwhile is this process's when it is over. The resource tracker first: its
-        own start unblocks both (multiprocessing.resource_tracker.ensure_running)."""
-        resource_tracker.ensure_running()
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, renderworker.HELD)
-        try:
+        """A worker; the fork server or a spawned worker ignores SIGINT and SIGTERM from its
+        first instant (signals.held_for_a_child)."""
+        with signals.held_for_a_child():
             return _Worker(self.ctx, self.spec, self.needs, self.storage_options)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def run(self, tasks: Iterable[RenderTask], stop: Callable[[], bool] = lambda: False) -> Iterator[pa.RecordBatch]:
         """Page batches of every task, in the order they finish. When stop() turns

@@ -10,6 +10,8 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
+from batchocr.signals import STOP
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 # The shared progress record (multiprocessing RawArray of 'q') the pool reads when
@@ -29,13 +31,6 @@ def skip_pymupdf_extras() -> None:
     # ... and without one, find_tables prints an advert for pymupdf.layout on stdout (once a
     # process: into a run's output and its progress line); PyMuPDF's own switch turns it off
     os.environ.setdefault("PYMUPDF_SUGGEST_LAYOUT_ANALYZER", "0")
-
-
-# SIGINT and SIGTERM are blocked in the run's thread while it starts a worker (renderpool), so
-# that the fork server or a spawned worker inherits them blocked through exec until it ignores
-# them: one in its start-up (the interpreter, the server's imports) killed it with a traceback
-# (multiprocessing's resource tracker is started the same way).
-HELD = {signal.SIGINT, signal.SIGTERM}
 
 
 def die_with_parent(parent_pid: int | None) -> None:
@@ -89,7 +84,7 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], prog
     # page a renderer_crashed row (final the second time); the parent stops them with SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # held while it started (renderpool): ignored now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP)  # held while it started (signals.held_for_a_child)
     import pymupdf
 
     from batchocr.errors import BatchocrError

@@ -10,6 +10,26 @@ from typing import Iterator
 # The stop flag while a graceful_stop() block is active: signal handlers are
 # process-wide, so nested blocks share the outer one's flag.
 _active: threading.Event | None = None
+STOP = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def held_for_a_child() -> Iterator[None]:
+    """SIGTERM and SIGINT blocked in this thread while it starts a process (a part, the render
+    workers' fork server or a spawned worker): the child inherits the mask through exec, so a
+    signal in its start-up (the interpreter, its imports) waits until it has taken or ignored
+    them and unblocked STOP, instead of killing it with a traceback. This process's own signal,
+    if one came meanwhile, is delivered when the mask is restored. multiprocessing's resource
+    tracker is started first: its own start unblocks both (resource_tracker.ensure_running,
+    which starts it the same way)."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager
@@ -31,7 +51,7 @@ def graceful_stop() -> Iterator[threading.Event]:
             raise KeyboardInterrupt
         stop.set()
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, handler) for s in STOP}
     _active = stop
     try:
         yield stop
