@@ -141,10 +141,10 @@ def _claimed(out: Store, shard: int) -> Iterator[str | None]:
             continue  # released meanwhile
         except ValueError:
             held = {}
-        if not isinstance(held, dict) or not _gone(held):
+        held = held if isinstance(held, dict) else {}
+        if not _gone(held):
             break
         out.remove(rel)  # a dead compaction's
-    held = held if isinstance(held, dict) else {}
     yield (f"pid {held.get('pid', '?')} on {held.get('host', '?')} since {held.get('since', '?')}; if it is not "
            f"running, delete {out.url.rstrip('/')}/{rel}")
 
