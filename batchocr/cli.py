@@ -398,12 +398,11 @@ def export(out, dest, fmt, storage):
 def _planned_without_rows(out, pages) -> int:
     """How many documents OUT's plan gives its shards that no row names (0 without a plan)."""
     from batchocr.plan import planned_documents, read_plan
-    from batchocr.sources import doc_id
 
     plan = read_plan(out)
     if plan is None:
         return 0
-    planned = {doc_id(d.uri) for shard in range(plan.shards) for d in planned_documents(out, shard)}
+    planned = {d.doc_id for shard in range(plan.shards) for d in planned_documents(out, shard)}
     return len(planned - set(pages.select("doc_id").unique().collect()["doc_id"].to_list()))
 
 

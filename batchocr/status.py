@@ -35,7 +35,7 @@ def shard_count(out: Store, plan: PlanInfo | None, markers: list[str]) -> int:
     for marker in out.read_each_json(markers):
         counts.append(int(marker.get("shards", 1)))
     for run in out.read_jsons(layout.RUNS):
-        counts.append(int(run.get("spec", {}).get("shard", {}).get("count", 1)))
+        counts.append(_count(run))
     return max(counts + [s + 1 for s in shards_present(out)])
 
 
