@@ -142,15 +142,21 @@ def cost(corpus: Path, ocr_pages: int) -> dict:
     from batchocr.layertext import layer_words, page_markdown
     from batchocr.router import MIN_SCORE, score_page
 
-    timings = {"score": [], "text before": [], "text now": [], "render 200 dpi": [], "model page 200 dpi": [],
-               "model page 1288 px": []}
-    routed = []
+    timings = {"score": [], "score on get_text (before 2026-12-05)": [], "text before": [], "text now": [],
+               "render 200 dpi": [], "model page 200 dpi": [], "model page 1288 px": []}
+    routed, routed_before = [], 0
     for path in sorted(corpus.glob("*.pdf")):
-        doc = pymupdf.open(path)
-        for page in doc:
-            start = time.process_time()
-            s = score_page(page, layer_words(page))  # as router.route_page
-            timings["score"].append(time.process_time() - start)
+        doc, before = pymupdf.open(path), pymupdf.open(path)  # each scoring on a document of its own:
+        for page in doc:  # neither reads what the other's text extraction left cached; in turn first
+            for which in (("now", "before") if page.number % 2 else ("before", "now")):
+                start = time.process_time()
+                if which == "now":
+                    s = score_page(page, layer_words(page))  # as router.route_page
+                    timings["score"].append(time.process_time() - start)
+                else:  # the same page as the router scored it before 2026-12-05: get_text()
+                    other = before[page.number]
+                    routed_before += score_page(other, other.get_text()).score >= MIN_SCORE
+                    timings["score on get_text (before 2026-12-05)"].append(time.process_time() - start)
             if s.score < MIN_SCORE:  # a model page: rendered instead (rapidocr's dpi; olmOCR's 1288 px)
                 zoom = 1288 / max(page.rect.width, page.rect.height)
                 for name, matrix in (("model page 200 dpi", pymupdf.Matrix(200 / 72, 200 / 72)),
@@ -181,6 +187,7 @@ def cost(corpus: Path, ocr_pages: int) -> dict:
     engine.close()
     out["rapidocr"] = round(statistics.mean(ocr) * 1000, 1)
     out["routed_pages"] = len(routed)
+    out["routed_pages_before"] = routed_before
     out["scored_pages"] = len(timings["score"])
     return out
 
