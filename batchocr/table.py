@@ -41,8 +41,9 @@ PAGE_SCHEMA = pl.from_arrow(schema.PAGE_TABLE.empty_table()).schema
 
 def has_no_rows_yet(store: Store) -> bool:
     """An OUT with no page table is batchocr's output all the same when runs have written it
-    (their runs found no document yet: an empty source): a table of no rows, not an error."""
-    return store.exists(layout.PRODUCER)
+    (their runs found no document yet: an empty source) or `batchocr plan` has (no run has
+    committed a row yet): a table of no rows, not an error."""
+    return store.exists(layout.PRODUCER) or store.exists(layout.PLAN)
 
 
 def no_page_table(out: str) -> ConfigError:

@@ -186,3 +186,20 @@ def test_status_of_a_folder_no_run_has_written_says_so(tmp_path):
     run_cli("plan", str(src), str(out), "--shards", "2", check=True)  # planned, no run yet: no such line
     proc = run_cli("status", str(out))
     assert proc.returncode == 0 and "2 not started" in proc.stdout and proc.stderr == ""
+
+
+def test_an_out_planned_but_not_run_yet_reads_as_an_empty_table(tmp_path):
+    """`batchocr plan` then, before any pod has committed a row (vLLM still loading, or the Job
+    not started), compact, report and export were exit 2, 'no page table under OUT', as for a
+    folder batchocr never wrote, while status read the plan. A planned OUT is batchocr's: a table
+    of no rows, and export says how many planned documents have no rows yet."""
+    from batchocr import read_pages
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=3, pages=1)
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+    assert read_pages(str(out)).collect().height == 0
+    assert run_cli("compact", str(out), check=True).stdout == f"nothing to compact: no page rows in {out} yet\n"
+    assert "documents" in run_cli("report", str(out), check=True).stdout
+    proc = run_cli("export", str(out), str(tmp_path / "x"), "--format", "text", check=True)
+    assert proc.stdout.startswith("exported 0 documents") and "3 documents of OUT's plan have no rows" in proc.stderr
