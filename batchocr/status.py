@@ -78,9 +78,13 @@ def check_shard_count(out: Store, shard: Shard, url: str) -> None:
     if counts and counts != [shard.count]:
         held = " and ".join(map(str, counts))
         same = f"Run with --shard I/{counts[0]}, or" if len(counts) == 1 else "Run"
+        # A plan keeps output on the shard that holds it: one of fewer shards than that is refused.
+        highest = max(shards_present(out), default=-1)
+        plan = (f"`batchocr plan SOURCE OUT --shards {shard.count}`" if shard.count > highest else
+                f"`batchocr plan SOURCE OUT --shards {highest + 1}` (or more: shard {highest} holds output)")
         raise ConfigError(f"OUT {url} holds output of {held} {'shard' if counts == [1] else 'shards'}, this run is "
-                          f"shard {shard}: its documents would be redone on other shards. {same} `batchocr plan "
-                          f"SOURCE OUT --shards {shard.count}` first to change the count without redoing them")
+                          f"shard {shard}: its documents would be redone on other shards. {same} {plan} "
+                          f"first to change the count without redoing them")
 
 
 def _has_planned(out: Store, shard: int, keys: pa.Table) -> bool:

@@ -5,6 +5,7 @@ changed ones. Unchanged documents are not touched."""
 import json
 import os
 import re
+import shutil
 import time
 
 import polars as pl
@@ -325,3 +326,23 @@ def test_the_route_of_a_textlayer_run_is_no_setting_of_its_out(tmp_path):
     proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--route", "model", "-q")
     assert proc.returncode == 0 and "1 document" in proc.stdout + proc.stderr, proc.stderr
     assert run_cli("run", str(src), str(out), "--engine", "rapidocr", "-q").returncode == 2  # an engine still counts
+
+
+def test_another_shard_count_is_told_a_plan_count_that_plan_takes(tmp_path):
+    """A run of fewer shards than OUT's output was told "`batchocr plan SOURCE OUT --shards 2`
+    first to change the count", and that plan was exit 2: output in shard 2 stays on its shard,
+    so a plan needs 3 shards or more. The line names a count that plan takes."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=12, pages=1)  # shard 2 of 3 gets none with a chance of (2/3)^12
+    for i in range(3):
+        run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", f"{i}/3", check=True)
+    assert (out / "pages" / "shard-00002").is_dir()
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", "0/2")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    told = re.search(r"`batchocr plan SOURCE OUT --shards (\d+)`", proc.stderr)
+    assert told, proc.stderr
+    run_cli("plan", str(src), str(out), "--shards", told.group(1), check=True)
+    # A count above OUT's output's shards is told as it is: that plan takes it.
+    shutil.rmtree(out / "_plan")
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", "0/5")
+    assert proc.returncode == 2 and "`batchocr plan SOURCE OUT --shards 5` first" in proc.stderr, proc.stderr
