@@ -234,6 +234,8 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: no key, SafeLoader merges it
+                continue
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, (str, int, float, bool)):  # not hashable, or no name: convert() says so
                 continue

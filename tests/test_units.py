@@ -169,6 +169,24 @@ def test_job_spec_numbers_in_exponent_form_are_numbers(tmp_path):
     assert spec.commit.every_seconds == 1000.0 and spec.storage_options == {"x": "1e3x"}
 
 
+def test_job_spec_merge_keys_read_as_yaml_safe_load_reads_them(tmp_path):
+    """A merge key (`<<: *defaults`, or a mapping as here) was exit 2, 'could not
+    determine a constructor for the tag tag:yaml.org,2002:merge': the check for a key given twice
+    built every key, and a merge key is no value. The keys written beside it win, as in
+    yaml.safe_load; a key written twice beside it is still refused."""
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    text = "source: s\nout: o\ncommit: {every_pages: 10}\nrender:\n  <<: {dpi: 150, workers: 2}\n  dpi: 300\n"
+    job.write_text(text)
+    spec = load_job(job)
+    assert (spec.render.dpi, spec.render.workers, spec.commit.every_pages) == (300, 2, 10)
+    assert yaml.safe_load(text)["render"] == {"dpi": 300, "workers": 2}
+    job.write_text("source: s\nout: o\nrender:\n  <<: {workers: 2}\n  dpi: 150\n  dpi: 300\n")
+    with pytest.raises(ConfigError, match=r"job.yaml:6:3: .*key 'dpi' given twice \(first at line 5\)"):
+        load_job(job)
+
+
 def test_shard_from_env_and_parse():
     assert Shard.from_env({"JOB_COMPLETION_INDEX": "3", "BATCHOCR_SHARDS": "8"}) == Shard(3, 8)
     assert Shard.from_env({}) is None
