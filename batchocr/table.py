@@ -41,9 +41,11 @@ PAGE_SCHEMA = pl.from_arrow(schema.PAGE_TABLE.empty_table()).schema
 
 def has_no_rows_yet(store: Store) -> bool:
     """An OUT with no page table is batchocr's output all the same when runs have written it
-    (their runs found no document yet: an empty source) or `batchocr plan` has (no run has
-    committed a row yet): a table of no rows, not an error."""
-    return store.exists(layout.PRODUCER) or store.exists(layout.PLAN)
+    (their runs found no document yet: an empty source; the parts of `processes` N that found
+    none load no engine, so their shard's done-marker is all they write) or `batchocr plan`
+    has (no run has committed a row yet): a table of no rows, not an error."""
+    return (store.exists(layout.PRODUCER) or store.exists(layout.PLAN)
+            or bool(store.find(layout.DONE, suffix=".json")))
 
 
 def no_page_table(out: str) -> ConfigError:

@@ -421,3 +421,23 @@ def test_processes_out_of_range_is_exit_2_naming_the_key(tmp_path):
     proc = run_cli("run", str(SAMPLES), str(tmp_path / "out"), "--processes", "0")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "Error: configuration: processes: got 0, expected greater than or equal to 1"], proc.stderr
+
+
+def test_an_out_whose_parts_found_no_document_yet_reads_as_an_empty_table(tmp_path):
+    """The production job spec (jobs/aks-vllm.yaml: processes 2) in a CronJob's first runs over
+    an empty container: the parts load no engine, so OUT had only its done-markers, no
+    _producer.json; status said every shard done, while compact, report and export were exit 2,
+    'no page table under OUT', where a run of one process reads as a table of no rows (README)."""
+    from conftest import run_cli
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    for i in range(2):
+        proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "--processes", "2", "-q",
+                       env={"JOB_COMPLETION_INDEX": str(i), "BATCHOCR_SHARDS": "2"}, check=True)
+        assert "nothing to do" in proc.stdout
+    assert "2/2 shards done" in run_cli("status", str(out), check=True).stdout
+    assert run_cli("compact", str(out), check=True).stdout == f"nothing to compact: no page rows in {out} yet\n"
+    assert "documents" in run_cli("report", str(out), check=True).stdout
+    proc = run_cli("export", str(out), str(tmp_path / "x"), "--format", "text", check=True)
+    assert proc.stdout.startswith("exported 0 documents, 0 pages")
