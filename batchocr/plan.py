@@ -75,6 +75,8 @@ def planned_documents(out: Store, shard: int) -> Iterator[DocRef]:
         table = pq.read_table(io.BytesIO(out.read_bytes(shard_file(shard))))
     except pa.ArrowException as exc:  # damaged, or not batchocr's: OUT's fault, named (as read_json's)
         raise out.not_batchocrs(shard_file(shard), type(exc).__name__) from None
+    except FileNotFoundError:  # plan.json names the shard, its file is gone: as damaged
+        raise out.not_batchocrs(shard_file(shard), "missing, though plan.json names the shard") from None
     for row in table.to_pylist():
         yield DocRef(uri=row["uri"], size=row["size"], etag=row["etag"], mtime=row["mtime"])
 

@@ -198,6 +198,26 @@ def test_a_damaged_plan_stops_a_run_in_one_line(tmp_path):
         assert "run `batchocr plan` again" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_plan_missing_a_shard_file_stops_each_command_in_one_line(tmp_path):
+    """_plan/plan.json there, one of its shard files gone (deleted by hand, an OUT copied in
+    part): status, run, plan and export were a FileNotFoundError traceback, exit 1, where a
+    shard file that is not Parquet is one line naming it and what to do."""
+    src = tmp_path / "src"
+    text_corpus(src, documents=2, pages=1)
+    out = tmp_path / "out"
+    run_cli("plan", str(src), str(out), "--shards", "2", check=True)
+    for i in range(2):
+        run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", f"{i}/2", "-q", check=True)
+    (out / "_plan" / "shard-00000.parquet").unlink()
+    for args in (["status", str(out)], ["run", str(src), str(out), "--engine", "textlayer", "--shard", "0/2", "-q"],
+                 ["plan", str(src), str(out), "--shards", "2"], ["export", str(out), str(tmp_path / "x")]):
+        proc = run_cli(*args)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "_plan/shard-00000.parquet: not readable as batchocr writes it" in lines[0], lines
+        assert "run `batchocr plan` again" in lines[0], lines
+
+
 def test_out_given_as_a_file_is_a_usage_error_for_every_reader(tmp_path):
     """status, report, eval and export said 'listing: NotADirectoryError', exit 1 ('retrying
     may help'), where run and compact said exit 2."""
