@@ -4,6 +4,7 @@ output split back on <page> into a row a page. vLLM is stood in for at its API b
 between them, and none before a page whose centre is red); the real thing runs on the GPU
 (bench/gpu/, docs/GPU.md)."""
 
+import json
 import threading
 from collections import Counter
 
@@ -316,6 +317,31 @@ def test_document_mode_through_the_cli_records_the_mode_and_its_groups(monkeypat
     proc = run_cli("run", str(tmp_path / "src"), str(out), "--engine", "vllm", "--model", "fake-model",
                    "--preset", "unlimited-ocr", "-q")
     assert proc.returncode == 2 and "Multi page parsing." in proc.stderr, proc.stderr
+
+
+def test_document_mode_remembers_the_prompt_its_pages_read_alone_are_asked(monkeypatch, tmp_path):
+    """In document mode a document of one page (and a failed group's pages) is read alone with
+    the page prompt, which engines.vllm.prompt replaces: a rerun with another prompt would have
+    read a new one-page document with it into the same OUT, unnoticed (OUT remembered only the
+    group's prompt). Without a prompt of its own, OUT remembers what it always did."""
+    _pdfs(tmp_path / "src", {"a": 3, "b": 1})
+    fake_vllm.install(monkeypatch)
+    out, plain = tmp_path / "out", tmp_path / "plain"
+    flags = ("--engine", "vllm", "--model", "fake-model", "--preset", "unlimited-ocr", "--mode", "document",
+             "--route", "model", "-q")
+    jobs = {}
+    for name, prompt in (("free", "Free OCR."), ("grounding", "<|grounding|>Convert the document to markdown.")):
+        jobs[name] = tmp_path / f"{name}.yaml"
+        jobs[name].write_text(f"engines:\n  vllm:\n    prompt: '{prompt}'\n")
+    run_cli("run", str(tmp_path / "src"), str(out), *flags, "--job", str(jobs["free"]), check=True)
+    rows = {r["page_index"]: r["mode"] for r in read_table(out).to_pylist() if r["page_count"] == 1}
+    assert rows == {0: "page"}  # b, a page alone: the page prompt
+    proc = run_cli("run", str(tmp_path / "src"), str(out), *flags, "--job", str(jobs["grounding"]))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "prompt '...one: <image>Free OCR.)'; this run: prompt '...one: <image><|grounding|>" in proc.stderr, proc.stderr
+    run_cli("run", str(tmp_path / "src"), str(plain), *flags, check=True)
+    assert json.loads((plain / "_producer.json").read_text())["prompt"] == \
+           "<image>Multi page parsing. (document mode: one <image> a page)"
 
 
 def test_document_mode_keeps_max_num_seqs_groups_running(monkeypatch):

@@ -1063,9 +1063,13 @@ def starts_alone(options: Mapping[str, Any]) -> bool:
 
 def _prompt_setting(o: VLLMOptions, preset: Preset) -> str:
     """What OUT remembers as the prompt: in document mode, the group's (OUT made in one
-    mode refuses a rerun in the other without --reprocess: other prompts, other text)."""
+    mode refuses a rerun in the other without --reprocess: other prompts, other text). A
+    document mode's page read alone (a document of one page, a failed group's pages) is asked
+    the page prompt: where `prompt` makes it another than the preset's, OUT remembers it too."""
     if o.mode == "document":
-        return f"{preset.document_prompt(1)} (document mode: one {preset.image_placeholder} a page)"
+        alone = preset.prompt(o.prompt)
+        return (f"{preset.document_prompt(1)} (document mode: one {preset.image_placeholder} a page"
+                + (f"; a page alone: {alone}" if alone != preset.prompt() else "") + ")")
     return preset.prompt(o.prompt)
 
 
