@@ -110,6 +110,8 @@ def _not_empty(ctx, param, value):
 @click.option("--engine", type=click.Choice(ENGINES), help="OCR engine [default: rapidocr, or the job spec's]")
 @click.option("--model", help="vllm engine: the model folder (or hub name)")
 @click.option("--preset", help="vllm engine: model preset (prompt, image size, sampling), e.g. unlimited-ocr, olmocr-2")
+@click.option("--prompt", help="vllm engine: replaces the preset's instruction (page mode; in document mode, for pages "
+                                "read alone), e.g. '<|grounding|>Convert the document to markdown.' for deepseek-ocr")
 @click.option("--mode", type=click.Choice(["page", "document"]),
               help="vllm engine: page reads a page a request; document reads a document's pages in one request "
                    "and splits the output back a row a page (unlimited-ocr) [default: page]")
@@ -131,8 +133,8 @@ def _not_empty(ctx, param, value):
                    "pages with these (without it, such a run stops with exit 2); compact keeps the new rows")
 @storage_option("SOURCE and OUT")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def run(source, out, engine, model, preset, mode, job, route, dpi, max_side, workers, shard, processes, reprocess, storage,
-        quiet):
+def run(source, out, engine, model, preset, prompt, mode, job, route, dpi, max_side, workers, shard, processes, reprocess,
+        storage, quiet):
     """OCR every document under SOURCE into a page table under OUT.
 
     SOURCE and OUT are folders or fsspec URLs. Every page gets exactly one row in
@@ -155,8 +157,8 @@ def run(source, out, engine, model, preset, mode, job, route, dpi, max_side, wor
     from batchocr.signals import graceful_stop
 
     with graceful_stop() as stop:  # first: an eviction notice during start-up is honoured too
-        _run(source, out, engine, {"model": model, "preset": preset, "mode": mode}, job, dpi, max_side, workers, shard,
-             storage, quiet, stop, route, reprocess, processes)
+        _run(source, out, engine, {"model": model, "preset": preset, "prompt": prompt, "mode": mode}, job, dpi, max_side,
+             workers, shard, storage, quiet, stop, route, reprocess, processes)
 
 
 def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard, storage, quiet, stop, route=None,

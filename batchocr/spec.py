@@ -210,7 +210,7 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
             given = [k for k, v in value.items() if v is not None]
             if not given:  # no such flag: no section made for it (`engine: typo` got a second error)
                 continue
-            if name != "vllm":  # --model, --preset, --mode are the vLLM engine's
+            if name != "vllm":  # --model, --preset, --prompt, --mode are the vLLM engine's
                 flags = " ".join(f"--{k}" for k in given)
                 raise ConfigError(f"{flags}: for --engine vllm; this run's engine is {name}")
             engines = _mapping(data.get("engines"), "engines", where)

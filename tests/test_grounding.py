@@ -222,3 +222,24 @@ def test_a_pipeline_run_writes_blocks_in_the_rendered_pages_pixels(monkeypatch, 
     (md,) = (tmp_path / "md").glob("*.md")
     body = md.read_text()
     assert text in body and "<|" not in body and "end▁of▁sentence" not in body
+
+
+def test_the_readmes_grounding_prompt_flag_reaches_the_model_and_out_remembers_it(monkeypatch, tmp_path):
+    """README (Layout blocks) gives DeepSeek-OCR its grounding prompt as `--prompt '...'`: a flag
+    `batchocr run` did not have (exit 2, "No such option"), only the job spec's engines.vllm.prompt."""
+    import json
+
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(SAMPLES / "letter.jpg", src / "letter.jpg")
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(fake_vllm.FakeEngine, "answer", raw("deepseek-ocr/masrren-page001") + EOS[0])
+    prompt = re.search(r"`--prompt '([^']+)'`", (Path(__file__).parents[1] / "README.md").read_text()).group(1)
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "--engine", "vllm", "--model", "fake-model", "--preset", "deepseek-ocr",
+            "--prompt", prompt, "-q", check=True)
+    assert prompt in json.loads((out / "_producer.json").read_text())["prompt"]
+    (row,) = read_table(out).to_pylist()
+    assert row["blocks"] and "<|" not in row["text"]
+    proc = run_cli("run", str(src), str(tmp_path / "cpu"), "--prompt", prompt)  # the default engine, rapidocr
+    assert proc.returncode == 2 and proc.stderr == "Error: --prompt: for --engine vllm; this run's engine is rapidocr\n"
