@@ -73,8 +73,13 @@ def test_groups_are_sized_so_that_prompt_and_output_fit_the_context():
     assert size(group_page_tokens=100) == 50  # at most the 50 pages the model was trained on
     assert size(group_pages=4) == 4 and size(max_model_len=8192) == 3
     assert VLLMOptions(model="/m", preset="unlimited-ocr").group_size(get_preset("unlimited-ocr")) == 1
-    with pytest.raises(ConfigError, match=r"engines.vllm.group_pages: a group of 1 page does not fit max_model_len 4096"):
+    # 273 + 2048 tokens fit 4096 once: a group of two pages does not, and one page alone is page mode
+    with pytest.raises(ConfigError, match=r"engines.vllm.group_pages: a group of 2 pages does not fit max_model_len 4096"):
         size(max_model_len=4096)
+    # group_pages 1 fits any context: the message said "a group of 1 page does not fit max_model_len 32768"
+    with pytest.raises(ConfigError, match=r"^engines.vllm.group_pages: got 1, expected 0 \(as many as fit\) or 2 or more "
+                                          r"in document mode: a group of one page is read in page mode"):
+        size(group_pages=1)
     with pytest.raises(ConfigError, match=r"engines.vllm.mode: document needs a preset that reads whole documents "
                                           r"\(unlimited-ocr\); qwen2.5-vl reads one page a request"):
         VLLMOptions(model="/m", mode="document")

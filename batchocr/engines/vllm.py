@@ -166,8 +166,11 @@ class VLLMOptions:
         if self.instances > 1 and self.tensor_parallel_size > 1:
             raise ConfigError(f"engines.vllm.instances: {self.instances} engines share one GPU; with "
                               f"tensor_parallel_size {self.tensor_parallel_size} use instances: 1")
+        if self.mode == "document" and self.group_pages == 1:  # fits, but a group of one page is page mode
+            raise ConfigError("engines.vllm.group_pages: got 1, expected 0 (as many as fit) or 2 or more in document "
+                              "mode: a group of one page is read in page mode (use mode: page)")
         if self.mode == "document" and self.group_size(preset) < 2:
-            raise ConfigError(f"engines.vllm.group_pages: a group of {self.group_size(preset)} page does not fit "
+            raise ConfigError(f"engines.vllm.group_pages: a group of 2 pages does not fit "
                               f"max_model_len {self.max_model_len or preset.max_model_len} with group_page_tokens "
                               f"{self.group_page_tokens} a page: lower group_page_tokens or use mode: page")
 
