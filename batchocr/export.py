@@ -85,8 +85,11 @@ def _note(page: dict[str, Any]) -> str:
     """Why a page is marked: '' for a page read normally."""
     if page["finish_reason"] == "stop":
         return ""
-    what = " ".join(filter(None, [page["finish_reason"], page["error_type"]]))
-    return f"{what}: {page['error_message']}" if page["error_message"] else what
+    what = " ".join(dict.fromkeys(filter(None, [page["finish_reason"], page["error_type"]])))  # repetition once
+    message = page["error_message"]
+    if message and page["page_index"] >= 0:  # the engines' "page 2: ..." (0-based): the label names the page
+        message = message.removeprefix(f"page {page['page_index']}: ")
+    return f"{what}: {message}" if message else what
 
 
 def _label(page: dict[str, Any]) -> str:

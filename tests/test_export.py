@@ -234,6 +234,35 @@ def test_text_export_marks_cut_off_pages_before_their_text(tmp_path):
     assert marked == 4
 
 
+def test_a_vllm_pages_mark_names_it_once_by_its_page_number(tmp_path):
+    """The vLLM engine's messages open with the page's 0-based index ("page 2: ..."), and a looping
+    page's finish_reason and error_type are both `repetition`: its mark read "[page 3 cut off:
+    repetition repetition: page 2: the output kept repeating itself ...]", two pages named for one."""
+    from synthetic import row, write_part
+
+    uri = "file:///d/loop.pdf"
+    looped = "page 2: the output kept repeating itself; stopped after 385 tokens, 3 attempts"
+    write_part(tmp_path / "out", "a", [
+        row(uri, 0, 1, text="one", page_count=3),
+        row(uri, 1, 1, page_count=3, finish_reason="error", error_type="rejected",
+            error_message="page 1: vLLM rejected the request: ValueError: too long"),
+        row(uri, 2, 1, text="7 8 9 7 8 9", page_count=3, finish_reason="repetition", error_type="repetition",
+            error_message=looped)])
+    _export(tmp_path / "out", tmp_path / "t", "text")
+    (txt,) = (tmp_path / "t").iterdir()
+    assert txt.read_text().split(FORM_FEED) == [
+        "one", "[page 2 not read: error rejected: vLLM rejected the request: ValueError: too long]",
+        "[page 3 cut off: repetition: the output kept repeating itself; stopped after 385 tokens, 3 attempts]\n"
+        "7 8 9 7 8 9"]
+    _export(tmp_path / "out", tmp_path / "md", "markdown")
+    (md,) = (tmp_path / "md").iterdir()
+    assert "<!-- page 3 · repetition: the output kept repeating itself; stopped after 385 tokens, 3 attempts -->" \
+        in md.read_text()
+    _export(tmp_path / "out", tmp_path / "j", "jsonl")  # the machine's format keeps the message as it is
+    (doc,) = _by_uri_jsonl(tmp_path / "j").values()
+    assert doc["pages"][2]["error_message"] == looped
+
+
 def test_export_of_a_long_file_name_fits_the_file_systems_name_limit(tmp_path):
     """A name of 244 bytes (80 CJK characters) is legal; with the doc_id, the suffix and a
     temporary name's it was over 255 bytes: OSError, and the documents after it unexported."""
