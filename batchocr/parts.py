@@ -110,11 +110,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
     todo, finished = pipeline.pending(pipeline._documents(source, out, spec, plan),
                                       completed(pipeline.current_keys(out, spec.shard.index, settings)))
     if not todo:  # nothing to do: no engine is loaded for it
-        summary = pipeline.RunSummary(run_id="", shard=str(spec.shard), out=spec.out, documents_skipped=finished,
-                                      seconds=time.monotonic() - started)
-        pipeline.mark_done(out, spec.shard, finished, {"run_ids": [], "seconds": round(summary.seconds, 3),
-                                                       "pages": 0}, settings)
-        return summary
+        return pipeline.idle_run(spec, out, finished, started, settings)
     dealt = shares(todo, spec.processes)
     n = len(dealt)
     one = dataclasses.replace(spec, processes=1, engines={

@@ -116,6 +116,10 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     if engine is None:
         expected = _producer_settings(spec)
         producer.check(out, expected, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
+        if part is None and spec.engine in engines.SLOW_TO_BUILD:
+            idle = nothing_to_do(spec, source, out, plan, expected, started)
+            if idle is not None:  # no model loaded for a shard with nothing new
+                return idle
         t = time.monotonic()
         if part is not None:
             part.wait_turn(stop)  # one engine starts at a time: vLLM measures the GPU's free memory
@@ -371,6 +375,28 @@ def pending(documents: Iterator[DocRef], done: dict) -> tuple[list[DocRef], int]
         else:
             todo.append(doc)
     return todo, finished
+
+
+def nothing_to_do(spec: JobSpec, source: Store, out: Store, plan: PlanInfo | None, settings: dict[str, Any],
+                  started: float) -> RunSummary | None:
+    """Where no document of the shard has pages to do: the shard marked done and the summary of a
+    run that did nothing (no engine built, no run record); else None, the listing left at the
+    first document with pages to do."""
+    done = completed(current_keys(out, spec.shard.index, settings))
+    finished = 0
+    for doc in _documents(source, out, spec, plan):
+        if _committed(done, doc) is not None:
+            return None
+        finished += 1
+    return idle_run(spec, out, finished, started, settings)
+
+
+def idle_run(spec: JobSpec, out: Store, finished: int, started: float, settings: dict[str, Any]) -> RunSummary:
+    """A run of a shard whose `finished` documents are all done: marked done, and its summary."""
+    summary = RunSummary(run_id="", shard=str(spec.shard), out=spec.out, documents_skipped=finished,
+                         seconds=time.monotonic() - started)
+    mark_done(out, spec.shard, finished, {"run_ids": [], "seconds": round(summary.seconds, 3), "pages": 0}, settings)
+    return summary
 
 
 def mark_done(out: Store, shard: Shard, documents: int, last_run: dict[str, Any],

@@ -441,3 +441,31 @@ def test_an_out_whose_parts_found_no_document_yet_reads_as_an_empty_table(tmp_pa
     assert "documents" in run_cli("report", str(out), check=True).stdout
     proc = run_cli("export", str(out), str(tmp_path / "x"), "--format", "text", check=True)
     assert proc.stdout.startswith("exported 0 documents, 0 pages")
+
+
+def test_a_vllm_run_of_one_process_with_nothing_new_builds_no_engine(tmp_path):
+    """A CronJob's quiet night on `processes: 1`: the shard is listed first and no model is
+    loaded (70-200 s of GPU) when every document is done; a new document loads it again."""
+    builds = tmp_path / "builds.jsonl"
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(builds)}
+    src, out = tmp_path / "src", tmp_path / "out"
+    shutil.copytree(SAMPLES, src, ignore=shutil.ignore_patterns("truth"))
+    args = ("run", str(src), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model", "-q")
+
+    def run() -> str:
+        proc = _cli(*args, env=env)
+        stdout, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        return stdout
+
+    run()
+    assert len(_builds(builds)) == 1 and len(_rows(out)) == TOTAL
+    (out / "_done" / "shard-00000.json").unlink()  # the marker rewritten by the quiet run, from the table
+    quiet = run()
+    assert quiet.startswith("batchocr: shard 0/1: nothing to do (5 documents already done)"), quiet
+    assert len(_builds(builds)) == 1  # no engine built
+    assert json.loads((out / "_done" / "shard-00000.json").read_text())["pages"] == TOTAL
+    assert len(list((out / "_runs").glob("*.json"))) == 1
+    shutil.copy(SAMPLES / "letter.jpg", src / "new.jpg")
+    assert run().startswith("batchocr: done: 1 document, 1 page")
+    assert len(_builds(builds)) == 2 and len(_rows(out)) == TOTAL + 1

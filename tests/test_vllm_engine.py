@@ -443,7 +443,7 @@ def test_an_engine_refusing_every_page_ends_the_run_with_one_line_and_no_error_r
 def test_a_rerun_with_another_model_or_prompt_exits_2_before_vllm_loads(monkeypatch, tmp_path):
     """OUT remembers the model and prompt it was made with; a rerun with others stops
     with exit 2 naming both before vllm.LLM is built (a real one takes minutes and a
-    GPU), and writes nothing. The same settings rerun: the engine is built, nothing to do."""
+    GPU), and writes nothing. The same settings rerun: nothing to do, and no engine built."""
     import json
 
     from conftest import run_cli
@@ -474,7 +474,7 @@ def test_a_rerun_with_another_model_or_prompt_exits_2_before_vllm_loads(monkeypa
         assert sorted((p.name, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()) == before
 
     assert "nothing to do" in run_cli("run", str(SAMPLES), str(out), *vllm, check=True).stdout
-    assert fake_vllm.LLM.built == 2
+    assert fake_vllm.LLM.built == 1  # the shard is listed first: nothing to do loads no model
 
 
 def test_settings_known_before_the_load_that_differ_from_the_engines_stop_the_run(monkeypatch, tmp_path):

@@ -98,6 +98,12 @@ def starts_alone(name: str, options: Mapping[str, Any]) -> bool:
     return module.starts_alone(options) if hasattr(module, "starts_alone") else True
 
 
+# Engines whose build costs more than listing a shard again: a model loaded onto the GPU (vLLM:
+# 70-200 s, docs/GPU.md). A run of one process lists its shard before building one of these, and
+# builds nothing where no document has pages to do (a CronJob's quiet night), as parts always do.
+SLOW_TO_BUILD = frozenset({"vllm"})
+
+
 # Each engine's options dataclass, in its module.
 _OPTIONS = {"rapidocr": "RapidOCROptions", "textlayer": "TextLayerOptions", "vllm": "VLLMOptions"}
 
