@@ -28,7 +28,7 @@ from batchocr.storage import Store
 
 FORMATS = ("markdown", "text", "jsonl")
 COLUMNS = ["doc_id", "source_uri", "source_etag", "page_index", "page_count", "text", "finish_reason",
-           "error_type", "error_message", "processed_at", "run_id"]
+           "error_type", "error_message", "processed_at", "run_id", "blocks"]
 FORM_FEED = "\f"
 
 
@@ -77,7 +77,8 @@ def document_pages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r = by_index.get(i)
         pages.append({"page_index": i, "finish_reason": r["finish_reason"] if r else "missing",
                       "text": r["text"] if r else None, "error_type": r["error_type"] if r else None,
-                      "error_message": r["error_message"] if r else "no row in the output (run not finished?)"})
+                      "error_message": r["error_message"] if r else "no row in the output (run not finished?)",
+                      "blocks": r["blocks"] if r else None})  # layout blocks (JSONL), null without layout
     return pages
 
 

@@ -2,6 +2,7 @@
 README there says where each came from), through batchocr.grounding.parse, the presets
 and a pipeline run with vLLM stood in for."""
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -222,13 +223,16 @@ def test_a_pipeline_run_writes_blocks_in_the_rendered_pages_pixels(monkeypatch, 
     (md,) = (tmp_path / "md").glob("*.md")
     body = md.read_text()
     assert text in body and "<|" not in body and "end▁of▁sentence" not in body
+    # JSONL, the machine-readable export, keeps the page's layout blocks as the table holds them
+    run_cli("export", str(out / "whole"), str(tmp_path / "jl"), "--format", "jsonl", check=True)
+    (jl,) = (tmp_path / "jl").glob("*.jsonl")
+    (page,) = json.loads(jl.read_text())["pages"]
+    assert page["text"] == text and page["blocks"] == whole["blocks"]
 
 
 def test_the_readmes_grounding_prompt_flag_reaches_the_model_and_out_remembers_it(monkeypatch, tmp_path):
     """README (Layout blocks) gives DeepSeek-OCR its grounding prompt as `--prompt '...'`: a flag
     `batchocr run` did not have (exit 2, "No such option"), only the job spec's engines.vllm.prompt."""
-    import json
-
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(SAMPLES / "letter.jpg", src / "letter.jpg")
