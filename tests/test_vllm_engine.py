@@ -141,6 +141,7 @@ def test_a_page_that_keeps_looping_ends_as_repetition(monkeypatch):
     assert rows[("d0", 0)]["finish_reason"] == "repetition"
     assert rows[("d0", 0)]["error_type"] == "repetition" and 30 <= rows[("d0", 0)]["output_tokens"] <= 30 + CHECK_EVERY
     assert rows[("d0", 0)]["text"].startswith("w7 w8 w9")
+    assert rows[("d0", 0)]["error_message"].endswith(" tokens, 1 attempt")  # not "1 attempts"
 
 
 def test_tokens_in_pieces_of_check_every_give_the_same_rows_from_far_fewer_outputs(monkeypatch):

@@ -99,7 +99,7 @@ class Held:
 
     def systemic(self, n: int) -> BatchocrError:
         return BatchocrError(f"{self.failed.format(n=n)}: {self.reason} (a property of the engine "
-                             "or model, not of the pages: no page was recorded; fix it and rerun)")
+                             "or model, not of the pages: none of them was recorded; fix it and rerun)")
 
     def taken(self) -> list[dict]:
         """The engine read a page: the rows held so far are the pages' own after all."""

@@ -37,6 +37,7 @@ from batchocr.engines.presets import Preset, document_presets, get_preset
 from batchocr.engines.repetition import RepetitionCheck
 from batchocr.errors import BatchocrError, ConfigError
 from batchocr.schema import Needs
+from batchocr.words import plural
 
 INSTALL_HINT = "pip install 'batchocr[vllm]' (on a machine with an NVIDIA GPU)"
 CHECK_EVERY = 32  # tokens between two looks for runaway repetition
@@ -754,7 +755,7 @@ class VLLMEngine:
         if reason == "repetition":
             row["error_type"] = "repetition"
             row["error_message"] = (f"page {page.page_index}: the output kept repeating itself; stopped after "
-                                    f"{len(request.tokens)} tokens, {request.attempt} attempts")
+                                    f"{len(request.tokens)} tokens, {plural(request.attempt, 'attempt')}")
         elif reason == "error":
             row["error_type"] = "engine_error"
             row["error_message"] = f"page {page.page_index}: vLLM finished the request with {finish_reason!r}"
