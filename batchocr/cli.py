@@ -386,6 +386,10 @@ def export(out, dest, fmt, storage):
 
     pages = read_pages(out, storage)
     target = Store(dest, storage)
+    table = f"{Store(out, storage).canonical.rstrip('/')}/{layout.PAGES}"
+    if f"{target.canonical.rstrip('/')}/".startswith(f"{table}/"):  # its files among the parts break every reader
+        raise ConfigError(f"DEST {dest} is inside OUT's page table ({layout.PAGES}/): its files would break "
+                          "every reader of the table; export to a folder outside it")
     target.check_writable_root("DEST")  # one line now, not a traceback at the first file
     with reading(out, storage):
         done = export_documents(pages, target, fmt, producer.stale_in(Store(out, storage)))

@@ -111,6 +111,21 @@ def test_export_to_a_folder_it_cannot_write_is_one_line_exit_2(textlayer_run, tm
     assert proc.stderr.rstrip().endswith("DEST must be a writable folder") and len(proc.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize("inside", ["pages", "pages/shard-00000", "pages/../pages/md"])
+def test_export_into_outs_page_table_is_exit_2_and_writes_nothing(textlayer_run, tmp_path, inside):
+    """DEST under OUT/pages put its files among the Parquet parts: every reader of the table
+    (pyarrow, polars, pandas, `batchocr report`) then failed on them ("magic bytes not found")."""
+    out = tmp_path / "out"
+    shutil.copytree(textlayer_run[0], out)
+    before = sorted(p for p in (out / "pages").rglob("*"))
+    proc = run_cli("export", str(out), str(out / inside))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"Error: DEST {out / inside} is inside OUT's page table"), proc.stderr
+    assert sorted(p for p in (out / "pages").rglob("*")) == before
+    run_cli("export", str(out), str(out / "documents"), check=True)  # beside the table: fine
+    assert len(read_table(out)) == len(read_table(textlayer_run[0]))
+
+
 def test_export_before_compaction_keeps_one_row_per_page_like_compact(tmp_path):
     resumed_output(tmp_path / "out")
     _export(tmp_path / "out", tmp_path / "before", "jsonl")
