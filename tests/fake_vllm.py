@@ -243,7 +243,7 @@ class LLM:
         builds = os.environ.get("BATCHOCR_FAKE_BUILDS")  # a file: each build's span and its memory share
         t0 = time.time()
         if builds:
-            time.sleep(0.5)  # a load that takes a while: two at once would overlap
+            time.sleep(float(os.environ.get("BATCHOCR_FAKE_BUILD_S", "0.5")))  # a load that takes a while
         self.llm_engine = FakeEngine(max_num_seqs, max_model_len, kwargs.get("stream_interval", 1))
         if os.environ.get("BATCHOCR_FAKE_REFUSE"):  # an engine refusing every request (a process of its own)
             self.llm_engine.refuse = ValueError(os.environ["BATCHOCR_FAKE_REFUSE"])

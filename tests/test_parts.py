@@ -115,7 +115,9 @@ def _builds(path: Path) -> list[dict]:
 
 
 def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory_each(tmp_path):
-    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")}
+    # A build of 1.5 s: the second part's checks of OUT before its wait (up to ~0.5 s on a loaded
+    # machine) end well inside the first's build, so its wait is long enough to see
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"), "BATCHOCR_FAKE_BUILD_S": "1.5"}
     out = tmp_path / "out"
     proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
                 "--processes", "2", "-q", env=env)
@@ -126,7 +128,7 @@ def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory
     assert builds[1]["t0"] >= builds[0]["t1"], builds  # the second waits for the first: no overlap
     assert [b["gpu_memory_utilization"] for b in builds] == [0.45, 0.45]  # 0.9 shared
     # The run records say where each part's start went: the first waited for nothing; the second
-    # waited its turn until the first's build ended (the stand-in's takes 0.5 s), from when its own
+    # waited its turn until the first's build ended (the stand-in's takes 1.5 s here), from when its own
     # run started (its process's start-up overlaps the first's build, more or less as the machine
     # is loaded), then built its own.
     records = [json.loads(r.read_text()) for r in (out / "_runs").glob("*.json")]
@@ -138,12 +140,12 @@ def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory
         started = dt.datetime.fromisoformat(second["started_at"]).timestamp()
         until_built, waited = max(0.0, builds[0]["t1"] - started), second["timings"]["turn_wait_s"]
         return (first["timings"]["turn_wait_s"] < 0.2 and waited <= until_built + 0.25
-                and (until_built < 0.5 or waited > 0.1))
+                and (until_built < 1.0 or waited > 0.1))
 
     first, second = records if waits(*records) else records[::-1]
     assert waits(first, second), [(r["started_at"], r["timings"]) for r in records]
     first, second = first["timings"], second["timings"]
-    assert min(first["engine_start_s"], second["engine_start_s"]) >= 0.5
+    assert min(first["engine_start_s"], second["engine_start_s"]) >= 1.5
     assert second["first_row_s"] > second["turn_wait_s"] + second["engine_start_s"]
     rows = _rows(out)
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
