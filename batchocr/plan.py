@@ -98,6 +98,9 @@ def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
     shard, so a page redone on another one would stay twice."""
     if shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {shards}")
+    if not source.exists():  # as run's: one line each (exit 2), before anything is listed or written
+        raise ConfigError(f"SOURCE {source.url} does not exist")
+    out.check_writable_root("OUT")
     old = read_plan(out)
     keep: dict[str, int] = {}
     if old is not None:

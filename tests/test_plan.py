@@ -203,3 +203,17 @@ def test_an_out_planned_but_not_run_yet_reads_as_an_empty_table(tmp_path):
     assert "documents" in run_cli("report", str(out), check=True).stdout
     proc = run_cli("export", str(out), str(tmp_path / "x"), "--format", "text", check=True)
     assert proc.stdout.startswith("exported 0 documents") and "3 documents of OUT's plan have no rows" in proc.stderr
+
+
+@pytest.mark.parametrize("out, message", [
+    ("/proc/batchocr-plan", "OUT /proc/batchocr-plan: cannot write there (No such file or directory)"),
+    ("{tmp}/a-file/plan", "OUT {tmp}/a-file/plan: cannot write there (Not a directory)"),
+], ids=["under-proc", "under-a-file"])
+def test_plan_into_an_out_it_cannot_write_is_one_line_exit_2(tmp_path, out, message):
+    """README, Exit codes: OUT not writable is exit 2, one line. `batchocr plan` into an OUT it
+    could not make (under /proc) was a FileNotFoundError traceback at its first shard file, exit 1,
+    after listing the whole SOURCE; now it is checked first, as `run` checks it."""
+    (tmp_path / "a-file").write_text("not a folder")
+    out, message = (x.replace("{tmp}", str(tmp_path)) for x in (out, message))
+    proc = run_cli("plan", str(SAMPLES), out, "--shards", "2")
+    assert (proc.returncode, proc.stderr) == (2, f"Error: {message}: OUT must be a writable folder\n")
