@@ -60,7 +60,7 @@ class RapidOCROptions:
     # Read the detected lines column by column, block by block (batchocr/readingorder.py);
     # off: rows across the whole page, left to right, as rapidocr returns them.
     reading_order: bool = True
-    # Straighten pages skewed by more than 0.5 degree before recognition (batchocr/deskew.py).
+    # Straighten pages skewed by 0.5 degree or more before recognition (batchocr/deskew.py).
     deskew: bool = True
     # Rescale pages whose text is too small or too large for the detector to its
     # preferred height (batchocr/deskew.py: TEXT_HEIGHT_RANGE).
