@@ -110,7 +110,7 @@ class AzureOptions:
     connection_string: str | None = None
     account_key: str | None = None
     sas_token: str | None = None
-    retry_total: Annotated[float, Ge(0)] = RETRY_DEFAULTS["retry_total"]
+    retry_total: Annotated[int, Ge(0)] = RETRY_DEFAULTS["retry_total"]  # a count: 2.5 is refused, not cut to 2
     retry_backoff: Annotated[float, Ge(0)] = RETRY_DEFAULTS["retry_backoff"]
     retry_backoff_base: Annotated[float, Ge(0)] = RETRY_DEFAULTS["retry_backoff_base"]
     retry_jitter: Annotated[float, Ge(0)] = RETRY_DEFAULTS["retry_jitter"]

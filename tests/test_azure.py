@@ -205,7 +205,11 @@ def test_credentials_come_in_the_documented_order():
     ({}, {"AZURE_STORAGE_CONNECTION_STRING": f"AccountKey={KEY};nonsense"}, "is malformed"),
     ({"connection_string": f"Foo=1;AccountKey={KEY}"}, {}, "names no AccountName or BlobEndpoint"),
     ({"connection_string": connection_string(1), "retry_total": "many"}, {},
-     "retry_total: got 'many', expected a valid number"),
+     "retry_total: got 'many', expected a valid integer"),
+    # a count of retries: 2.5 was taken and cut to 2 (int() in do_connect), where README says a
+    # wrong type exits 2 naming the key
+    ({"connection_string": connection_string(1), "retry_total": "2.5"}, {},
+     "retry_total: got '2.5', expected a valid integer"),
     ({"connection_string": connection_string(1), "read_timeout": "-1"}, {},
      "read_timeout: got '-1', expected greater than or equal to 0"),
 ])
