@@ -23,6 +23,11 @@ class StorageError(BatchocrError):
     (service down, connection lost for good): committed work is intact, a rerun resumes."""
 
 
+class NotBatchocrs(StorageError):
+    """One of OUT's state files (a run record, the plan) is not as batchocr writes it: the
+    message says what to move out; a rerun alone meets it again."""
+
+
 class Unreadable(Exception):
     """One document cannot be read as a file at all (permission, a broken link, a FIFO, a
     blob deleted since it was listed or archived): its `unreadable` row, not the run's end."""

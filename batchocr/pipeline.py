@@ -24,7 +24,7 @@ import pyarrow as pa
 from batchocr import __version__, cost, engines, layout, producer, router, schema
 from batchocr.compact import kept_counts
 from batchocr.grouping import Grouper
-from batchocr.errors import BatchocrError, BoundaryError, ConfigError, Interrupted, StorageError
+from batchocr.errors import BatchocrError, BoundaryError, ConfigError, Interrupted, NotBatchocrs, StorageError
 from batchocr.plan import PlanInfo, planned_documents, read_plan
 from batchocr.progress import Progress
 from batchocr.render import RenderTask
@@ -131,6 +131,8 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     try:
         return _run(spec, engine, run_id, started, started_at, summary, out, source, progress, stop, expected, part,
                     start, plan)
+    except NotBatchocrs:  # a file of OUT's to move out, as it says: a rerun alone meets it again
+        raise
     except StorageError as exc:  # said here, not by the store: `status` and `report` resume nothing
         raise StorageError(f"{exc}; committed work is intact, rerun to resume") from None
     finally:

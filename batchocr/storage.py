@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from batchocr import layout
-from batchocr.errors import BatchocrError, ConfigError, StorageError, Unreadable
+from batchocr.errors import BatchocrError, ConfigError, NotBatchocrs, StorageError, Unreadable
 
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false",
@@ -385,10 +385,10 @@ class Store:
             detail = f"JSON {_JSON_KINDS.get(type(value), type(value).__name__)}, not an object"
         raise self.not_batchocrs(rel, detail) from None
 
-    def not_batchocrs(self, rel: str, detail: str) -> StorageError:
+    def not_batchocrs(self, rel: str, detail: str) -> NotBatchocrs:
         """One of OUT's state files (JSON, the plan's Parquet) that cannot be read as batchocr
         writes it: named, what was found, and what moving it out costs."""
-        return StorageError(f"{public_url(self.url).rstrip('/')}/{rel}: not readable as batchocr writes it "
+        return NotBatchocrs(f"{public_url(self.url).rstrip('/')}/{rel}: not readable as batchocr writes it "
                             f"({detail}); {layout.if_moved_out(rel)}")
 
     def read_jsons(self, rel: str) -> list[Any]:
