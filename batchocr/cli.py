@@ -391,11 +391,11 @@ def export(out, dest, fmt, storage):
         raise ConfigError(f"DEST {dest} is inside OUT's page table ({layout.PAGES}/): its files would break "
                           "every reader of the table; export to a folder outside it")
     target.check_writable_root("DEST")  # one line now, not a traceback at the first file
+    unread = _planned_without_rows(Store(out, storage), pages)  # a damaged plan stops it before any file
     with reading(out, storage):
         done = export_documents(pages, target, fmt, producer.stale_in(Store(out, storage)))
     click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
                f"into {plural(done.files, 'file')} -> {dest}")
-    unread = _planned_without_rows(Store(out, storage), pages)
     if unread:  # a missing page is marked in its document; a document of no row has no file to mark it in
         click.echo(f"note: {plural(unread, 'document')} of OUT's plan {'has' if unread == 1 else 'have'} no rows "
                    f"yet, so no file (batchocr status {out} says which shards are not done)", err=True)

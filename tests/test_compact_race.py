@@ -217,6 +217,7 @@ def test_a_plan_missing_a_shard_file_stops_each_command_in_one_line(tmp_path):
         assert len(lines) == 1 and "_plan/shard-00000.parquet: not readable as batchocr writes it" in lines[0], lines
         assert "run `batchocr plan` again" in lines[0], lines
         assert "rerun to resume" not in lines[0], lines  # a rerun alone meets the same file
+    assert not any((tmp_path / "x").iterdir())  # export stopped before its first file
 
 
 def test_out_given_as_a_file_is_a_usage_error_for_every_reader(tmp_path):
