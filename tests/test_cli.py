@@ -134,7 +134,7 @@ def test_a_job_spec_that_is_not_yaml_is_one_line_without_its_text(tmp_path, body
      "environment: JOB_COMPLETION_INDEX=4 BATCHOCR_SHARDS=4: need 0 <= JOB_COMPLETION_INDEX < BATCHOCR_SHARDS"),
     ([], {"JOB_COMPLETION_INDEX": "3"}, "environment: JOB_COMPLETION_INDEX is set but BATCHOCR_SHARDS is not"),
     (["--shard", "1/x"], {}, "shard '1/x': count: got 'x', expected a valid integer"),
-    (["--storage-option", "retry_total=many"], {}, "Azure storage options: retry_total: got 'many', expected a valid number"),
+    (["--storage-option", "retry_total=many"], {}, "Azure storage options: retry_total: got 'many', expected a valid integer"),
     (["--storage-option", "acount_key=x"], {}, "Azure storage options: unknown key 'acount_key'"),
     (["--storage-option", "account_key=AAAA", "--storage-option", "sas_token=X"], {},
      "storage options give account_key and sas_token (more than one credential): give one"),
