@@ -9,6 +9,7 @@ import math
 import os
 import re
 import stat
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
@@ -58,10 +59,12 @@ def page_error(doc: DocRef, page_index: int, page_count: int, error_type: str, m
     return doc_error(doc, error_type, message, page_count) | {"page_index": page_index}
 
 
-def open_document(doc: DocRef, storage_options: Mapping[str, Any],
-                  progress: Callable[[int, int], None] = no_progress) -> pymupdf.Document:
-    """progress(READING, UNKNOWN) before a download from SOURCE, (UNKNOWN, UNKNOWN) after
-    it: the download is the storage's time, not the render timeout's (see renderpool)."""
+def open_document(doc: DocRef, storage_options: Mapping[str, Any], progress: Callable[[int, int], None] = no_progress,
+                  ) -> tuple[pymupdf.Document, list[tuple[int, int]]]:
+    """The document, and the width and height of each of its pages that its header gives
+    (a TIFF's, see tiff_sizes; else none). progress(READING, UNKNOWN) before a download from
+    SOURCE, (UNKNOWN, UNKNOWN) after it: the download is the storage's time, not the render
+    timeout's (see renderpool)."""
     uri = native(doc.location or doc.uri)
     if uri.startswith("file://"):
         return _open_local(uri[len("file://"):], doc)
@@ -74,7 +77,7 @@ def open_document(doc: DocRef, storage_options: Mapping[str, Any],
         raise Unreadable(_changed(doc.size, len(data)))  # a blob's size is its bytes (an http body's need not be)
     if not data:
         raise EmptyFile()
-    return pymupdf.open(stream=data, filetype=doc.filetype)
+    return pymupdf.open(stream=data, filetype=doc.filetype), tiff_sizes(lambda at, n: data[at:at + n])
 
 
 def _changed(listed: int, now: int) -> str:
@@ -89,7 +92,7 @@ class EmptyFile(Exception):
     pass
 
 
-def _open_local(path: str, doc: DocRef) -> pymupdf.Document:
+def _open_local(path: str, doc: DocRef) -> tuple[pymupdf.Document, list[tuple[int, int]]]:
     """Opened by its bytes (any name the file system allows) and checked to be a
     regular file first: O_NONBLOCK, since opening a FIFO would wait for a writer."""
     try:
@@ -114,9 +117,39 @@ def _open_local(path: str, doc: DocRef) -> pymupdf.Document:
             raise EmptyFile()
         # MuPDF opens its own descriptor of the same file by this name; the path
         # itself may not be valid UTF-8.
-        return pymupdf.open(f"/proc/self/fd/{fd}", filetype=doc.filetype)
+        return (pymupdf.open(f"/proc/self/fd/{fd}", filetype=doc.filetype),
+                tiff_sizes(lambda at, n: os.pread(fd, n, at)))
     finally:
         os.close(fd)
+
+
+def tiff_sizes(read: Callable[[int, int], bytes]) -> list[tuple[int, int]]:
+    """The width and height of each image of a TIFF (its pages, in the order MuPDF counts
+    them: the chain of image directories), from the directories alone; [] for a file that
+    is not a TIFF (MuPDF reads no BigTIFF). MuPDF decodes a TIFF's image whole as its page
+    loads (a 40 KB fax of 25000x25000 pixels: 0.9 GB), before the page's images can be
+    checked; a PNG's or a JPEG's page holds its image undecoded. read(offset, n): the bytes."""
+    head = read(0, 8)
+    order = {b"II*\0": "<", b"MM\0*": ">"}.get(head[:4])
+    if order is None or len(head) < 8:
+        return []
+    (at,) = struct.unpack(order + "I", head[4:])
+    sizes: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    while at and at not in seen:  # a loop of directories ends where it closes
+        seen.add(at)
+        (n,) = struct.unpack(order + "H", read(at, 2).ljust(2, b"\0"))
+        table = read(at + 2, n * 12 + 4)
+        if len(table) < n * 12 + 4:
+            break
+        found = {}
+        for i in range(n):
+            tag, kind, _, value = struct.unpack_from(order + "HHI4s", table, i * 12)
+            if tag in (256, 257) and kind in (3, 4):  # ImageWidth, ImageLength: SHORT or LONG
+                found[tag] = struct.unpack_from(order + ("H" if kind == 3 else "I"), value)[0]
+        sizes.append((found.get(256, 0), found.get(257, 0)))
+        (at,) = struct.unpack_from(order + "I", table, n * 12)
+    return sizes
 
 
 def _undecodable(pdoc: pymupdf.Document) -> Exception | None:
@@ -158,7 +191,7 @@ def render_document(
     doc = task.doc
     pymupdf.TOOLS.mupdf_warnings(reset=True)
     try:
-        pdoc = open_document(doc, storage_options, progress)
+        pdoc, sizes = open_document(doc, storage_options, progress)
     except BatchocrError:  # storage failed for good, not this document: the run stops (see renderpool)
         raise
     except EmptyFile:
@@ -175,7 +208,7 @@ def render_document(
     # each page's `warning` (pages of a repaired file may come out blank).
     repaired = _warnings() if getattr(pdoc, "is_repaired", False) else ""
     with pdoc:
-        count, error = _pages(pdoc, doc)
+        count, error = _pages(pdoc, doc, _too_large(sizes[0], spec) if sizes else None)
         if error is not None:
             yield schema.batch(schema.PAGES, [error])
             return
@@ -185,7 +218,8 @@ def render_document(
                 continue
             progress(index, count)
             notes = [repaired]
-            row = _render_page(pdoc, doc, index, count, spec, needs, notes)
+            size = sizes[index] if index < len(sizes) else None
+            row = _render_page(pdoc, doc, index, count, spec, needs, notes, size)
             notes.append(_warnings())
             warning = "; ".join(dict.fromkeys(w for w in notes if w))
             if warning:
@@ -199,15 +233,16 @@ def render_document(
             yield schema.batch(schema.PAGES, rows)
 
 
-def _pages(pdoc: pymupdf.Document, doc: DocRef) -> tuple[int, dict | None]:
-    """The document's page count, or 0 and its one error row."""
+def _pages(pdoc: pymupdf.Document, doc: DocRef, first_too_large: ImageTooLarge | None) -> tuple[int, dict | None]:
+    """The document's page count, or 0 and its one error row. A first page whose header
+    says it is too large is not loaded: its page's row says so."""
     try:
         if pdoc.needs_pass:
             return 0, doc_error(doc, "encrypted", f"{doc.uri}: the document is password-protected")
         count = pdoc.page_count
         if count == 0:
             return 0, doc_error(doc, "no_pages", f"{doc.uri}: the document has no pages", 0)
-        undecodable = _undecodable(pdoc)
+        undecodable = None if first_too_large else _undecodable(pdoc)
     # MuPDF reads the page tree when it first counts the pages: a /Count it cannot
     # believe (7 over one page, -1) raised "Invalid number of pages", a traceback
     # that killed the worker (a renderer_crashed row, tried again on every rerun).
@@ -219,10 +254,13 @@ def _pages(pdoc: pymupdf.Document, doc: DocRef) -> tuple[int, dict | None]:
 
 
 def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, spec: RenderSpec, needs: Needs,
-                 notes: list[str]) -> dict:
+                 notes: list[str], size: tuple[int, int] | None = None) -> dict:
     """The page's row; what MuPDF reported about the file so far is appended to notes
-    (the router's scoring drains its own messages: they are not the file's)."""
+    (the router's scoring drains its own messages: they are not the file's). size: the
+    page's image's width and height from the file's header, checked before the page loads."""
     try:
+        if size is not None and (too_large := _too_large(size, spec)):
+            raise too_large
         page = pdoc[index]
         _check_images(page, spec)
         matrix, dpi = page_scale(page, pdoc.is_pdf, spec)
@@ -275,12 +313,17 @@ def _check_images(page: pymupdf.Page, spec: RenderSpec) -> None:
     """A decompression bomb (a tiny file claiming a 30000x30000 image: 1.9 GB of RAM
     to decode) is refused from its header, before MuPDF decodes it."""
     for info in page.get_image_info():
-        pixels = info["width"] * info["height"]
-        if pixels > spec.max_image_pixels:
-            raise ImageTooLarge(
-                f"an image of {info['width']}x{info['height']} = {pixels / 1e6:.0f} Mpx is above "
-                f"render.max_image_pixels ({spec.max_image_pixels / 1e6:.0f} Mpx)"
-            )
+        if too_large := _too_large((info["width"], info["height"]), spec):
+            raise too_large
+
+
+def _too_large(size: tuple[int, int], spec: RenderSpec) -> ImageTooLarge | None:
+    width, height = size
+    pixels = width * height
+    if pixels > spec.max_image_pixels:
+        return ImageTooLarge(f"an image of {width}x{height} = {pixels / 1e6:.0f} Mpx is above "
+                             f"render.max_image_pixels ({spec.max_image_pixels / 1e6:.0f} Mpx)")
+    return None
 
 
 def _error_kind(exc: Exception, default: str) -> str:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
+import pymupdf
 import pytest
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from batchocr import schema
-from batchocr.render import RenderTask, render_document
+from batchocr.render import RenderTask, render_document, tiff_sizes
 from batchocr.schema import Needs
 from batchocr.sources import DocRef
 from batchocr.spec import RenderSpec
@@ -142,3 +145,36 @@ def test_the_exif_orientation_of_a_jpeg_is_applied_and_readme_says_which_formats
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert ("image files keep their own pixels, a JPEG turned upright by its EXIF orientation, as a phone's photos "
             "need; a PNG's or a TIFF's orientation tag is not applied: MuPDF reads it from JPEGs only") in readme
+
+
+def test_a_tiff_page_too_large_is_refused_from_its_header_before_it_is_decoded(tmp_path, monkeypatch):
+    """MuPDF decodes a TIFF's image whole as its page loads (a PNG's or a JPEG's page holds
+    it undecoded): a 40 KB fax of 25000x25000 pixels took 0.9 GB in the render worker before
+    render.max_image_pixels refused it from the loaded page, a single-page one in the check
+    for an undecodable image file. Each page's size is now read from the TIFF's directories,
+    and a page above the limit is refused without being loaded; the other pages are read."""
+    small = Image.new("1", (600, 200), 1)
+    ImageDraw.Draw(small).text((20, 60), "Invoice 4711", fill=0, font=ImageFont.load_default(size=40))
+    bomb = Image.new("1", (25_000, 25_000), 1)
+    small.save(tmp_path / "pages.tif", save_all=True, append_images=[bomb, small], compression="group4")
+    bomb.save(tmp_path / "bomb.tif", compression="group4")
+    assert (tmp_path / "pages.tif").stat().st_size < 100_000
+    loaded = []
+    load_page = pymupdf.Document.load_page
+    monkeypatch.setattr(pymupdf.Document, "load_page",
+                        lambda self, i=0: loaded.append(i) or load_page(self, i))
+    rows = _rows(tmp_path / "pages.tif")
+    assert [(r["page_index"], r["page_count"], r["error_type"], r["width"]) for r in rows] == \
+        [(0, 3, None, 600), (1, 3, "too_large", None), (2, 3, None, 600)]
+    assert "an image of 25000x25000 = 625 Mpx is above render.max_image_pixels" in rows[1]["error_message"]
+    assert 1 not in loaded, "the page too large was loaded: its image was decoded"
+    loaded.clear()
+    assert [(r["page_index"], r["error_type"]) for r in _rows(tmp_path / "bomb.tif")] == [(0, "too_large")]
+    assert loaded == []
+    # as big-endian directories ("MM") give them, and a file that is not a TIFF gives none
+    data = (b"MM\0*" + struct.pack(">I", 8) + struct.pack(">H", 2) + struct.pack(">HHIHH", 256, 3, 1, 70, 0)
+            + struct.pack(">HHII", 257, 4, 1, 90_000) + struct.pack(">I", 0))
+    assert tiff_sizes(lambda at, n: data[at:at + n]) == [(70, 90_000)]
+    png = (tmp_path / "x.png")
+    small.save(png)
+    assert tiff_sizes(lambda at, n: png.read_bytes()[at:at + n]) == []
