@@ -345,7 +345,7 @@ def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[pymu
     of 5-8 turns the image: its width is then the page's height).
     Then max_side and max_pixels scale down, never up; size_multiple rounds both
     sides down to a multiple (a VLM's patch grid: its processor then has nothing
-    to resize).
+    to resize). No side is scaled to nothing: at least one pixel (one multiple).
     """
     rect = page.rect
     if is_pdf:
@@ -366,4 +366,6 @@ def page_scale(page: pymupdf.Page, is_pdf: bool, spec: RenderSpec) -> tuple[pymu
     if m > 1 and rect.width and rect.height:
         zx = max(m, math.floor(rect.width * zoom / m) * m) / rect.width
         zy = max(m, math.floor(rect.height * zoom / m) * m) / rect.height
+    elif rect.width and rect.height:  # a side scaled under half a pixel is one pixel, not none
+        zx, zy = max(zoom, 1 / rect.width), max(zoom, 1 / rect.height)
     return pymupdf.Matrix(zx, zy), round(zoom * 72, 2)

@@ -178,3 +178,25 @@ def test_a_tiff_page_too_large_is_refused_from_its_header_before_it_is_decoded(t
     png = (tmp_path / "x.png")
     small.save(png)
     assert tiff_sizes(lambda at, n: png.read_bytes()[at:at + n]) == []
+
+
+def test_a_side_scaled_under_a_pixel_is_one_pixel_and_rapidocr_reads_the_page(tmp_path, rapidocr):
+    """--max-side (or a low --dpi) scaled a strip's shorter side under half a pixel: the page
+    rendered to 1000x0 pixels, rapidocr failed on it with a bare ZeroDivisionError, and nine
+    such strips (`batchocr run DIR OUT --max-side 1000`) stopped the run, exit 1, as "engine
+    rapidocr failed on every page alike". A side is now at least one pixel: rapidocr reads
+    such a page (nothing on it), or says it is too narrow, as it does without --max-side."""
+    pymupdf.Pixmap(pymupdf.csGRAY, pymupdf.IRect(0, 0, 20_000, 1), False).save(tmp_path / "strip.png")
+    strip = pymupdf.open()
+    strip.new_page(width=14_400, height=1)
+    strip.save(tmp_path / "strip.pdf")
+    pages = []
+    for name, spec in [("strip.png", RenderSpec(max_side=1000)), ("strip.pdf", RenderSpec(max_side=1000)),
+                       ("strip.pdf", RenderSpec(dpi=20))]:
+        (row,) = _rows(tmp_path / name, spec)
+        assert row["error_type"] is None and min(row["width"], row["height"]) == 1, (name, spec, row)
+        assert len(row["image"]) == row["width"] * row["height"] * 3
+        pages.append(row | {"page_index": len(pages)})
+    rows = [r for batch in rapidocr.run(iter([schema.batch(schema.PAGES, pages)])) for r in batch.to_pylist()]
+    assert [(r["error_type"], r["text"]) for r in rows[:2]] == [(None, ""), (None, "")], rows
+    assert rows[2]["error_message"].startswith("page 2: the page (4000x1 px) is too narrow for rapidocr"), rows[2]
