@@ -262,7 +262,6 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
         if size is not None and (too_large := _too_large(size, spec)):
             raise too_large
         page = pdoc[index]
-        _check_images(page, spec)
         matrix, dpi = page_scale(page, pdoc.is_pdf, spec)
         row = {
             "doc_id": doc.doc_id,
@@ -278,7 +277,10 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
         if needs.route:  # a page routed to its text layer is not rendered
             notes.append(_warnings())
             row |= route_page(page, pdoc.is_pdf, needs.route)
-        if needs.image and row.get("route") != "textlayer":
+        drawn = needs.image and row.get("route") != "textlayer"
+        if drawn or not pdoc.is_pdf:  # a PDF page's text layer is read without decoding its images
+            _check_images(page, spec)
+        if drawn:
             # clip to the exact target size: MuPDF may round a pixel up
             target = pymupdf.IRect(0, 0, round(page.rect.width * matrix.a), round(page.rect.height * matrix.d))
             pix = page.get_pixmap(matrix=matrix, colorspace=pymupdf.csRGB, alpha=False, clip=page.rect)

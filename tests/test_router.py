@@ -8,6 +8,7 @@ import pymupdf
 import pytest
 
 from batchocr import read_pages, router
+from batchocr.engines.textlayer import TextLayerEngine
 from batchocr.errors import ConfigError
 from batchocr.render import RenderTask, render_document
 from batchocr.schema import Needs
@@ -257,3 +258,43 @@ def test_a_layer_the_textlayer_engine_cannot_read_goes_to_the_model(tmp_path):
     # route: textlayer takes any layer page_text reads, and only those
     assert [r["route"] for r in _rendered(tmp_path / "layers.pdf", "textlayer")] == [
         "textlayer", "model", "model", "model", "model", "textlayer"]
+
+
+def test_a_page_read_from_its_text_layer_is_not_refused_for_an_image_it_never_decodes(tmp_path):
+    """render.max_image_pixels guards decoding; it was checked before the page was routed, so
+    a page whose text is taken from its layer (the textlayer engine's, or one routed there),
+    its images never decoded, was a too_large row and lost its text: a searchable scan at
+    600 dpi of an A0 sheet, or a born-digital page with one huge photo. Only a page that is
+    drawn is checked now; that one is still refused from the header, before decoding."""
+    import zlib
+
+    from corpus import page_text
+
+    def pdf(path, box):  # a page of text and an image whose header says 20000x20000 (its data is never read)
+        doc = pymupdf.open()
+        page = doc.new_page(width=612, height=792)
+        page.insert_textbox(pymupdf.Rect(72, 72, 540, 500), page_text(1, 12), fontsize=11)
+        xref = page.insert_image(box, pixmap=pymupdf.Pixmap(pymupdf.csGRAY, pymupdf.IRect(0, 0, 8, 8), False))
+        data = zlib.compress(b"\xff" * 1000)
+        doc.update_object(xref, "<< /Type /XObject /Subtype /Image /Width 20000 /Height 20000 /BitsPerComponent 8 "
+                                f"/ColorSpace /DeviceGray /Filter /FlateDecode /Length {len(data)} >>")
+        doc.update_stream(xref, data, compress=False)
+        doc.save(path)
+
+    pdf(tmp_path / "photo.pdf", pymupdf.Rect(72, 600, 172, 700))  # born-digital: routed to its layer
+    pdf(tmp_path / "scan.pdf", pymupdf.Rect(0, 0, 612, 792))  # the image covers the page: to the model
+    want = _words(page_text(1, 12))
+
+    def row(name, needs):
+        (row,) = [r for b in render_document(RenderTask(_doc(tmp_path / name)), RenderSpec(), needs, {})
+                  for r in b.to_pylist()]
+        return row
+
+    for name in ("photo.pdf", "scan.pdf"):  # the textlayer engine renders nothing
+        got = row(name, TextLayerEngine.needs)
+        assert got["error_type"] is None and _words(got["text_layer"]) == want, (name, got["error_message"])
+    got = row("photo.pdf", router.needs(Needs(image=True), "auto"))
+    assert (got["route"], got["error_type"], got["image"]) == ("textlayer", None, None), got["error_message"]
+    assert _words(got["text_layer"]) == want
+    got = row("scan.pdf", router.needs(Needs(image=True), "auto"))
+    assert got["error_type"] == "too_large" and "20000x20000 = 400 Mpx" in got["error_message"]
