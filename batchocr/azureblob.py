@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import errno
 import logging
 import os
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from adlfs import AzureBlobFileSystem
 from adlfs.spec import AzureBlobFile
 from annotated_types import Ge
 from azure.core.exceptions import (AzureError, ClientAuthenticationError, DecodeError, HttpResponseError,
-                                   IncompleteReadError, ServiceResponseError)
+                                   IncompleteReadError, ResourceNotFoundError,
+                                   ServiceResponseError)
 from fsspec.asyn import sync, sync_wrapper
 
 from batchocr import __version__
@@ -256,8 +258,13 @@ class BlobFileSystem(AzureBlobFileSystem):
 
 class _BlobFile(AzureBlobFile):
     async def _async_fetch_range(self, start: int, end: int | None = None, **kwargs):
+        """A blob deleted since it was opened (a part `batchocr compact` replaced: sink.read_parts
+        lists the shard again) is FileNotFoundError, as adlfs's _cat_file says it, not a 404."""
         fetch = super()._async_fetch_range
-        return await self.fs.read_again(lambda: fetch(start, end, **kwargs))
+        try:
+            return await self.fs.read_again(lambda: fetch(start, end, **kwargs))
+        except ResourceNotFoundError as exc:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.path) from exc
 
     _fetch_range = sync_wrapper(_async_fetch_range)
 

@@ -112,6 +112,46 @@ def test_plan_resume_status_and_compact_on_azure(azurite, tmp_path):
     assert [store.create("_compact/x.json", b"{}"), store.create("_compact/x.json", b"{}")] == [True, False]
 
 
+def test_a_reader_whose_part_compaction_deletes_mid_read_reads_the_compacted_part_on_azure(azurite):
+    """`batchocr compact` beside a run on Azure: a part deleted after the reader opened it (its
+    size known) and before its bytes came answered 404 BlobNotFound, which stopped the run at its
+    end (the done-marker's counts) with exit 1, where a part gone from a local OUT is read again
+    from the compacted file (sink.read_parts)."""
+    import pyarrow as pa
+
+    from batchocr import schema
+    from batchocr.compact import compact_shard
+    from batchocr.sink import PartWriter, committed_keys
+    from batchocr.spec import CommitSpec
+
+    azurite.container("racing")
+    out = "az://racing/out"
+    store = Store(out, azurite.options())
+    writer = PartWriter(store, 0, "r", CommitSpec(every_pages=1))
+    for doc in ("a", "b", "c"):
+        writer.add(pa.Table.from_pylist([
+            {"doc_id": doc, "source_uri": f"az://x/{doc}", "source_etag": "e", "page_index": i, "page_count": 2,
+             "text": f"page {i}", "finish_reason": "stop", "run_id": "r"} for i in range(2)],
+            schema=schema.PAGE_TABLE))
+    real_open, compacted = store.fs.open, []
+
+    def open_(path, *args, **kwargs):  # opened (its size read), then compacted away before the read
+        f = real_open(path, *args, **kwargs)
+        if path.endswith(".parquet") and not compacted:
+            compacted.append(None)  # (fsspec shares the filesystem: compaction's own reads come here too)
+            compacted[0] = compact_shard(Store(out, azurite.options()), 0)
+        return f
+
+    store.fs.open = open_
+    try:
+        keys = committed_keys(store, 0)
+    finally:
+        del store.fs.open
+    assert compacted[0].parts_before == 3
+    assert sorted(zip(keys["doc_id"].to_pylist(), keys["page_index"].to_pylist())) == [
+        (d, i) for d in "abc" for i in range(2)]
+
+
 def test_a_blob_rewritten_after_the_plan_is_not_read_under_the_planned_etag(azurite, tmp_path):
     """Planned as one version, rewritten, then run: the row held the new blob's text under the
     planned etag and size. Now `unreadable` (changed after it was listed); the next plan
