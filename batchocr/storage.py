@@ -487,11 +487,23 @@ class Store:
         path = self.path(rel)
         with self._faults("writing", rel):
             if self.is_local:
-                os.makedirs(posixpath.dirname(path), exist_ok=True)
-                try:  # (not a link from a temp: SMB mounts such as Azure Files have none)
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-                except FileExistsError:
-                    return False
+                # Its folder can go meanwhile: a compaction releasing its claim removes OUT/_compact
+                # once it is empty. Then made again, as _create makes a staging folder again.
+                for attempt in range(5):
+                    try:
+                        os.makedirs(posixpath.dirname(path), exist_ok=True)
+                    except FileExistsError:  # makedirs lost that race itself (see _create)
+                        if attempt == 4:
+                            raise
+                        continue
+                    try:  # (not a link from a temp: SMB mounts such as Azure Files have none)
+                        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                        break
+                    except FileExistsError:
+                        return False
+                    except FileNotFoundError:
+                        if attempt == 4:
+                            raise
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
                 return True

@@ -330,3 +330,23 @@ def test_a_claimed_shard_is_left_to_its_compaction_until_that_is_over(tmp_path, 
         assert not claim.exists()
     finally:
         alive.kill()
+
+
+def test_a_claim_made_as_another_compaction_removes_the_claims_folder_is_made_all_the_same(tmp_path, monkeypatch):
+    """Two `batchocr compact` of one OUT, each on its shard: one releasing its claim removes the
+    then empty OUT/_compact between the other's makedirs and its create of its own claim. That
+    create failed (FileNotFoundError: a traceback, exit 1); it makes the folder again, as a part
+    file's staging folder is made again (storage._create)."""
+    store = _shard_of_three_parts(tmp_path)
+    real, raced = os.makedirs, []
+
+    def makedirs(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        if path.endswith("/_compact") and not raced:  # the other compaction's release: its folder, empty, goes
+            raced.append(path)
+            os.rmdir(path)
+
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    done = compact_shard(store, 0)
+    assert raced and done.parts_before == 3 and done.rows_after == 6
+    assert not (tmp_path / "_compact").exists()
