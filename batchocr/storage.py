@@ -504,8 +504,15 @@ class Store:
                     except FileNotFoundError:
                         if attempt == 4:
                             raise
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                except BaseException:
+                    # A full disk: an empty file would stand for a writer that is not there
+                    # (a compaction's claim, read as one being written, held for ever).
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    raise
                 return True
             if isinstance(self._backend, _Fsspec):  # no conditional write in general: close enough
                 if self.fs.exists(path):

@@ -350,3 +350,37 @@ def test_a_claim_made_as_another_compaction_removes_the_claims_folder_is_made_al
     done = compact_shard(store, 0)
     assert raced and done.parts_before == 3 and done.rows_after == 6
     assert not (tmp_path / "_compact").exists()
+
+
+def test_a_claim_whose_write_fails_is_not_left_empty_to_hold_the_shard_for_ever(tmp_path, monkeypatch):
+    """A full disk: the claim's O_EXCL create made the file, its write failed (ENOSPC). The empty
+    file stayed, and an empty claim is one being written (compact._gone), so every later
+    `batchocr compact` left the shard to a compaction that was not there, past the hour after
+    which a claim is taken over (it has no `since`). The failed claim is removed."""
+    import errno
+
+    from batchocr import compact
+
+    store = _shard_of_three_parts(tmp_path)
+    real = os.fdopen
+
+    class Full:
+        def __init__(self, fd, mode):
+            self.f = real(fd, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", Full)
+    with pytest.raises(StorageError, match="No space left on device"):
+        compact.compact_shard(store, 0)
+    monkeypatch.setattr(os, "fdopen", real)
+    assert not (tmp_path / "_compact" / "shard-00000.json").exists()
+    done = compact.compact_shard(store, 0)  # space again: the shard is compacted, not left to no one
+    assert isinstance(done, compact.Compacted) and done.parts_before == 3, done
