@@ -398,8 +398,16 @@ class Store:
     def read_each_json(self, rels: list[str]) -> list[Any]:
         """read_json of each of `rels`, in their order, READ_THREADS at a time: an object store
         answers each in milliseconds, one after the other, and a CronJob's OUT holds a run
-        record a run and a shard (thousands: `report` and every run's start read them)."""
-        return each(self.read_json, rels)
+        record a run and a shard (thousands: `report` and every run's start read them). One gone
+        since it was listed is left out: a done-marker that a run finding new work for its shard
+        removes (the other shards' pods, starting with it, read OUT's markers)."""
+        def read(rel: str) -> dict[str, Any] | None:
+            try:
+                return self.read_json(rel)
+            except FileNotFoundError:
+                return None
+
+        return [value for value in each(read, rels) if value is not None]
 
     def read_parquet(self, rel: str, columns: list[str]) -> pa.Table:
         """Some columns of a Parquet file, downloading only their bytes: pyarrow reads

@@ -20,7 +20,7 @@ from batchocr.errors import EXIT_INTERRUPTED
 from batchocr.sharding import shard_of
 from batchocr.sources import list_documents
 from batchocr.storage import Store
-from conftest import ROOT
+from conftest import ROOT, run_cli
 from corpus import text_corpus
 
 DRIVER = ROOT / "tests" / "pod_driver.py"
@@ -91,3 +91,32 @@ def test_indexed_job_pods_killed_and_replaced_cover_the_corpus_once(tmp_path):
     for doc, page, text in rows.iter_rows():
         assert text.split() == expected[(doc, page)].split()
     assert pl.Series(rows["doc_id"]).n_unique() == 48
+
+
+def test_a_pod_starting_as_another_pod_removes_its_done_marker_goes_on(tmp_path):
+    """The nightly CronJob's pods start together, and a pod whose shard has new documents removes
+    its done-marker (it is not done). One starting meanwhile lists OUT/_done (the shard count of
+    OUT's output), then reads each marker: one removed in between was a FileNotFoundError (a
+    traceback, exit 1, before the engine loaded; `batchocr status` alike). A marker gone since the
+    listing is one less marker."""
+    from batchocr.status import output_shard_counts, status
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=4, pages=1)
+    for i in range(2):
+        run_cli("run", str(src), str(out), "--engine", "textlayer", "--shard", f"{i}/2", "-q", check=True)
+    marker = out / "_done" / "shard-00000.json"
+    kept = marker.read_bytes()
+    store = Store(str(out))
+    real_find = store.find
+
+    def find(rel, suffix=""):  # OUT/_done listed: then shard 0's pod finds new work and removes its marker
+        found = real_find(rel, suffix)
+        if rel == "_done":
+            marker.unlink(missing_ok=True)
+        return found
+
+    store.find = find
+    assert output_shard_counts(store) == {2}
+    marker.write_bytes(kept)
+    assert [s.shard for s in status(store)] == [0, 1]
