@@ -96,19 +96,29 @@ def environment_secrets(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
 
 
 def _create(tmp: str, make_folder: bool):
-    """Open a new temp file; its staging folder made first if asked. Another writer
-    (another shard's pod on the same volume) removes the staging folder once it is
-    empty (_remove_if_empty), possibly between our makedirs and our open: then again.
-    makedirs itself can lose that race: its mkdir finds the folder there, and by the time it
-    checks that it is a folder, another writer has removed it (FileExistsError, exist_ok or
-    not: seen in CI with three shards on one folder): then again too."""
+    """Open a new temp file; its staging folder made first if asked (_in_folder)."""
+    return _in_folder(tmp, lambda path: open(path, "wb")) if make_folder else open(tmp, "wb")
+
+
+def _in_folder(path: str, opening: Callable[[str], Any]) -> Any:
+    """opening(path) once path's folder is made. Another writer (another shard's pod on the
+    same volume, another compaction) removes such a folder once it is empty
+    (_remove_if_empty), possibly between our makedirs and our open: then again. makedirs
+    itself can lose that race: its mkdir finds the folder there, and by the time it checks
+    that it is a folder, another writer has removed it (FileExistsError, exist_ok or not:
+    seen in CI with three shards on one folder): then again too. What opening raises
+    otherwise (FileExistsError of an exclusive create) is the caller's."""
     for attempt in range(5):
         try:
-            if make_folder:
-                os.makedirs(posixpath.dirname(tmp), exist_ok=True)
-            return open(tmp, "wb")
-        except (FileNotFoundError, FileExistsError):
-            if not make_folder or attempt == 4:
+            os.makedirs(posixpath.dirname(path), exist_ok=True)
+        except FileExistsError:
+            if attempt == 4:
+                raise
+            continue
+        try:
+            return opening(path)
+        except FileNotFoundError:
+            if attempt == 4:
                 raise
     raise AssertionError("unreachable")
 
@@ -496,22 +506,12 @@ class Store:
         with self._faults("writing", rel):
             if self.is_local:
                 # Its folder can go meanwhile: a compaction releasing its claim removes OUT/_compact
-                # once it is empty. Then made again, as _create makes a staging folder again.
-                for attempt in range(5):
-                    try:
-                        os.makedirs(posixpath.dirname(path), exist_ok=True)
-                    except FileExistsError:  # makedirs lost that race itself (see _create)
-                        if attempt == 4:
-                            raise
-                        continue
-                    try:  # (not a link from a temp: SMB mounts such as Azure Files have none)
-                        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-                        break
-                    except FileExistsError:
-                        return False
-                    except FileNotFoundError:
-                        if attempt == 4:
-                            raise
+                # once it is empty (_in_folder makes it again).
+                exclusive = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                try:  # (not a link from a temp: SMB mounts such as Azure Files have none)
+                    fd = _in_folder(path, lambda p: os.open(p, exclusive, 0o644))
+                except FileExistsError:
+                    return False
                 try:
                     with os.fdopen(fd, "wb") as f:
                         f.write(data)
