@@ -385,15 +385,15 @@ def export(out, dest, fmt, storage):
     from batchocr.table import read_pages, reading
 
     pages = read_pages(out, storage)
-    target = Store(dest, storage)
-    table = f"{Store(out, storage).canonical.rstrip('/')}/{layout.PAGES}"
+    source, target = Store(out, storage), Store(dest, storage)
+    table = f"{source.canonical.rstrip('/')}/{layout.PAGES}"
     if f"{target.canonical.rstrip('/')}/".startswith(f"{table}/"):  # its files among the parts break every reader
         raise ConfigError(f"DEST {dest} is inside OUT's page table ({layout.PAGES}/): its files would break "
                           "every reader of the table; export to a folder outside it")
     target.check_writable_root("DEST")  # one line now, not a traceback at the first file
-    unread = _planned_without_rows(Store(out, storage), pages)  # a damaged plan stops it before any file
+    unread = _planned_without_rows(source, pages)  # a damaged plan stops it before any file
     with reading(out, storage):
-        done = export_documents(pages, target, fmt, producer.stale_in(Store(out, storage)))
+        done = export_documents(pages, target, fmt, producer.stale_in(source))
     click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
                f"into {plural(done.files, 'file')} -> {dest}")
     if unread:  # a missing page is marked in its document; a document of no row has no file to mark it in

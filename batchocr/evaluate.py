@@ -28,6 +28,11 @@ def _shown(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+def _rate(errors: int, chars: int) -> float:
+    """Errors over truth characters; a blank truth (0 characters): 1.0 if anything was read."""
+    return errors / chars if chars else float(errors > 0)
+
+
 def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
@@ -55,7 +60,7 @@ class Evaluation:
     def cer(self) -> float:
         """Over every page; truth pages all empty (blank pages): 1.0 if anything was read on
         them, as each such page counts (it said 0.00%, and --max-cer 0 passed)."""
-        return self.errors / self.chars if self.chars else float(self.errors > 0)
+        return _rate(self.errors, self.chars)
 
 
 def _truth_text(path: Path) -> str:
@@ -96,7 +101,7 @@ def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
         ref = truth[(name, index)]
         errors = levenshtein(normalise(text or ""), ref)
         rows.append({"document": _shown(name), "page_index": index, "chars": len(ref), "errors": errors,
-                     "cer": errors / len(ref) if ref else float(errors > 0), "finish_reason": reason})
+                     "cer": _rate(errors, len(ref)), "finish_reason": reason})
 
     for uri, index, text, reason in pages.select("source_uri", "page_index", "text", "finish_reason").iter_rows():
         name = native(posixpath.basename(uri))  # the file's own name: source_uri spells % as %25

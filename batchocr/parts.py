@@ -41,7 +41,7 @@ from batchocr import engines, errors, producer, signals
 from batchocr.engines import systemic
 from batchocr.errors import BatchocrError, Interrupted
 from batchocr.sink import completed
-from batchocr.sources import DocRef
+from batchocr.sources import DocRef, check_stores
 from batchocr.spec import JobSpec
 from batchocr.storage import Store
 from batchocr.words import plural
@@ -101,7 +101,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
     started = time.monotonic()
     out = Store(spec.out, spec.storage_options)
     source = Store(spec.source, spec.storage_options)
-    pipeline._check_stores(spec, source, out)
+    check_stores(source, out)
     plan = pipeline._check_sharding(source, out, spec)  # exit 2 before any part starts
     settings = pipeline._producer_settings(spec)
     producer.check(out, settings, spec.reprocess, spec.out)  # exit 2 before any part starts

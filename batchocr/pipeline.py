@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import os
 import platform
 import secrets
 import sys
@@ -34,7 +33,7 @@ from batchocr.signals import graceful_stop
 from batchocr.status import check_shard_count
 from batchocr.layout import done_marker, shard_dir
 from batchocr.sink import KEY_COLUMNS, PartWriter, Resume, committed_keys, completed
-from batchocr.sources import DocRef, is_document, list_documents, located, not_a_document
+from batchocr.sources import DocRef, check_stores, list_documents, located
 from batchocr.spec import JobSpec, RenderSpec, Shard
 from batchocr.storage import Store
 from batchocr.words import plural
@@ -109,7 +108,7 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     source = Store(spec.source, spec.storage_options)
     summary = RunSummary(run_id=run_id, shard=str(shard), out=spec.out)
 
-    _check_stores(spec, source, out)  # before the engine loads; a missing SOURCE leaves no run record
+    check_stores(source, out)  # before the engine loads; a missing SOURCE leaves no run record
     plan = _check_sharding(source, out, spec) if part is None else None  # (a part's parent checked it)
     expected = None  # what OUT is to remember, known before the engine loads
     start = {"turn_wait_s": 0.0, "engine_start_s": 0.0}  # the run's start: a part's turn, the engine's build
@@ -427,17 +426,6 @@ def _committed(done: dict, doc: DocRef) -> int | None:
     """How many of a document's pages are committed; None: all (it is done)."""
     resume = done.get((doc.doc_id, doc.etag), Resume(frozenset()))
     return None if resume is None else len(resume.skip)
-
-
-def _check_stores(spec: JobSpec, source: Store, out: Store) -> None:
-    """SOURCE exists and OUT can be written, in one line each (exit 2) if not."""
-    if not source.exists():
-        raise ConfigError(f"SOURCE {spec.source} does not exist")
-    if source.is_local and os.path.isfile(source.root) and not is_document(source.root):
-        # Now, not when the listing reaches it: after the engine's build and OUT's first
-        # files (its settings, a run record), which then held OUT to this run's settings.
-        raise not_a_document(source)
-    out.check_writable_root("OUT")
 
 
 def _render_spec(spec: JobSpec, hints: dict[str, Any]) -> RenderSpec:

@@ -22,7 +22,7 @@ from batchocr.errors import ConfigError
 from batchocr.layout import PLAN
 from batchocr.layout import plan_shard as shard_file
 from batchocr.sink import committed_keys, shards_present, to_parquet
-from batchocr.sources import DocRef, list_documents
+from batchocr.sources import DocRef, check_stores, list_documents
 from batchocr.storage import Store
 
 DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string()), ("mtime", pa.float64())])
@@ -98,9 +98,7 @@ def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
     shard, so a page redone on another one would stay twice."""
     if shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {shards}")
-    if not source.exists():  # as run's: one line each (exit 2), before anything is listed or written
-        raise ConfigError(f"SOURCE {source.url} does not exist")
-    out.check_writable_root("OUT")
+    check_stores(source, out)  # as run's: one line each (exit 2), before anything is listed or written
     old = read_plan(out)
     keep: dict[str, int] = {}
     if old is not None:

@@ -40,9 +40,10 @@ def settings(engine: str | None, model: str | None, preset: str | None, prompt: 
             "route": None if engine == "textlayer" else route, "render": {k: render.get(k) for k in RENDER_KEYS}}
 
 
-def _normal(producer: dict[str, Any] | None) -> dict[str, Any] | None:
-    """OUT/_producer.json as settings() would give it now (one written before a textlayer
-    run's route was None holds its route)."""
+def _written(out: Store) -> dict[str, Any] | None:
+    """OUT/_producer.json (None: no file) as settings() would give it now: one written before
+    a textlayer run's route was None holds its route."""
+    producer = out.read_json(PRODUCER) if out.exists(PRODUCER) else None
     if not isinstance(producer, dict) or producer.get("engine") != "textlayer":
         return producer
     return producer | {"route": None}
@@ -77,7 +78,7 @@ def check(out: Store, producer: dict[str, Any], reprocess: bool, url: str) -> di
     """OUT's settings are this run's, or it is asked to reprocess; writes nothing
     (run before the engine loads: a refused run, or one whose engine fails to load,
     leaves OUT as it was). Returns what OUT/_producer.json holds (None: no file)."""
-    written = _normal(out.read_json(PRODUCER)) if out.exists(PRODUCER) else None
+    written = _written(out)
     stored = written if written is not None else _from_runs(out)
     if stored is not None and stored != producer and not reprocess:
         raise ConfigError(f"OUT {url} holds pages made with {describe_change(stored, producer)}: use another OUT, "
@@ -111,17 +112,16 @@ def other_runs(out: Store, run_ids: Iterable[str], producer: dict[str, Any]) -> 
 
 def stale_runs(out: Store, run_ids: Iterable[str]) -> set[str]:
     """Those of `run_ids` that ran with settings other than OUT's now (compaction)."""
-    if not out.exists(PRODUCER):
-        return set()
-    return other_runs(out, run_ids, _normal(out.read_json(PRODUCER)))
+    now = _written(out)
+    return set() if now is None else other_runs(out, run_ids, now)
 
 
 def stale_in(out: Store, records: list[dict[str, Any]] | None = None) -> set[str]:
     """The runs of OUT's run records (read here unless given) that ran with settings other
     than OUT's now: after a `--reprocess`, their rows lose to the current settings' rows, by
     compaction's rule, which export, eval and report apply before compaction too."""
-    if not out.exists(PRODUCER):
+    now = _written(out)
+    if now is None:
         return set()
-    now = _normal(out.read_json(PRODUCER))
     records = out.read_jsons(layout.RUNS) if records is None else records
     return {r["run_id"] for r in records if r.get("run_id") and of_record(r) != now}

@@ -80,6 +80,18 @@ def not_a_document(store: Store) -> ConfigError:
                        f"expected a folder or a {', '.join(e.lstrip('.') for e in EXTENSIONS)} file")
 
 
+def check_stores(source: Store, out: Store) -> None:
+    """SOURCE exists (a single file: one batchocr reads) and OUT can be written, in one line
+    each (exit 2) if not: before anything is listed, the engine built or OUT written (run,
+    plan). Not when the listing reaches a file SOURCE: after the engine's build and OUT's first
+    files (its settings, a run record), which then held OUT to that run's settings."""
+    if not source.exists():
+        raise ConfigError(f"SOURCE {source.url} does not exist")
+    if source.is_local and os.path.isfile(source.root) and not is_document(source.root):
+        raise not_a_document(source)
+    out.check_writable_root("OUT")
+
+
 def list_documents(store: Store) -> Iterator[DocRef]:
     """Every document under the store's root (or the root itself, if it is a file: then it
     must be a document)."""
