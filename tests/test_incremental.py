@@ -130,8 +130,10 @@ def test_a_run_killed_before_its_first_commit_leaves_no_shard_count(tmp_path):
     exit 2, 'OUT holds output of 3 shards'. Such a record counts once its shard holds rows of
     the run: its part files, or their rows compacted."""
     src, out, job = tmp_path / "src", tmp_path / "out", tmp_path / "job.yaml"
-    text_corpus(src, documents=30, pages=1)  # shard 0 of 3 gets none with a chance of (2/3)^30
-    job.write_text("engine: textlayer\ncommit: {every_pages: 4}\n")
+    # A part file a document: shard 0 of 3 (by the hash of paths under tmp_path) gets fewer than
+    # the two the test needs with a chance of ~1e-4 (every 4 pages: 5 or more, ~3% short)
+    text_corpus(src, documents=30, pages=1)
+    job.write_text("engine: textlayer\ncommit: {every_pages: 1}\n")
     run_cli("run", str(src), str(out), "--job", str(job), "-q", "--shard", "0/3", check=True)
     (record,) = (out / "_runs").glob("*.json")
     ended = json.loads(record.read_text())
