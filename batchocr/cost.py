@@ -45,10 +45,9 @@ def visible_gpus() -> dict[str, Any]:
 
 
 def accelerator(engine) -> dict[str, Any]:
-    """What the run holds: the engine's own answer (`engine.accelerator`), else the
-    machine (a CPU engine)."""
-    own = getattr(engine, "accelerator", None)
-    return dict(own) if own else cpu_machine()
+    """What the run holds: the engine's own answer (`Engine.accelerator`: the machine for a
+    CPU engine, the GPUs it sees for a GPU engine)."""
+    return dict(engine.accelerator)
 
 
 def _cpu_name() -> str:

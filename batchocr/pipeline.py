@@ -115,7 +115,7 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
     if engine is None:
         expected = _producer_settings(spec)
         producer.check(out, expected, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
-        if part is None and spec.engine in engines.SLOW_TO_BUILD:
+        if part is None and engines.kind(spec.engine).slow_to_build:
             idle = nothing_to_do(spec, source, out, plan, expected, started)
             if idle is not None:  # no model loaded for a shard with nothing new
                 return idle

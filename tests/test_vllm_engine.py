@@ -486,8 +486,11 @@ def test_settings_known_before_the_load_that_differ_from_the_engines_stop_the_ru
     from conftest import run_cli
 
     fake_vllm.install(monkeypatch)
-    real = engine_module.settings
-    monkeypatch.setattr(engine_module, "settings", lambda options: real(options) | {"prompt": "stale"})
+    import dataclasses
+
+    real = engine_module.ENGINE.settings
+    monkeypatch.setattr(engine_module, "ENGINE", dataclasses.replace(
+        engine_module.ENGINE, settings=lambda options: real(options) | {"prompt": "stale"}))
     out = tmp_path / "out"
     proc = run_cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "-q")
     assert proc.returncode == 1, proc.stderr

@@ -1,7 +1,8 @@
 """Engines: page batches in, result batches out (any order, keyed by (doc_id, page_index)).
 
-One file per engine; each is imported only when chosen, so a missing optional
-dependency (vLLM) is reported only to those who ask for that engine.
+`Engine` is what the pipeline reads of one; `EngineType` is what the spec, the CLI and
+the pipeline know of a kind of engine before one is built. Each engine's module (or
+package) declares its type once as `ENGINE`, and the registry below names the modules.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import importlib
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Protocol
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -18,34 +21,86 @@ from batchocr.errors import BatchocrError, ConfigError
 from batchocr.schema import Needs
 
 
-class Engine(Protocol):
-    name: str
+class Engine:
+    """What the pipeline reads of an engine; every engine subclasses it. The attributes
+    below the first three have defaults that an engine overrides where it has more to say."""
+
+    name: str  # the engine type's registered name (engines.NAMES)
     model: str  # what goes in the table's `model` column
     needs: Needs  # what the render stage must produce for it
-    # Pages the engine reads as one request (optional; 1 if absent). Above 1 (the vllm engine's
-    # document mode), the pipeline hands it page groups: each batch is consecutive pages of one
-    # document, at most group_pages of them (batchocr/grouping.py).
-    group_pages: int
+    # Pages the engine reads as one request. Above 1 (the vllm engine's document mode), the
+    # pipeline hands it page groups: each batch is consecutive pages of one document, at most
+    # group_pages of them (batchocr/grouping.py).
+    group_pages: int = 1
+    # Render settings the engine wants where the job spec leaves them unset (a VLM's page size).
+    render_hints: Mapping[str, int] = MappingProxyType({})
+    # time.monotonic() when the engine took the run's first request (None: it keeps no such time).
+    first_request_at: float | None = None
+    # How long the engine's own renderer took to warm up (None: it has none).
+    renderer_warm_up_s: float | None = None
+
+    @property
+    def accelerator(self) -> dict[str, Any]:
+        """What a run of this engine holds, for its cost record (batchocr/cost.py): the whole
+        machine unless the engine says otherwise (a GPU engine: the GPUs it sees)."""
+        from batchocr.cost import cpu_machine
+
+        return cpu_machine()
 
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event) -> Iterator[pa.RecordBatch]:
         """Consume page batches (schema.PAGES, no error rows) lazily; yield
         schema.RESULTS batches holding exactly one row per page received, a group's rows
         in one batch (so that the pipeline commits a group whole). Once `stop` is set,
         return soon: pages not yet output are redone by the next run."""
-        ...
+        raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
         """Parameters and versions, for OUT/_runs/<run_id>.json."""
-        ...
+        return {}
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Free what the engine holds (a model on the GPU, worker threads)."""
 
 
+def _as_they_are(options: Mapping[str, Any], n: int) -> Mapping[str, Any]:
+    return options
+
+
+def _yes(options: Mapping[str, Any]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class EngineType:
+    """An engine type, registered once in its own module as `ENGINE`: everything the spec, the
+    CLI and the pipeline know of it. Its module imports without the engine's heavy dependencies
+    (vLLM), so that a configuration is checked before anything loads."""
+
+    name: str
+    options: type  # its frozen options dataclass (engines.NAME in a job spec)
+    # The engine, built from its section's options (bad options: ConfigError, exit 2).
+    create: Callable[[Mapping[str, Any]], Engine]
+    # What OUT remembers of it from the options alone, without building it: {"model", and
+    # where the engine has them "preset", "prompt", "render_hints"}.
+    settings: Callable[[Mapping[str, Any]], dict[str, Any]]
+    # The options of one of n engines sharing the machine's accelerator (a shard's parts).
+    shared: Callable[[Mapping[str, Any], int], Mapping[str, Any]] = _as_they_are
+    # Whether it must be built while no other engine of the machine is being built.
+    starts_alone: Callable[[Mapping[str, Any]], bool] = _yes
+    # Its build costs more than listing a shard again (a model loaded onto the GPU): a run of
+    # one process lists its shard first and builds nothing where no document has pages to do.
+    slow_to_build: bool = False
+
+
+# The registry: each engine type's name and the module that declares it (`ENGINE`). Each
+# module is imported only when its engine is named, so a missing optional dependency (vLLM)
+# is reported only to those who ask for that engine.
 _MODULES = {
     "rapidocr": "batchocr.engines.rapidocr",
     "textlayer": "batchocr.engines.textlayer",
     "vllm": "batchocr.engines.vllm",
 }
+NAMES = tuple(_MODULES)
 
 
 @contextmanager
@@ -62,50 +117,44 @@ def _installed(name: str):
                             "named here comes from the system's packages)") from None
 
 
-def create(name: str, options: Mapping[str, Any]) -> Engine:
+def kind(name: str) -> EngineType:
+    """The registered engine type `name` (an unknown name: ConfigError, exit 2)."""
     if name not in _MODULES:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
     with _installed(name):
-        module = importlib.import_module(_MODULES[name])
-        return module.create(options)
+        return importlib.import_module(_MODULES[name]).ENGINE
+
+
+def create(name: str, options: Mapping[str, Any]) -> Engine:
+    engine_type = kind(name)
+    with _installed(name):
+        return engine_type.create(options)
 
 
 def settings(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """What OUT remembers of engine `name` with these options, from the configuration
     alone: {"model", "preset", "prompt", "render_hints"} (None or {} where the engine
     has none), without building the engine (no model loaded, vLLM not imported), so
-    that a run OUT would refuse stops before the engine loads. Each engine module's
-    `settings(options)` gives it; run_job checks it against the built engine's run record."""
-    if name not in _MODULES:
-        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
+    that a run OUT would refuse stops before the engine loads. The run checks it against
+    the built engine's run record."""
+    engine_type = kind(name)
     with _installed(name):
-        module = importlib.import_module(_MODULES[name])
-        return {"preset": None, "prompt": None, "render_hints": {}} | module.settings(options)
+        return {"preset": None, "prompt": None, "render_hints": {}} | engine_type.settings(options)
 
 
 def shared(name: str, options: Mapping[str, Any], n: int) -> Mapping[str, Any]:
     """The options of one of n engines that share a machine's accelerator (a shard's
-    parts: batchocr/parts.py): the module's `shared(options, n)`, where it has one (vllm:
-    1/n of gpu_memory_utilization); else the options as they are."""
-    module = importlib.import_module(_MODULES[name])
-    return module.shared(options, n) if hasattr(module, "shared") else options
+    parts: batchocr/parts.py); vllm's: 1/n of gpu_memory_utilization."""
+    engine_type = kind(name)
+    with _installed(name):
+        return engine_type.shared(options, n)
 
 
 def starts_alone(name: str, options: Mapping[str, Any]) -> bool:
-    """Whether the engine must be built while no other engine of the machine is being built
-    (the module's `starts_alone(options)`; without one, yes: the safe order)."""
-    module = importlib.import_module(_MODULES[name])
-    return module.starts_alone(options) if hasattr(module, "starts_alone") else True
-
-
-# Engines whose build costs more than listing a shard again: a model loaded onto the GPU (vLLM:
-# 70-200 s, docs/GPU.md). A run of one process lists its shard before building one of these, and
-# builds nothing where no document has pages to do (a CronJob's quiet night), as parts always do.
-SLOW_TO_BUILD = frozenset({"vllm"})
-
-
-# Each engine's options dataclass, in its module.
-_OPTIONS = {"rapidocr": "RapidOCROptions", "textlayer": "TextLayerOptions", "vllm": "VLLMOptions"}
+    """Whether the engine must be built while no other engine of the machine is being built."""
+    engine_type = kind(name)
+    with _installed(name):
+        return engine_type.starts_alone(options)
 
 
 def parse_options(cls: type, options: Mapping[str, Any], engine: str, where: str = "engine options"):
@@ -120,10 +169,7 @@ def options(name: str, options: Mapping[str, Any], where: str = "engine options"
     run's engine, whose options must also hold what running needs (the dataclass's
     `check_chosen`, where it has one: vllm's model); another engine's section,
     unused, is only checked."""
-    if name not in _MODULES:
-        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
-    cls = getattr(importlib.import_module(_MODULES[name]), _OPTIONS[name])
-    parsed = parse_options(cls, options, name, where)
+    parsed = parse_options(kind(name).options, options, name, where)
     if chosen and hasattr(parsed, "check_chosen"):
         try:
             parsed.check_chosen()

@@ -20,7 +20,7 @@ from annotated_types import Ge, Le
 from batchocr import readingorder, schema
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
-from batchocr.engines import parse_options, result, systemic
+from batchocr.engines import Engine, EngineType, parse_options, result, systemic
 from batchocr.schema import Needs
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class RapidOCROptions:
     memory_mb: Annotated[int, Ge(MIN_MEMORY_MB)] = 1280
 
 
-class RapidOCREngine:
+class RapidOCREngine(Engine):
     name = "rapidocr"
     needs = Needs(image=True, text_layer=False)
 
@@ -355,3 +355,6 @@ def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
     (threads 0, one per core, is the machine's), so that n parts do not oversubscribe it."""
     o = parse_options(RapidOCROptions, options, "rapidocr")
     return {**options, "threads": max(1, (o.threads or available_cpus()) // n)}
+
+
+ENGINE = EngineType(name="rapidocr", options=RapidOCROptions, create=create, settings=settings, shared=shared)

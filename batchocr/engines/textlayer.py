@@ -14,7 +14,7 @@ from annotated_types import Ge
 from batchocr import schema
 from batchocr.config import FORBID
 from batchocr.layertext import page_markdown
-from batchocr.engines import parse_options, result
+from batchocr.engines import Engine, EngineType, parse_options, result
 from batchocr.schema import Needs
 
 
@@ -31,7 +31,7 @@ class TextLayerOptions:
     min_chars: Annotated[int, Ge(0)] = 1
 
 
-class TextLayerEngine:
+class TextLayerEngine(Engine):
     name = "textlayer"
     needs = Needs(image=False, text_layer=True)
 
@@ -76,3 +76,6 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
     """What OUT remembers of this engine, without building it (engines.settings)."""
     parse_options(TextLayerOptions, options, "textlayer")
     return {"model": _model()}
+
+
+ENGINE = EngineType(name="textlayer", options=TextLayerOptions, create=create, settings=settings)

@@ -32,7 +32,7 @@ from annotated_types import Ge, Gt, Le
 
 from batchocr import deepencoder, ngram, ngram_sampler, rswa_tiles, schema, vitpad, workerext
 from batchocr.config import FORBID
-from batchocr.engines import parse_options, result, systemic
+from batchocr.engines import Engine, EngineType, parse_options, result, systemic
 from batchocr.engines.presets import Preset, document_presets, get_preset
 from batchocr.engines.repetition import RepetitionCheck
 from batchocr.errors import BatchocrError, ConfigError
@@ -355,7 +355,7 @@ def _refusals(engines: int = 1) -> systemic.Held:
     return systemic.Held("engine vllm refused every request alike ({n} pages, none taken)", engines)
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     name = "vllm"
 
     def __init__(self, options: VLLMOptions, llm: Any | None = None, *, warm_up: bool = True):
@@ -1086,3 +1086,7 @@ def _chosen(options: Mapping[str, Any]) -> VLLMOptions:
 
 def create(options: Mapping[str, Any]) -> VLLMEngine:
     return VLLMEngine(_chosen(options))
+
+
+ENGINE = EngineType(name="vllm", options=VLLMOptions, create=create, settings=settings, shared=shared,
+                    starts_alone=starts_alone, slow_to_build=True)
