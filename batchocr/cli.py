@@ -126,8 +126,8 @@ def _not_empty(ctx, param, value):
                    "job spec's shard:, else 0/1]")
 @click.option("--processes", type=int,
               help="run the shard as N processes side by side, each with its own render pool and engine over a "
-                   "share of the documents (vllm: 1/N of the GPU's memory each; two fill an H200 that one leaves "
-                   "half idle) [default: 1, or the job spec's]")
+                   "share of the documents (vllm: 1/N of the GPU's memory each; two keep busy a GPU that one "
+                   "leaves half idle) [default: 1, or the job spec's]")
 @click.option("--reprocess", is_flag=True,
               help="OUT was made with another engine, model, preset, prompt, route or render settings: redo its "
                    "pages with these (without it, such a run stops with exit 2); compact keeps the new rows")

@@ -1,27 +1,23 @@
 """One shard in several processes side by side (`processes` N in the job spec, `--processes N`).
 
-Why: one batchocr process is host-bound before the GPU is. With Unlimited-OCR on an
-H200 one engine left the GPU about half idle (its scheduler and its outputs, a step at
-a time); a second engine in the same process (`engines.vllm.instances: 2`) shared that
-process's interpreter with the first, and made 1.11x the pages/s of one over 2,048 pages
-(1.39x once both were full, after a start four times as long), while two whole
-pipelines, each a process of its own, made 1.40x over 4,096 (docs/GPU.md). So a shard
-can run as N parts: each part is a process with its own render pool, engine and
-part files, over a share of the shard's documents, all into the shard's folder.
+Why: one batchocr process is host-bound before the GPU is: vLLM's engine core steps one
+batch at a time in one interpreter, and the GPU waits for it. Two whole pipelines, each a
+process of its own with its own engine, keep the GPU busier than one, or than two engines in
+one process, which share its interpreter (measured figures: docs/PERFORMANCE.md).
 
-How: the parent lists the shard once and deals its documents into N shares balanced by
-bytes; each part is `run_job` over its share, in a spawned process (vLLM and
-onnxruntime hold threads a fork must not copy). The parts build their engines one
-after the other (vLLM measures the GPU's free memory while it starts: two at once
-would each count the other's), each with its share of the accelerator
-(`engines.shared`: vLLM's gpu_memory_utilization / N), or all at once where the
-engine needs no measure (`engines.starts_alone`: vLLM with kv_cache_gib, the KV
-cache's size, given). The parent forwards SIGTERM and SIGINT to the parts (each
-commits what finished, as a run alone does), stops the others when one fails (a
-systemic failure is the run's: one line, its exit code), and writes the shard's
-done-marker once every part is done. Whether page errors before any page was read are the
-engine's or the pages' is judged over all parts (batchocr.engines.systemic.Parts). Each part writes its own run
-record, holding 1/N of the accelerator, so `report` counts the GPU once.
+How: the parent prepares the shard once (batchocr/shard.py) and deals the documents with
+pages to do into N shares balanced by bytes; each part runs its share in a spawned process
+(batchocr/runner.py; vLLM and onnxruntime hold threads a fork must not copy). The parts
+build their engines one after the other (vLLM measures the GPU's free memory while it
+starts: two at once would each count the other's), each with its share of the accelerator
+(`engines.shared`: vLLM's gpu_memory_utilization / N), or all at once where the engine
+needs no measure (`engines.starts_alone`: vLLM with kv_cache_gib, the KV cache's size,
+given). The parent forwards SIGTERM and SIGINT to the parts (each commits what finished, as
+a run alone does), stops the others when one fails (a systemic failure is the run's: one
+line, its exit code), and finishes the shard once every part is done. Whether page errors
+before any page was read are the engine's or the pages' is judged over all parts
+(batchocr.engines.systemic.Parts). Each part writes its own run record, holding 1/N of the
+accelerator, so `report` counts the GPU once.
 """
 
 from __future__ import annotations
@@ -33,45 +29,20 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any
 
-from batchocr import engines, errors, producer, signals
+from batchocr import engines, errors, signals
 from batchocr.engines import systemic
 from batchocr.errors import BatchocrError, Interrupted
-from batchocr.sink import completed
-from batchocr.sources import DocRef, check_stores
+from batchocr.renderpool import before_os_exit
+from batchocr.renderworker import die_with_parent
+from batchocr.runner import run_shard
+from batchocr.shard import Part, RunSummary, prepare
+from batchocr.sources import DocRef
 from batchocr.spec import JobSpec
-from batchocr.storage import Store
 from batchocr.words import plural
 
 STOP_S = 120  # after a stop is forwarded: how long the parts have to commit before they are killed
-
-
-@dataclass
-class Part:
-    """Part `index` of `count` of a shard: its documents, and the engine start it waits for."""
-
-    index: int
-    count: int
-    documents: list[DocRef]
-    after: Any = None  # an Event: the part before it has built its engine (None: the first part)
-    ready: Any = None  # an Event this part sets once its engine is built
-    judged: Any = None  # what the parts share to tell a broken engine from bad pages (systemic.Parts)
-
-    def __str__(self) -> str:
-        return f"{self.index + 1}/{self.count}"
-
-    def wait_turn(self, stop: threading.Event) -> None:
-        """Until the part before this one has its engine (or the run stops)."""
-        while self.after is not None and not self.after.wait(0.2):
-            if stop.is_set():
-                raise Interrupted(f"batchocr: part {self}: interrupted before its engine started (nothing done)")
-
-    def built(self) -> None:
-        if self.ready is not None:
-            self.ready.set()
 
 
 def shares(documents: list[DocRef], n: int) -> list[list[DocRef]]:
@@ -94,112 +65,136 @@ _NOTHING = {"run_id": "", "documents": 0, "documents_skipped": 0, "pages": 0, "e
 _STOP_EXITS = {-s for s in signals.STOP}  # a part's exit code when a stop signal killed it
 
 
-def run_parts(spec: JobSpec, progress: bool, stop: threading.Event):
+def run_parts(spec: JobSpec, progress: bool, stop: threading.Event) -> RunSummary:
     """Run the shard of `spec` as spec.processes parts; the combined RunSummary."""
-    from batchocr import pipeline
-
     started = time.monotonic()
-    out = Store(spec.out, spec.storage_options)
-    source = Store(spec.source, spec.storage_options)
-    check_stores(source, out)
-    plan = pipeline._check_sharding(source, out, spec)  # exit 2 before any part starts
-    settings = pipeline._producer_settings(spec)
-    producer.check(out, settings, spec.reprocess, spec.out)  # exit 2 before any part starts
+    shard = prepare(spec)  # exit 2 before any part starts
     # Only documents with pages to do are dealt: a CronJob's rerun over a mostly done shard
     # balances the new work, not the listing.
-    todo, finished = pipeline.pending(pipeline._documents(source, out, spec, plan),
-                                      completed(pipeline.current_keys(out, spec.shard.index, settings)))
+    todo, finished = shard.pending()
     if not todo:  # nothing to do: no engine is loaded for it
-        return pipeline.idle_run(spec, out, finished, started, settings)
+        return shard.idle(finished, started)
     dealt = shares(todo, spec.processes)
-    n = len(dealt)
-    one = dataclasses.replace(spec, processes=1, engines={
-        **spec.engines, spec.engine: engines.shared(spec.engine, spec.engine_options, n)})
-    ctx = mp.get_context("spawn")
-    built = [ctx.Event() for _ in range(n)]
-    judged = systemic.Parts.new_array(ctx, n)
-    in_turn = engines.starts_alone(one.engine, one.engine_options)  # else all at once (kv_cache_gib given)
-    procs, conns = [], []
-    for j in range(n):
-        if stop.is_set():  # SIGTERM before every part has started: none more starts
-            break
-        part = Part(j, n, dealt[j], built[j - 1] if j and in_turn else None, built[j], judged)
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_part_main, args=(one, part, progress, send, os.getpid()),
-                        name=f"batchocr-part-{j + 1}")
-        with signals.held_for_a_child():  # until _part_main has its handlers in place
-            p.start()
-        send.close()
-        procs.append(p)
-        conns.append(recv)
-    results: dict[int, tuple] = {j: ("interrupted", _NOTHING) for j in range(len(procs), n)}
-    stopping_at = None
+    parts = _Parts(spec, len(dealt))
+    try:
+        parts.start(dealt, progress, stop)
+        parts.watch(stop)
+    finally:
+        parts.close()
+    failed = [r for r in parts.results.values() if r[0] == "error"]
+    if failed:
+        _, name, message, code = failed[0]
+        raise _error(name, message, code)
+    summary = _combined(spec, parts.results, finished, started)
+    if summary.interrupted:
+        raise Interrupted(summary.line() + f" ({plural(parts.n, 'part')}; finished pages committed; rerun to resume)")
+    shard.finish(summary.documents + summary.documents_skipped,
+                 {"run_ids": summary.run_id.split(", ") if summary.run_id else [],
+                  "seconds": round(summary.seconds, 3), "pages": summary.pages})
+    return summary
 
-    def stop_parts() -> None:
-        nonlocal stopping_at
-        if stopping_at is None:
-            stopping_at = time.monotonic()
-            for p in procs:
+
+class _Parts:
+    """The parts' processes, as the parent sees them: started, watched until each has given its
+    result (or died), stopped together."""
+
+    def __init__(self, spec: JobSpec, n: int):
+        self.spec, self.n = spec, n
+        self.ctx = mp.get_context("spawn")
+        self.built = [self.ctx.Event() for _ in range(n)]
+        self.judged = systemic.Parts.new_array(self.ctx, n)
+        self.procs: list = []
+        self.conns: list = []
+        self.results: dict[int, tuple] = {}
+        self.stopping_at: float | None = None
+
+    def start(self, dealt: list[list[DocRef]], progress: bool, stop: threading.Event) -> None:
+        """Each part's process, with its share of the accelerator; in turn where the engine must
+        start alone, else all at once (vLLM with kv_cache_gib given)."""
+        spec, n = self.spec, self.n
+        one = dataclasses.replace(spec, processes=1, engines={
+            **spec.engines, spec.engine: engines.shared(spec.engine, spec.engine_options, n)})
+        in_turn = engines.starts_alone(one.engine, one.engine_options)
+        for j in range(n):
+            if stop.is_set():  # SIGTERM before every part has started: none more starts
+                break
+            part = Part(j, n, dealt[j], self.built[j - 1] if j and in_turn else None, self.built[j], self.judged)
+            recv, send = self.ctx.Pipe(duplex=False)
+            p = self.ctx.Process(target=_part_main, args=(one, part, progress, send, os.getpid()),
+                                 name=f"batchocr-part-{j + 1}")
+            with signals.held_for_a_child():  # until _part_main has its handlers in place
+                p.start()
+            send.close()
+            self.procs.append(p)
+            self.conns.append(recv)
+        self.results = {j: ("interrupted", _NOTHING) for j in range(len(self.procs), n)}
+
+    def stop(self) -> None:
+        """SIGTERM to every part still running (each commits what finished), once."""
+        if self.stopping_at is None:
+            self.stopping_at = time.monotonic()
+            for p in self.procs:
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGTERM)
 
-    try:
-        while len(results) < n:
+    def watch(self, stop: threading.Event) -> None:
+        """Until every part has its result; the run's stop is passed on, and one part's error
+        stops the others (they commit what finished: the run ends with that error)."""
+        n = self.n
+        while len(self.results) < n:
             if stop.is_set():
-                stop_parts()
-            if stopping_at is not None and time.monotonic() > stopping_at + STOP_S:
-                for p in procs:
+                self.stop()
+            if self.stopping_at is not None and time.monotonic() > self.stopping_at + STOP_S:
+                for p in self.procs:
                     if p.is_alive():
                         p.kill()
-            left = {conns[j]: j for j in range(n) if j not in results}
+            left = {self.conns[j]: j for j in range(n) if j not in self.results}
             for conn in wait(list(left), timeout=0.5):
                 j = left[conn]
-                try:
-                    results[j] = conn.recv()
-                except (EOFError, OSError):  # it died without a word (killed, out of memory)
-                    procs[j].join(5)
-                    if procs[j].exitcode in _STOP_EXITS and (stop.is_set() or stopping_at is not None):
-                        # Stopped by the signal the run passed on (or the group's own), before the
-                        # part's handler was in place (its start-up): it had committed nothing.
-                        results[j] = ("interrupted", _NOTHING)
-                        systemic.Parts.finished(judged, j)
-                        continue
-                    results[j] = ("error", "BatchocrError", f"part {j + 1}/{n} of shard {spec.shard}: its process "
-                                  f"died (exit code {procs[j].exitcode}); committed work is intact, rerun to resume",
-                                  errors.EXIT_FAILED)
-                systemic.Parts.finished(judged, j)  # a part waiting to judge does not wait on it
-                if results[j][0] == "error":
-                    stop_parts()  # the others commit what finished and stop: the run ends with this one's error
-    finally:
-        if len(results) < n:  # the parent's own failure (a bug, a second Ctrl-C): the parts stop too
-            stop_parts()
-        for p in procs:
+                self.results[j] = self._result(j, conn, stop)
+                systemic.Parts.finished(self.judged, j)  # a part waiting to judge does not wait on it
+                if self.results[j][0] == "error":
+                    self.stop()
+
+    def _result(self, j: int, conn, stop: threading.Event) -> tuple:
+        try:
+            return conn.recv()
+        except (EOFError, OSError):  # it died without a word (killed, out of memory)
+            self.procs[j].join(5)
+            if self.procs[j].exitcode in _STOP_EXITS and (stop.is_set() or self.stopping_at is not None):
+                # Stopped by the signal the run passed on (or the group's own), before the
+                # part's handler was in place (its start-up): it had committed nothing.
+                return ("interrupted", _NOTHING)
+            return ("error", "BatchocrError", f"part {j + 1}/{self.n} of shard {self.spec.shard}: its process "
+                    f"died (exit code {self.procs[j].exitcode}); committed work is intact, rerun to resume",
+                    errors.EXIT_FAILED)
+
+    def close(self) -> None:
+        """Every process joined (killed after STOP_S), every pipe closed, the shared events freed."""
+        if len(self.results) < self.n:  # the parent's own failure (a bug, a second Ctrl-C): the parts stop too
+            self.stop()
+        for p in self.procs:
             p.join(STOP_S)
             if p.is_alive():
                 p.kill()
                 p.join()
             p.close()
-        for conn in conns:
+        for conn in self.conns:
             conn.close()
-        del built, judged  # their semaphores, unlinked now (not left to the resource tracker's warning at exit)
-    failed = [r for r in results.values() if r[0] == "error"]
-    if failed:
-        _, name, message, code = failed[0]
-        raise _error(name, message, code)
-    summaries = [results[j][1] for j in range(n)]
+        del self.built, self.judged  # their semaphores, unlinked now (not left to the resource tracker's warning at exit)
+
+
+def _combined(spec: JobSpec, results: dict[int, tuple], finished: int, started: float) -> RunSummary:
+    """The shard's summary from its parts' (`finished`: documents done before this run, which no part saw)."""
+    summaries = [results[j][1] for j in range(len(results))]
     run_ids = [s["run_id"] for s in summaries if s["run_id"]]  # none: interrupted before its engine
-    summary = pipeline.RunSummary(run_id=", ".join(run_ids), shard=str(spec.shard), out=spec.out,
-                                  seconds=time.monotonic() - started,
-                                  interrupted=any(r[0] == "interrupted" for r in results.values()))
-    summary.documents_skipped = finished  # done before this run: no part saw them
+    summary = RunSummary(run_id=", ".join(run_ids), shard=str(spec.shard), out=spec.out,
+                         seconds=time.monotonic() - started,
+                         interrupted=any(r[0] == "interrupted" for r in results.values()))
+    summary.documents_skipped = finished
     for s in summaries:
         for key in ("documents", "documents_skipped", "pages", "error_pages", "skipped_pages", "routed_pages"):
             setattr(summary, key, getattr(summary, key) + s[key])
-    if summary.interrupted:
-        raise Interrupted(summary.line() + f" ({plural(n, 'part')}; finished pages committed; rerun to resume)")
-    pipeline.mark_done(out, spec.shard, summary.documents + summary.documents_skipped,
-                       {"run_ids": run_ids, "seconds": round(summary.seconds, 3),
-                        "pages": summary.pages}, settings)
     return summary
 
 
@@ -214,18 +209,17 @@ def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int)
     """A part's process: run_job over its share; its summary, or its error, to the parent.
     It dies with the parent (kill -9 of the run must not leave parts writing on, to meet a
     rerun's parts over the same pages), as render workers do."""
-    from batchocr import pipeline
-    from batchocr.renderworker import die_with_parent
-
     die_with_parent(parent_pid)
     if part.judged is not None:
         systemic.share(systemic.Parts(part.judged, part.index))
 
     code = errors.EXIT_OK
     try:
-        with signals.graceful_stop():  # before the signals held since the spawn come: a stop, not a death
+        with signals.graceful_stop() as stop:  # before the signals held since the spawn come: a stop, not a death
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.STOP)
-            summary = pipeline.run_job(spec, progress=progress, part=part)
+            if stop.is_set():
+                raise Interrupted("batchocr: interrupted before the run started (nothing done; rerun to resume)")
+            summary = run_shard(spec, progress, None, stop, part)
         conn.send(("done", dataclasses.asdict(summary)))
     except Interrupted as exc:
         summary = getattr(exc, "summary", None)
@@ -248,7 +242,5 @@ def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int)
                 stream.flush()
             except (OSError, ValueError):
                 pass
-    from batchocr.renderpool import before_os_exit
-
     before_os_exit()
     os._exit(code)  # as the console script does (batchocr.cli.entry): no interpreter teardown

@@ -145,15 +145,7 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
     span_s = (last - first).total_seconds() if first is not None else None
     rate = page_rows.height / (span_s / 60) if span_s else None  # over the real span, however short
 
-    slowest = (page_rows.group_by("doc_id").agg(pl.len().alias("pages"), pl.col("latency_ms").sum())
-               .sort(["latency_ms", "doc_id"], descending=[True, False]).head(top))
-    flagged = page_rows.filter(pl.col("finish_reason").is_in(FLAGGED)).sort("doc_id", "page_index")
-    flagged_head = flagged.head(limit).select("doc_id", "page_index", "finish_reason", "output_tokens")
-    uris = _uris(pages, slowest["doc_id"].to_list() + flagged_head["doc_id"].to_list())
-    at = pl.col("processed_at")
-    run_rows = {run: {"pages": n, "first_row_at": lo, "last_row_at": hi} for run, n, lo, hi in
-                page_rows.drop_nulls("run_id").group_by("run_id")
-                .agg(pl.len(), at.min().alias("lo"), at.max().alias("hi")).iter_rows()}
+    run_rows = _run_rows(page_rows)
     by_run = {run: v["pages"] for run, v in run_rows.items()}
     models = (page_rows.group_by("engine", "model").len("pages").drop_nulls("engine")
               .sort(["pages", "engine"], descending=[True, False]))
@@ -177,11 +169,7 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
         output_tokens=distribution(page_rows["output_tokens"]),
         prompt_tokens=distribution(page_rows["prompt_tokens"]),
         latency_ms_by_route=latency_by_route(page_rows),
-        slowest_documents=[{"source_uri": uris.get(d), "doc_id": d, "pages": n, "latency_ms": float(ms or 0)}
-                           for d, n, ms in slowest.iter_rows()],
-        flagged_total=flagged.height,
-        flagged_pages=[{"source_uri": uris.get(d), "doc_id": d, "page_index": i, "finish_reason": r,
-                        "output_tokens": t} for d, i, r, t in flagged_head.iter_rows()],
+        **_notable(pages, page_rows, top, limit),
         routes=dict(page_rows.drop_nulls("route")["route"].value_counts(sort=True).iter_rows()),
         route_saving=route_saving(page_rows),
         cer=_cer(pages, truth, stale) if truth else None,
@@ -190,6 +178,31 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
         runs=sorted((run_brief(r, run_rows) for r in runs or []), key=lambda r: (r["started_at"] or "", r["run_id"])),
         models=models.to_dicts(),
     )
+
+
+def _run_rows(page_rows: pl.DataFrame) -> dict[str, dict[str, Any]]:
+    """Each run's pages in the table, and its first and last row's time."""
+    at = pl.col("processed_at")
+    return {run: {"pages": n, "first_row_at": lo, "last_row_at": hi} for run, n, lo, hi in
+            page_rows.drop_nulls("run_id").group_by("run_id")
+            .agg(pl.len(), at.min().alias("lo"), at.max().alias("hi")).iter_rows()}
+
+
+def _notable(pages: pl.LazyFrame, page_rows: pl.DataFrame, top: int, limit: int) -> dict[str, Any]:
+    """The `top` slowest documents and the first `limit` pages that hit the token limit or looped,
+    each with its document's source URI."""
+    slowest = (page_rows.group_by("doc_id").agg(pl.len().alias("pages"), pl.col("latency_ms").sum())
+               .sort(["latency_ms", "doc_id"], descending=[True, False]).head(top))
+    flagged = page_rows.filter(pl.col("finish_reason").is_in(FLAGGED)).sort("doc_id", "page_index")
+    flagged_head = flagged.head(limit).select("doc_id", "page_index", "finish_reason", "output_tokens")
+    uris = _uris(pages, slowest["doc_id"].to_list() + flagged_head["doc_id"].to_list())
+    return {
+        "slowest_documents": [{"source_uri": uris.get(d), "doc_id": d, "pages": n, "latency_ms": float(ms or 0)}
+                              for d, n, ms in slowest.iter_rows()],
+        "flagged_total": flagged.height,
+        "flagged_pages": [{"source_uri": uris.get(d), "doc_id": d, "page_index": i, "finish_reason": r,
+                           "output_tokens": t} for d, i, r, t in flagged_head.iter_rows()],
+    }
 
 
 def latency_by_route(page_rows: pl.DataFrame) -> dict[str, dict[str, float]]:

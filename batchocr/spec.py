@@ -138,7 +138,7 @@ class JobSpec:
     reprocess: bool = False
     # The shard as N parts side by side, each a process of its own (render pool, engine,
     # part files) over a share of its documents; vllm: each with 1/N of the GPU's memory
-    # (batchocr/parts.py says why: one process is host-bound before an H200 is).
+    # (batchocr/parts.py says why: one process is host-bound before the GPU is).
     processes: Annotated[int, Ge(1), Le(8)] = 1
 
     def __post_init__(self):

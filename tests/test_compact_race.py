@@ -97,7 +97,7 @@ def test_a_writer_starting_while_compaction_stages_its_file_leaves_that_file(tmp
 def test_a_run_that_fails_reading_its_shard_says_failed_in_its_record(tmp_path, monkeypatch):
     """A failure after the run record is written (here: the shard's committed keys cannot be
     read) leaves the record "failed", not "running" for good."""
-    from batchocr import pipeline
+    from batchocr import shard
 
     src, out = tmp_path / "src", tmp_path / "out"
     text_corpus(src, documents=1, pages=1)
@@ -105,7 +105,7 @@ def test_a_run_that_fails_reading_its_shard_says_failed_in_its_record(tmp_path, 
     def broken(*args):
         raise StorageError("out/pages/shard-00000: reading: OSError: broken")
 
-    monkeypatch.setattr(pipeline, "committed_keys", broken)
+    monkeypatch.setattr(shard, "committed_keys", broken)
     proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q")
     assert proc.returncode == 1 and "broken; committed work is intact" in proc.stderr
     [record] = [json.loads(p.read_text()) for p in (out / "_runs").iterdir()]
@@ -116,19 +116,19 @@ def test_a_run_whose_parts_compaction_replaced_before_its_end_writes_its_done_ma
     """`batchocr compact` beside a run (README: parts a run commits meanwhile are left alone,
     or compacted): a run that finished while compaction replaced its parts read them again for
     the done-marker and ended in a FileNotFoundError traceback, exit 1, no marker."""
-    from batchocr import pipeline
+    from batchocr import runner
 
     src = tmp_path / "src"
     text_corpus(src, documents=4, pages=2)
     out = tmp_path / "out"
-    real_end = pipeline._Shard.end
+    real_end = runner._end
 
-    def end(self, *args, **kwargs):  # every part committed, then a compaction before the marker
-        real_end(self, *args, **kwargs)
-        assert len(self.writer.parts) >= 2
+    def end(failing, stop, pool, record, write, *args):  # every part committed, then a compaction before the marker
+        real_end(failing, stop, pool, record, write, *args)
+        assert len(write.parts) >= 2
         compact_shard(Store(str(out)), 0)
 
-    monkeypatch.setattr(pipeline._Shard, "end", end)
+    monkeypatch.setattr(runner, "_end", end)
     spec = tmp_path / "job.yaml"
     spec.write_text(f"source: {src}\nout: {out}\nengine: textlayer\ncommit: {{every_pages: 2}}\n")
     proc = run_cli("run", "--job", str(spec), "-q")
