@@ -16,9 +16,10 @@ from annotated_types import Ge, Gt, Le
 
 from batchocr.config import FORBID, convert
 from batchocr.cpus import available_cpus
+from batchocr.engines import NAMES as ENGINES  # the registered engine types
+from batchocr.engines import options as engine_options
 from batchocr.errors import ConfigError
 
-ENGINES = ("rapidocr", "textlayer", "vllm")
 ROUTES = ("auto", "model", "textlayer")
 
 
@@ -117,10 +118,10 @@ class JobSpec:
     __pydantic_config__ = FORBID
     source: str
     out: str
-    engine: Literal["rapidocr", "textlayer", "vllm"] = "rapidocr"
+    engine: Literal[ENGINES] = "rapidocr"
     # Options of each engine, by engine name; only the chosen engine's are used (all
     # are validated, by the engine's options dataclass).
-    engines: Mapping[Literal["rapidocr", "textlayer", "vllm"], Mapping[str, Any]] = field(default_factory=dict)
+    engines: Mapping[Literal[ENGINES], Mapping[str, Any]] = field(default_factory=dict)
     render: RenderSpec = field(default_factory=RenderSpec)
     commit: CommitSpec = field(default_factory=CommitSpec)
     shard: Shard = field(default_factory=Shard)
@@ -218,10 +219,8 @@ def load_job(path: str | Path | None, **overrides: Any) -> JobSpec:
         else:
             data[key] = value
     spec = convert(JobSpec, data, where)
-    from batchocr import engines
-
     for name, options in spec.engines.items():  # every engine's section, typed by its options class
-        engines.options(name, options, where, chosen=name == spec.engine)
+        engine_options(name, options, where, chosen=name == spec.engine)
     return spec
 
 
