@@ -111,13 +111,19 @@ case "${1:-}" in
     done
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl $(ls /tmp/whl/*.whl 2>/dev/null)
     rm -rf "$REPO" && mkdir -p "$REPO" && cp -r batchocr bench tests "$REPO"/  # a copy the next call cannot touch
+    if [ -d .old ]; then cp -r .old "$REPO"/; fi  # the tree before a rebuild (suite.sh's rebuild runs)
     env_setup
     # batchocr's own dependencies the device image lacks travel in .whl/ too: without pyspellchecker
     # the router turned every page into an error row (2026-12-01); fail here, not after the engine's start
     # polars: a run imports it (compaction's counts in the done-marker, since 2026-12-04): without it
     # the first start of the nineteenth lease stopped here (docs/GPU.md)
     python3 -c "import polars" 2>/dev/null || { echo "polars missing: bash bench/gpu/device.sh polars here, then its two copy calls before start"; exit 1; }
-    python3 -c "import pymupdf, spellchecker, pydantic, psutil, polars, batchocr.cli, batchocr.pipeline, batchocr.render, batchocr.engines.vllm, batchocr.ngram"
+    python3 -c "import pymupdf, spellchecker, pydantic, psutil, polars, batchocr.cli, batchocr.engines.vllm"
+    # what throughput.py imports from batchocr, in this tree and in .old/ (module names move in a rebuild)
+    python3 "$REPO/bench/gpu/check_imports.py" "$REPO/bench/gpu/throughput.py"
+    if [ -d "$REPO/.old" ]; then
+      (cd "$REPO/.old" && PYTHONPATH=/tmp/site:/tmp/site2:$REPO/.old python3 "$REPO/bench/gpu/check_imports.py" bench/gpu/throughput.py)
+    fi
     case " ${2:-} " in *" route-"*) python3 -c "import polars, rapidfuzz, batchocr.evaluate";; esac  # bench/route.py
     python3 "$REPO/bench/gpu/make_models.py" /tmp/models
     nvidia-smi --query-gpu=index,name,memory.total --format=csv

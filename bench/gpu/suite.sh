@@ -51,6 +51,9 @@
 #   TP_ARGS="--fake --pages 16 --max-num-seqs 4 --chunk 8 --render-workers 1" bash bench/gpu/suite.sh /tmp/dry
 #                                                # a dry run of the whole suite on the CPU
 #   RUNS=route-7b ROUTE_ARGS="--fake --docs 2" MODELS=/tmp bash bench/gpu/suite.sh /tmp/dry   # the same
+# rebuild, rebuild-uocr, rebuild-7b (issue 49) need the tree before the rebuild in .old/ (git-ignored
+# through the common info/exclude, carried to the device with `carry: [".old"]`):
+#   git archive a1979f6 batchocr bench pyproject.toml tests/corpus.py tests/fake_vllm.py | tar -x -C .old
 set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
@@ -81,15 +84,59 @@ VIT_PAD_COMPILE='vitpadcompile=--vit-pad --engine-arg compilation_config={"compi
 # batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor;
 # unlimited-ocr's default since the sixth lease, so the runs that compare it with vLLM's encoder say --no-batch-encoder
 BATCH_ENCODER='batchenc=--batch-encoder'
-mkdir -p "$RES"
+mkdir -p "$RES" && RES=$(cd "$RES" && pwd)  # absolute: the old tree's runs start in .old/
 cd "$(dirname "$0")/../.."
 
+old_path() {  # PYTHONPATH for the old tree: this checkout's entry in it becomes .old/'s
+  python3 - "${PYTHONPATH:-}" <<'PY'
+import os, sys
+root, old = os.getcwd(), os.path.join(os.getcwd(), ".old")
+parts = [old if os.path.realpath(p) == os.path.realpath(root) else p for p in sys.argv[1].split(os.pathsep) if p]
+print(os.pathsep.join(parts if old in parts else [old, *parts]))
+PY
+}
+
 tp() {  # NAME ARGS...: one throughput.py run, bounded in time, logged
+  # TREE=old: the old tree's throughput.py and batchocr (.old/), started in .old/ so that what the run
+  # starts (the render workers' fork server, vLLM's engine core) imports that batchocr too
   local name=$1; shift
-  echo "$(date +%T) start $name" >>"$RES/suite.log"
-  timeout "${TP_TIMEOUT:-1500}" python3 bench/gpu/throughput.py "$@" ${TP_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
+  if [ "${TREE:-}" = old ]; then
+    if [ ! -f .old/bench/gpu/throughput.py ]; then
+      echo "$(date +%T) skip $name: no .old/ (the head of this file says how to make it)" >>"$RES/suite.log"
+      return 1
+    fi
+    local path; path=$(old_path)
+    echo "$(date +%T) start $name (the old tree, .old/)" >>"$RES/suite.log"
+    (cd .old && export PYTHONPATH=$path && python3 -c 'import batchocr; print("batchocr from", batchocr.__path__[0])' &&
+       timeout "${TP_TIMEOUT:-1500}" python3 bench/gpu/throughput.py "$@" ${TP_ARGS:-} --json "$RES/$name.json") \
+      >"$RES/$name.log" 2>&1
+  else
+    echo "$(date +%T) start $name" >>"$RES/suite.log"
+    timeout "${TP_TIMEOUT:-1500}" python3 bench/gpu/throughput.py "$@" ${TP_ARGS:-} --json "$RES/$name.json" >"$RES/$name.log" 2>&1
+  fi
   local rc=$?  # before $(date) sets its own
   echo "$(date +%T) end $name rc=$rc" >>"$RES/suite.log"
+}
+
+gpu_free() {  # until the last process's GPU memory is back (an engine sizes its KV cache from what is free)
+  command -v nvidia-smi >/dev/null || return 0
+  local used
+  for _ in $(seq 120); do
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1 | tr -cd 0-9)
+    [ "${used:-0}" -lt 4096 ] && return 0
+    sleep 1
+  done
+}
+
+trees() {  # NAME RUNNER ARGS...: a and b with the old tree, b with this one, each its own process; compared
+  local name=$1 runner=$2; shift 2
+  gpu_free; TREE=old TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-a" "$@" --modes a
+  gpu_free; TREE=old TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-old" "$@" --modes b
+  gpu_free; TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-new" "$@" --modes b
+  python3 bench/gpu/compare_trees.py "$RES/$name-old.json" "$RES/$name-new.json" "$RES/$name-a.json" \
+    --json "$RES/$name-compare.json" >"$RES/$name-compare.txt" 2>&1
+  local rc=$?
+  { echo "$(date +%T) $name compared rc=$rc"; cat "$RES/$name-compare.txt"; } >>"$RES/suite.log"
 }
 
 uocr() {  # NAME ARGS...: a throughput.py run on Unlimited-OCR's layout, 16-page documents, the kit's R-SWA backend
@@ -352,6 +399,14 @@ run() {  # one named run of the suite
                   --pages 3072 --lengths B --timeout 900 --processes 2,2@48,2 --caches seeded ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
+    # issue 49: the rebuild kept the speed. Each layout at equal work, on the same pages and output
+    # lengths: a (vLLM alone) with the old tree, whose process pays the cold compile caches; b with the
+    # old tree; b with this one; each its own process (one process imports one batchocr), then
+    # compare_trees.py (equal work, new/old and b/a). Unlimited-OCR's page mode first (the headline:
+    # a lease cut short still has it), then the 7B layout; ~16 min on an H100 (REBUILD_CALLS.txt)
+    rebuild) run rebuild-uocr; run rebuild-7b ;;
+    rebuild-uocr) trees rebuild-uocr uocr --pages "${REBUILD_UOCR_PAGES:-512}" ;;
+    rebuild-7b) trees rebuild-7b tp "--model=$MODELS/qwen2.5-vl-7b" --pages "${REBUILD_7B_PAGES:-256}" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
   esac
 }
