@@ -2,7 +2,7 @@
 
 `batchocr.ngram.BatchBans.pairs()` is what `NoRepeatNGramLogitsProcessor.apply` runs on the
 engine core's host every decode step, for every running request, before its one indexed
-write; on the V1 runner that host time is part of the step (docs/GPU.md: its decode steps are
+write; on the V1 runner that host time is part of the step (docs/history/GPU.md: its decode steps are
 host-bound). This times `pairs()` of this checkout and of a baseline checkout (`--baseline
 DIR`, e.g. a `git worktree` of an older commit) in the same process, over the same requests
 and tokens: 256 requests holding `--start` tokens, then `--steps` steps of one token each (what

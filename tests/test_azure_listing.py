@@ -2,7 +2,7 @@
 size the test sees every request the listing makes to Azurite while it reads the
 documents one by one. A listing that gathered the container first would have made
 all its requests before the first document came out. (bench/azure_listing.py
-measures the memory of this over 20,000 blobs; docs/BENCHMARKS.md has the figures.)"""
+measures the memory of this over 20,000 blobs; docs/history/BENCHMARKS.md has the figures.)"""
 
 import sys
 

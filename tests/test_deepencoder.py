@@ -43,7 +43,7 @@ def test_batch_encoder_names_one_worker_extension_for_what_is_asked():
 
 
 def test_batch_encoder_unset_is_the_preset_s_on_only_where_measured():
-    """Unset: on for unlimited-ocr (it won on the H200 at equal work, docs/GPU.md sixth lease),
+    """Unset: on for unlimited-ocr (it won on the H200 at equal work, docs/history/GPU.md sixth lease),
     off for deepseek-ocr (not measured) and for every model without that encoder."""
     def extension(preset, **options):
         return VLLMOptions(model="/m", preset=preset, **options).llm_args(get_preset(preset)).get("worker_extension_cls")

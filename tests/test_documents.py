@@ -2,7 +2,7 @@
 output split back on <page> into a row a page. vLLM is stood in for at its API boundary
 (tests/fake_vllm.py: a request of several images writes each page's words with <page>
 between them, and none before a page whose centre is red); the real thing runs on the GPU
-(bench/gpu/, docs/GPU.md)."""
+(bench/gpu/, docs/history/GPU.md)."""
 
 import json
 import threading

@@ -2,7 +2,7 @@
 part of a page's work that grows with its pixels, is bounded by the pixel count
 the budget allows. Sizes are asserted as computed and as the real detector
 received them (its ONNX input tensors), not as RSS: bench/page_memory.py
-measures the memory (docs/BENCHMARKS.md)."""
+measures the memory (docs/history/BENCHMARKS.md)."""
 
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ def layout_run(tmp_path_factory):
     """The test set OCRed by batchocr run with the engine's defaults. How it read before
     (rapidocr's own order, no deskew: 0.47-0.74 CER on all five pages that are not
     single-column, 0.000 on the one that is) is bench/accuracy.py's before/after
-    (docs/BENCHMARKS.md); a second OCR of the set here cost CI a minute a run."""
+    (docs/history/BENCHMARKS.md); a second OCR of the set here cost CI a minute a run."""
     import layouts
 
     from batchocr import read_pages
@@ -259,7 +259,7 @@ def _cer(text: str, truth: str) -> float:
 
 def test_the_cpu_engine_reads_a_sheet_whose_paragraph_breaks_line_up(ocr):
     """tests/layouts.py's aligned-breaks page (the sheet above, set in type) through the
-    real engine: the old reading order scored 0.449 on its boxes (docs/BENCHMARKS.md)."""
+    real engine: the old reading order scored 0.449 on its boxes (docs/history/BENCHMARKS.md)."""
     import layouts
 
     made = layouts.aligned_breaks()

@@ -301,7 +301,7 @@ def test_an_out_of_runs_that_found_no_document_reads_as_an_empty_table(tmp_path)
 
 def test_report_over_a_million_rows(tmp_path):
     """bench/report_memory.py: a synthetic 1,000,000-row output, the report in a fresh
-    process; its peak RSS is the figure in docs/BENCHMARKS.md."""
+    process; its peak RSS is the figure in docs/history/BENCHMARKS.md."""
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report_memory.py"), "--rows", "1000000",
                            "--keep", str(out), "--json"], capture_output=True, text=True, timeout=900)

@@ -106,7 +106,7 @@ def test_a_vllm_whose_kernel_moved_stops_the_run_naming_the_key_before_vllm_star
 
 def test_rswa_tiles_unset_is_the_preset_s_in_both_modes_and_only_with_the_kernel_it_rewrites(
         tmp_path, monkeypatch, caplog):
-    """Unset: on for unlimited-ocr in both modes (each won on the H200 at equal work, docs/GPU.md:
+    """Unset: on for unlimited-ocr in both modes (each won on the H200 at equal work, docs/history/GPU.md:
     page mode in the seventh lease, document mode in the tenth). A vLLM whose kernel moved runs its own kernel
     with one warning: a default never stops a run; asked for, it is exit 2 (the test above)."""
     p = get_preset("unlimited-ocr")

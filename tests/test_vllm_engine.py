@@ -873,7 +873,7 @@ def test_kv_cache_gib_is_vllm_s_kv_bytes_shared_by_instances_and_parts():
 
 def test_qwen2_5_vl_s_vision_blocks_are_compiled_unless_the_user_says_otherwise():
     """compile_mm_encoder is qwen2.5-vl's and olmocr-2's default (won twice at equal work on the
-    H200, docs/GPU.md); a user's compilation_config is laid over it key by key, so other compile
+    H200, docs/history/GPU.md); a user's compilation_config is laid over it key by key, so other compile
     settings keep it and `compile_mm_encoder: false` turns it off; models whose encoder vLLM does
     not compile get no such key; the preset's dict is not shared between runs."""
     def args(preset="qwen2.5-vl", **engine_args):

@@ -23,7 +23,7 @@
 #
 # Each call must come within 30 s of the last (the machine goes back when idle): make them all in
 # one batch of tool calls (copies, start, then the waits), so that nothing comes between them; twice a
-# machine was lost to a pause between separate calls (docs/GPU.md, eighth and ninth leases). The start
+# machine was lost to a pause between separate calls (docs/history/GPU.md, eighth and ninth leases). The start
 # call refuses to go on with a part of the kit missing ("kit incomplete"): a machine that went back
 # between the copies is a fresh one.
 set -u
@@ -116,7 +116,7 @@ case "${1:-}" in
     # batchocr's own dependencies the device image lacks travel in .whl/ too: without pyspellchecker
     # the router turned every page into an error row (2026-12-01); fail here, not after the engine's start
     # polars: a run imports it (compaction's counts in the done-marker, since 2026-12-04): without it
-    # the first start of the nineteenth lease stopped here (docs/GPU.md)
+    # the first start of the nineteenth lease stopped here (docs/history/GPU.md)
     python3 -c "import polars" 2>/dev/null || { echo "polars missing: bash bench/gpu/device.sh polars here, then its two copy calls before start"; exit 1; }
     python3 -c "import pymupdf, spellchecker, pydantic, psutil, polars, batchocr.cli, batchocr.engines.vllm"
     # what throughput.py imports from batchocr, in this tree and in .old/ (module names move in a rebuild)

@@ -1,7 +1,7 @@
 """What a process's first requests cost to prepare, before vLLM runs anything: vLLM's renderer
 (the model's tokenizer and image processor) on its first calls, after the engine is built.
 
-The fourteenth lease (docs/GPU.md) saw a process's first run wait ~15 s between its first rendered
+The fourteenth lease (docs/history/GPU.md) saw a process's first run wait ~15 s between its first rendered
 pages and its first request to vLLM, where later runs in the same process waited none, and a
 `generate` of 64 pages beforehand removed it. This times, in one fresh process each:
 

@@ -18,11 +18,11 @@ to the 80th percentile row). With them the GPU busy (NVML, every 100 ms) over th
 the window, and the host memory peak of the whole process tree.
 Each run starts as a fresh pod does (--caches fresh, the default): its own empty vLLM, Triton
 and Inductor caches, so a later run does not load the compiled graphs and kernels of an
-earlier one (a warm compile cache cut an engine's start from 93-104 s to 17 s: GPU.md, second
-lease). --caches seeded: the first run from empty caches, each later one from a copy of what the
-first left, in the same place (a pod whose $HOME/.cache is copied in from a volume before it
-starts). --caches shared leaves the machine's own. A run named twice (2,2@48,2) is keyed 2, 2@48,
-2#2.
+earlier one (a warm compile cache cut an engine's start from 93-104 s to 17 s:
+docs/history/GPU.md, second lease). --caches seeded: the first run from empty caches, each
+later one from a copy of what the first left, in the same place (a pod whose $HOME/.cache is
+copied in from a volume before it starts). --caches shared leaves the machine's own. A run named
+twice (2,2@48,2) is keyed 2, 2@48, 2#2.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ V1_NO_PROCESSOR='v1noproc=--engine-arg logits_processors=[] --ngram off --env VL
 V2_NO_BANS='v2nobans=--ngram-bans sampler --ngram off'
 # the same bans on the GPU in vLLM's V2 sampler (batchocr.ngram_sampler: engines.vllm.ngram_bans: sampler)
 SAMPLER_BANS='sampler=--ngram-bans sampler'
-# the encoder's host cost (a page's prefill ~62 ms of engine-core time, the GPU idle: GPU.md, fourth
+# the encoder's host cost (a page's prefill ~62 ms of engine-core time, the GPU idle: docs/history/GPU.md, fourth
 # lease): vLLM's encoder CUDA graphs (V1 runner only; DeepSeek-OCR's encoder supports them), and its
 # pixels to the engine core through shared memory rather than serialized (no spaces: split on them)
 ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":true}'
@@ -243,7 +243,7 @@ run() {  # one named run of the suite
     tp21-first) py tp21-first-one bench/gpu/first_requests.py "$MODELS/qwen2-vl-2b"
                 py tp21-first-threads bench/gpu/first_requests.py "$MODELS/qwen2-vl-2b" --fresh-threads ;;
     # transformers' processor run before vLLM's build: the engine core hung in the fifteenth lease
-    # (vLLM forks it), so a short limit; only to find out why (GPU.md, fifteenth lease)
+    # (vLLM forks it), so a short limit; only to find out why (docs/history/GPU.md, fifteenth lease)
     tp21-first-prewarm) PY_TIMEOUT=240 py tp21-first-prewarm bench/gpu/first_requests.py "$MODELS/qwen2-vl-2b" \
                           --pre-warm --fresh-threads ;;
     # the padded vision MLPs on vLLM's real vision tower alone: the same output, ms a page, the kernels (~1 min)
@@ -297,7 +297,7 @@ run() {  # one named run of the suite
                    --variant "queue1024=--queue-pages 1024" ;;
     # the run the twelfth lease cut short: b at the default queue against 1,024 (~6 min)
     uocr-memory-1024) uocr uocr-memory-1024 --pages 1024 --modes b --variant "queue1024=--queue-pages 1024" ;;
-    # what a custom logits processor costs vLLM (GPU.md, "Issue 20, second lease"): b with
+    # what a custom logits processor costs vLLM (docs/history/GPU.md, "Issue 20, second lease"): b with
     # batchocr's processor (V1 runner, output tokens synced to the host a step), with none on V2,
     # and with none on V1; 512 pages, equal work in tokens (the bans change tokens, not counts)
     # and with the bans in the V2 sampler (uocr-bans first: it checks those bans end to end, and their runner)
@@ -392,7 +392,7 @@ run() {  # one named run of the suite
     # PROC_ARGS: e.g. "--processes 2 --lengths B" (lognormal lengths), "--mode document" (groups of 4)
     uocr-processes) PY_TIMEOUT=1700 py uocr-processes bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                       --pages 4096 --timeout 900 ${PROC_ARGS:-} ;;
-    # a command's start (GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
+    # a command's start (docs/history/GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
     uocr-start) PY_TIMEOUT=1700 py uocr-start bench/gpu/processes.py --models "$MODELS" --work /tmp/start \
