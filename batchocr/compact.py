@@ -131,9 +131,7 @@ def _claimed(out: Store, shard: int) -> Iterator[str | None]:
                 yield None
             finally:
                 out.remove(rel)
-                if out.is_local:  # no empty folder left in OUT
-                    with contextlib.suppress(OSError):
-                        os.rmdir(out.path(layout.COMPACTING))
+                out.remove_empty_folder(layout.COMPACTING)  # no empty folder left in OUT
             return
         try:
             held = json.loads(out.read_bytes(rel) or b"{}")

@@ -13,7 +13,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-import fsspec
 import pyarrow as pa
 import pymupdf
 
@@ -25,7 +24,7 @@ from batchocr.renderworker import READING, UNKNOWN
 from batchocr.router import route_page
 from batchocr.sources import DocRef, native
 from batchocr.spec import RenderSpec
-from batchocr.storage import AZURE_PROTOCOLS, Store
+from batchocr.storage import Store
 
 
 @dataclass(frozen=True)
@@ -73,8 +72,8 @@ def open_document(doc: DocRef, storage_options: Mapping[str, Any], progress: Cal
     data = store.read_document(progress=lambda: progress(READING, UNKNOWN),  # each chunk: it moves
                                listed_size=doc.size or None)
     progress(UNKNOWN, UNKNOWN)
-    if doc.size and len(data) != doc.size and fsspec.core.split_protocol(uri)[0] in AZURE_PROTOCOLS:
-        raise Unreadable(_changed(doc.size, len(data)))  # a blob's size is its bytes (an http body's need not be)
+    if doc.size and len(data) != doc.size and store.exact_sizes:  # a blob's size is its bytes; an http body's need not be
+        raise Unreadable(_changed(doc.size, len(data)))
     if not data:
         raise EmptyFile()
     return pymupdf.open(stream=data, filetype=doc.filetype), tiff_sizes(lambda at, n: data[at:at + n])

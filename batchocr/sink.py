@@ -97,8 +97,7 @@ def find_unreadable_part(store: Store) -> StorageError | None:
     error; None if every one reads (then what failed was something else)."""
     for rel in store.find(layout.PAGES, suffix=".parquet"):
         try:
-            with store.fs.open(store.path(rel), "rb") as f:
-                pq.read_metadata(f)
+            store.read_parquet_metadata(rel)
         except FileNotFoundError:
             continue
         except (pa.ArrowException, OSError) as exc:

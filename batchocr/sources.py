@@ -87,7 +87,7 @@ def check_stores(source: Store, out: Store) -> None:
     files (its settings, a run record), which then held OUT to that run's settings."""
     if not source.exists():
         raise ConfigError(f"SOURCE {source.url} does not exist")
-    if source.is_local and os.path.isfile(source.root) and not is_document(source.root):
+    if source.is_known_file() and not is_document(source.root):
         raise not_a_document(source)
     out.check_writable_root("OUT")
 

@@ -28,7 +28,7 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     options, credential_provider = store.polars_options()
     # The schema is this version's: a part written before a column existed (route,
     # skew_angle) reads with it null, so an OUT resumed across versions still opens.
-    paths = [store.uri(store.local_path(p) if store.is_local else store.path(p)) for p in parts]
+    paths = [store.reader_uri(p) for p in parts]
     # glob off: the parts' names are listed already, and an OUT named `run[1]` or `batch?1` is
     # no pattern (as one, it matched nothing: an empty table, silently)
     return pl.scan_parquet(paths, hive_partitioning=False, glob=False,

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import batchocr
-from batchocr.azureblob import polars_options, resolve
 from batchocr.errors import ConfigError
 from batchocr.sources import doc_id
 from batchocr.storage import Store
+from batchocr.storage.azureauth import polars_options, resolve
 from azurite import ACCOUNT, KEY, azurite, connection_string  # noqa: F401 - azurite is a fixture
 from conftest import SAMPLES, count_pages, run_cli, sample_documents
 from corpus import text_pdf
@@ -133,7 +133,8 @@ def test_a_reader_whose_part_compaction_deletes_mid_read_reads_the_compacted_par
             {"doc_id": doc, "source_uri": f"az://x/{doc}", "source_etag": "e", "page_index": i, "page_count": 2,
              "text": f"page {i}", "finish_reason": "stop", "run_id": "r"} for i in range(2)],
             schema=schema.PAGE_TABLE))
-    real_open, compacted = store.fs.open, []
+    fs = store._backend.fs
+    real_open, compacted = fs.open, []
 
     def open_(path, *args, **kwargs):  # opened (its size read), then compacted away before the read
         f = real_open(path, *args, **kwargs)
@@ -142,11 +143,11 @@ def test_a_reader_whose_part_compaction_deletes_mid_read_reads_the_compacted_par
             compacted[0] = compact_shard(Store(out, azurite.options()), 0)
         return f
 
-    store.fs.open = open_
+    fs.open = open_
     try:
         keys = committed_keys(store, 0)
     finally:
-        del store.fs.open
+        del fs.open
     assert compacted[0].parts_before == 3
     assert sorted(zip(keys["doc_id"].to_pylist(), keys["page_index"].to_pylist())) == [
         (d, i) for d in "abc" for i in range(2)]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from azurite import azurite  # noqa: F401 - a fixture
-from batchocr import azureblob
+from batchocr.storage import azureblob
 from batchocr.sources import list_documents
 from batchocr.storage import Store
 from conftest import ROOT, SAMPLES

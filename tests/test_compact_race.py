@@ -336,7 +336,7 @@ def test_a_claim_made_as_another_compaction_removes_the_claims_folder_is_made_al
     """Two `batchocr compact` of one OUT, each on its shard: one releasing its claim removes the
     then empty OUT/_compact between the other's makedirs and its create of its own claim. That
     create failed (FileNotFoundError: a traceback, exit 1); it makes the folder again, as a part
-    file's staging folder is made again (storage._create)."""
+    file's staging folder is made again (storage.local._create)."""
     store = _shard_of_three_parts(tmp_path)
     real, raced = os.makedirs, []
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchocr.azureblob import resolve
 from batchocr.engines import parse_options
 from batchocr.engines.vllm import VLLMOptions
 from batchocr.errors import EXIT_CONFIG, EXIT_INTERRUPTED
 from batchocr.spec import load_job
+from batchocr.storage.azureauth import resolve
 from conftest import ROOT
 
 import tools

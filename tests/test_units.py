@@ -75,8 +75,8 @@ def test_listing_filters_sorts_and_recurses(tmp_path):
 
 def test_listing_a_memory_filesystem_and_a_single_file(tmp_path):
     store = Store("memory://scans")
-    store.fs.pipe_file("/scans/x.pdf", b"%PDF")
-    store.fs.pipe_file("/scans/y.txt", b"no")
+    store.write_atomic("x.pdf", b"%PDF")
+    store.write_atomic("y.txt", b"no")
     assert [d.uri for d in list_documents(store)] == ["memory:///scans/x.pdf"]
     (tmp_path / "one.pdf").write_bytes(b"%PDF")
     assert [d.name for d in list_documents(Store(str(tmp_path / "one.pdf")))] == ["one.pdf"]
@@ -234,7 +234,7 @@ def test_part_writer_commits_after_t_seconds():
     assert not writer.parts
     now[0] = 11
     writer.add(_rows(1, "d2"))
-    assert len(writer.parts) == 1 and store.fs.exists(store.path(writer.parts[0]))
+    assert len(writer.parts) == 1 and store.exists(writer.parts[0])
 
 
 def test_part_writer_commits_its_first_part_early():
@@ -317,7 +317,7 @@ def test_store_write_atomic_leaves_no_temp_and_replaces(tmp_path):
 def test_a_writer_whose_staging_folder_another_removes_makes_it_again(tmp_path, monkeypatch):
     """Two pods' writers on one volume: one removes the empty staging folder between
     the other's makedirs and its open."""
-    from batchocr import storage
+    from batchocr.storage import local
 
     real = os.makedirs
     raced = []
@@ -328,7 +328,7 @@ def test_a_writer_whose_staging_folder_another_removes_makes_it_again(tmp_path, 
             raced.append(path)
             os.rmdir(path)  # the other writer's _remove_if_empty
 
-    monkeypatch.setattr(storage.os, "makedirs", makedirs)
+    monkeypatch.setattr(local.os, "makedirs", makedirs)
     Store(str(tmp_path)).write_atomic("a/c.parquet", b"3", staging="_tmp")
     assert raced and (tmp_path / "a" / "c.parquet").read_bytes() == b"3" and not (tmp_path / "_tmp").exists()
 
@@ -337,7 +337,7 @@ def test_a_writer_whose_makedirs_loses_the_race_to_another_writer_tries_again(tm
     """makedirs(exist_ok=True) raises FileExistsError when its mkdir finds the folder and
     another writer removes it before makedirs checks it is a folder (CI, three shards on one
     folder: 'FileExistsError: [Errno 17] File exists: .../out/_tmp' stopped a shard)."""
-    from batchocr import storage
+    from batchocr.storage import local
 
     real = os.makedirs
     raced = []
@@ -348,7 +348,7 @@ def test_a_writer_whose_makedirs_loses_the_race_to_another_writer_tries_again(tm
             raise FileExistsError(17, "File exists", path)  # as os.makedirs raises it then
         real(path, exist_ok=exist_ok)
 
-    monkeypatch.setattr(storage.os, "makedirs", makedirs)
+    monkeypatch.setattr(local.os, "makedirs", makedirs)
     Store(str(tmp_path)).write_atomic("a/d.parquet", b"4", staging="_tmp")
     assert raced and (tmp_path / "a" / "d.parquet").read_bytes() == b"4"
 
