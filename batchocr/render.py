@@ -20,7 +20,7 @@ from batchocr import schema
 from batchocr.schema import Needs
 from batchocr.engines.textlayer import page_text
 from batchocr.errors import BatchocrError, Unreadable
-from batchocr.renderworker import READING, UNKNOWN
+from batchocr.renderprogress import READING, UNKNOWN
 from batchocr.router import route_page
 from batchocr.sources import DocRef, native
 from batchocr.spec import RenderSpec

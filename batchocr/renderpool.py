@@ -27,7 +27,7 @@ from batchocr import schema, signals
 from batchocr import renderworker
 from batchocr.errors import BatchocrError, StorageError
 from batchocr.render import RenderTask, doc_error, page_error
-from batchocr.renderworker import COUNT, PAGE, READING, STARTED, TICKS, UNKNOWN
+from batchocr.renderprogress import COUNT, PAGE, READING, STARTED, TICKS, UNKNOWN
 from batchocr.schema import Needs
 from batchocr.spec import RenderSpec
 

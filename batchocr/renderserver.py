@@ -12,7 +12,7 @@ The server is single-threaded when it forks but for jemalloc's background thread
 jemalloc's own fork handlers deal with (OpenBLAS is held to one thread), so forking it is
 safe where forking the run's process, which holds onnxruntime's or vLLM's threads, is not.
 It ends when the run's process does (multiprocessing's forkserver reads the end of a pipe only
-that process holds: renderworker.release_server), and each worker dies with it (PDEATHSIG).
+that process holds: renderworker.close_server_pipe), and each worker dies with it (PDEATHSIG).
 """
 
 from __future__ import annotations

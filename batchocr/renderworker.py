@@ -10,15 +10,10 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
+from batchocr.renderprogress import COUNT, PAGE, STARTED, TICKS
 from batchocr.signals import STOP
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-# The shared progress record (multiprocessing RawArray of 'q') the pool reads when
-# a worker hangs or dies: which page of which document it was on.
-STARTED, COUNT, PAGE, TICKS = range(4)
-UNKNOWN = -1
-READING = -2  # PAGE while the document is downloaded from SOURCE (before MuPDF opens it)
 
 
 def skip_pymupdf_extras() -> None:
@@ -50,7 +45,7 @@ def die_with_parent(parent_pid: int | None) -> None:
         os._exit(1)
 
 
-def release_server() -> bool:
+def close_server_pipe() -> bool:
     """Whether this process is a fork server's child; if so, it lets go of its copy of the run's
     end of the pipe whose closing ends the server (multiprocessing hands one to every child, for
     children that start processes of their own), so that the server ends when the run does and
@@ -72,7 +67,7 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], prog
     """parent_pid: the run's process; a worker forked by the fork server dies with the server,
     which ends with the run. env, cwd: the run's now (the server's are those of the first run
     of its process: a library user's second run may have others)."""
-    die_with_parent(None if release_server() else parent_pid)
+    die_with_parent(None if close_server_pipe() else parent_pid)
     if env is not None:
         os.environ.clear()
         os.environ.update(env)

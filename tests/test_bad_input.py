@@ -8,7 +8,7 @@ import time
 import pymupdf
 import pytest
 
-from batchocr import read_pages, renderworker, schema
+from batchocr import read_pages, renderprogress, schema
 from batchocr.render import RenderTask
 from batchocr.schema import Needs
 from batchocr.renderpool import RenderPool
@@ -117,7 +117,7 @@ def test_a_worker_kept_waiting_for_a_cpu_is_not_timed_out(tmp_path):
     def read(timeout: float):
         with RenderPool(RenderSpec(workers=1, timeout_s=timeout, batch_pages=1), Needs(text_layer=True, image=False)) as pool:
             pid = pool.workers[0].process.pid
-            while not pool.workers[0].progress[renderworker.STARTED]:  # its imports done at full speed
+            while not pool.workers[0].progress[renderprogress.STARTED]:  # its imports done at full speed
                 time.sleep(0.01)
             os.sched_setaffinity(pid, {cpu})
             while len(hogs) < 9:
@@ -148,7 +148,7 @@ def _kill_when_on_a_page(pool, page: int, sig=signal.SIGKILL) -> threading.Threa
     """Kill worker 0 once it has started rendering `page` (its shared progress record)."""
     def watch():
         w = pool.workers[0]
-        while w.progress[renderworker.PAGE] != page:
+        while w.progress[renderprogress.PAGE] != page:
             time.sleep(0.01)
         os.kill(w.process.pid, sig)
     thread = threading.Thread(target=watch, daemon=True)
