@@ -198,24 +198,7 @@ class RenderPool:
         timeout = self.spec.timeout_s
         while True:
             if not stop():
-                for i in range(self.spec.worker_count):
-                    if i < len(self.workers) and self.workers[i].task is not None:
-                        continue
-                    task = self._resume.popleft() if self._resume else None
-                    if task is None and not exhausted:
-                        task = next(pending, None)
-                        exhausted = task is None
-                    if task is None:
-                        break
-                    if i == len(self.workers):  # every worker busy: one more, for this document
-                        self.workers.append(self._spawn())
-                    while True:
-                        try:
-                            self.workers[i].assign(task, timeout)
-                            break
-                        except OSError:  # it died while idle: a fresh one takes the task
-                            self.workers[i].task = None
-                            self._replace_idle(i)
+                exhausted = self._assign(pending, exhausted, timeout)
             busy = [w for w in self.workers if w.task is not None]
             if not busy or stop():
                 return
@@ -226,37 +209,72 @@ class RenderPool:
                 w.deadline += w.starved()
             for w in busy:
                 if w.conn in ready:
-                    try:
-                        msg = w.conn.recv()
-                    except (EOFError, OSError):
-                        w.process.join(timeout=1)
-                        why = f"the render worker died (exit code {w.process.exitcode})"
-                        yield from self._replace(w, "renderer_crashed", why)
-                        continue
-                    w.deadline = time.monotonic() + timeout
-                    if isinstance(msg, BatchocrError):
-                        raise msg  # not the document's fault: no error rows, the run stops
-                    if msg is None:
-                        w.task = None
-                        continue
-                    w.pages_seen.update(msg.column("page_index").to_pylist())
-                    suspended = time.monotonic()
-                    yield msg
-                    # Time spent downstream is not the worker's: move every deadline on.
-                    lag = time.monotonic() - suspended
-                    for other in self.workers:
-                        other.deadline += lag
-                elif w.moved_on() or (not w.progress[STARTED] and time.monotonic() < w.born + START_S):
-                    # A page started, or the worker is still importing (seconds on a busy node):
-                    # the timeout is on rendering.
-                    w.deadline = time.monotonic() + timeout
-                elif time.monotonic() >= w.deadline:
-                    if w.progress[PAGE] == READING:
-                        # Stuck downloading the document: SOURCE's storage, not the document (every
-                        # document would follow): the run stops, the document is read by the next run.
-                        raise StorageError(f"{w.task.doc.uri}: reading it from SOURCE made no progress for "
-                                           f"{timeout:g} s (render.timeout_s): is the storage reachable?")
-                    yield from self._replace(w, "timeout", f"rendering made no progress for {timeout:g} s")
+                    yield from self._receive(w, timeout)
+                else:
+                    yield from self._watch(w, timeout)
+
+    def _assign(self, pending: Iterator[RenderTask], exhausted: bool, timeout: float) -> bool:
+        """A task for each idle worker, up to render.workers: the rest of a document whose
+        worker hung or died first, then the next of `pending`. Returns whether `pending` is
+        exhausted."""
+        for i in range(self.spec.worker_count):
+            if i < len(self.workers) and self.workers[i].task is not None:
+                continue
+            task = self._resume.popleft() if self._resume else None
+            if task is None and not exhausted:
+                task = next(pending, None)
+                exhausted = task is None
+            if task is None:
+                break
+            if i == len(self.workers):  # every worker busy: one more, for this document
+                self.workers.append(self._spawn())
+            while True:
+                try:
+                    self.workers[i].assign(task, timeout)
+                    break
+                except OSError:  # it died while idle: a fresh one takes the task
+                    self.workers[i].task = None
+                    self._replace_idle(i)
+        return exhausted
+
+    def _receive(self, w: _Worker, timeout: float) -> Iterator[pa.RecordBatch]:
+        """What a worker sent: a batch of pages (yielded), the end of its document, or the
+        error that stops the run; or its death (an error row, and a fresh worker)."""
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            w.process.join(timeout=1)
+            why = f"the render worker died (exit code {w.process.exitcode})"
+            yield from self._replace(w, "renderer_crashed", why)
+            return
+        w.deadline = time.monotonic() + timeout
+        if isinstance(msg, BatchocrError):
+            raise msg  # not the document's fault: no error rows, the run stops
+        if msg is None:
+            w.task = None
+            return
+        w.pages_seen.update(msg.column("page_index").to_pylist())
+        suspended = time.monotonic()
+        yield msg
+        # Time spent downstream is not the worker's: move every deadline on.
+        lag = time.monotonic() - suspended
+        for other in self.workers:
+            other.deadline += lag
+
+    def _watch(self, w: _Worker, timeout: float) -> Iterator[pa.RecordBatch]:
+        """A busy worker that sent nothing: its deadline moves on while it makes progress;
+        past it, the worker is replaced and its page gets a timeout row."""
+        if w.moved_on() or (not w.progress[STARTED] and time.monotonic() < w.born + START_S):
+            # A page started, or the worker is still importing (seconds on a busy node):
+            # the timeout is on rendering.
+            w.deadline = time.monotonic() + timeout
+        elif time.monotonic() >= w.deadline:
+            if w.progress[PAGE] == READING:
+                # Stuck downloading the document: SOURCE's storage, not the document (every
+                # document would follow): the run stops, the document is read by the next run.
+                raise StorageError(f"{w.task.doc.uri}: reading it from SOURCE made no progress for "
+                                   f"{timeout:g} s (render.timeout_s): is the storage reachable?")
+            yield from self._replace(w, "timeout", f"rendering made no progress for {timeout:g} s")
 
     def _replace_idle(self, i: int) -> None:
         w = self.workers[i]
