@@ -43,9 +43,9 @@ class Compacted:
 def dedupe(rows: pl.DataFrame, stale: frozenset[str] | set[str] = frozenset()) -> pl.DataFrame:
     """One row a page, of one version of each document: its latest version that has a row
     for every page (or a document row), else its latest. A changed document whose rereading
-    was stopped part-way keeps its last whole version until the new one is whole: compacting
-    then kept the new version's few pages alone, and a document deleted from SOURCE before a
-    rerun finished it had lost every other page's row for good. `stale`: run ids that ran with
+    stopped part-way keeps its last whole version until the new one is whole: keeping the new
+    version's few pages alone, a document deleted from SOURCE before a rerun finished it would
+    lose every other page's row for good. `stale`: run ids that ran with
     settings OUT no longer has (batchocr.producer): their rows lose to any row of the current
     settings."""
     pages_of = pl.col("page_index").filter(pl.col("page_index") >= 0).n_unique()
@@ -136,7 +136,7 @@ def _claimed(out: Store, shard: int) -> Iterator[str | None]:
         try:
             held = json.loads(out.read_bytes(rel) or b"{}")
         except FileNotFoundError:
-            continue  # released meanwhile
+            continue  # let go meanwhile
         except ValueError:
             held = {}
         held = held if isinstance(held, dict) else {}

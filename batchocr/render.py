@@ -243,8 +243,8 @@ def _pages(pdoc: pymupdf.Document, doc: DocRef, first_too_large: ImageTooLarge |
             return 0, doc_error(doc, "no_pages", f"{doc.uri}: the document has no pages", 0)
         undecodable = None if first_too_large else _undecodable(pdoc)
     # MuPDF reads the page tree when it first counts the pages: a /Count it cannot
-    # believe (7 over one page, -1) raised "Invalid number of pages", a traceback
-    # that killed the worker (a renderer_crashed row, tried again on every rerun).
+    # believe (7 over one page, -1) raises "Invalid number of pages": uncaught, a traceback
+    # that kills the worker (a renderer_crashed row, tried again on every rerun).
     except Exception as exc:  # noqa: BLE001 - any failure here is this document's error row
         return 0, doc_error(doc, _error_kind(exc, "open_failed"), _cannot_open(doc, exc))
     if undecodable is not None:

@@ -131,7 +131,7 @@ def _preload() -> list[str]:
 def before_os_exit() -> None:
     """What multiprocessing's exit handler would do, for a process that ends with os._exit (the
     console script, a part): remove multiprocessing's temp folder (the fork server's socket is
-    in it; /tmp/pymp-* was left by each run). The server ends by itself once this process has
+    in it: else each run leaves a /tmp/pymp-* behind). The server ends by itself once this process has
     (it reads the end of a pipe only this process holds); its workers end with it."""
     import shutil
 
@@ -147,7 +147,7 @@ class RenderPool:
         self.storage_options = dict(storage_options or {})
         # Not fork: the parent holds onnxruntime/vLLM threads that must not be forked. Forks of a
         # fork server that imported what a worker needs (batchocr/renderserver.py): a spawned
-        # worker imported it all again, ~1 s of CPU each.
+        # worker imports it all again, about a second of CPU each.
         self.ctx = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload(_preload())
         self.workers: list[_Worker] = []
@@ -158,8 +158,8 @@ class RenderPool:
 
     def __enter__(self) -> "RenderPool":
         # One now (a broken install shows before any document); the others as documents come
-        # to them: no more processes than documents at once (render.workers 1000 started 1,000
-        # processes for one document).
+        # to them: no more processes than documents at once (render.workers 1000 must not start
+        # 1,000 processes for one document).
         self.workers = [self._spawn()]
         return self
 

@@ -2,11 +2,10 @@
 forkserver (batchocr/renderpool.py), so that each worker is a fork of a process that has
 imported what a worker needs, not a fresh interpreter importing it again.
 
-A spawned worker took ~1 s of CPU to start on the 2-core build machine (PyMuPDF, pyarrow,
-numpy, batchocr.render's other imports; pandas too, where installed: pyarrow's first
-conversion looks for it), a run's two workers ~2 s; a worker killed on a hung page cost as
-much again. A fork of the server starts in milliseconds (docs/BENCHMARKS.md, "Render
-workers' start").
+A spawned worker imports PyMuPDF, pyarrow, numpy and batchocr.render's other imports
+itself (pandas too, where installed: pyarrow's first conversion looks for it), about a
+second of CPU each, and a worker killed on a hung page costs as much again; a fork of the
+server starts in milliseconds (measured figures: docs/PERFORMANCE.md).
 
 The server is single-threaded when it forks but for jemalloc's background thread, which
 jemalloc's own fork handlers deal with (OpenBLAS is held to one thread), so forking it is
@@ -21,8 +20,8 @@ import signal
 
 # SIGTERM sent to the run's whole process group is the run's to handle (commit, exit 75): the
 # server ignores it (SIGINT too, which multiprocessing's forkserver ignores only after this
-# import), as the workers do. Killed by it, the server left the run unable to replace a worker
-# (EOFError from the server's socket: click's "Aborted!", exit 1). It ends when the run does,
+# import), as the workers do. Killed by it, the server would leave the run unable to replace a
+# worker (EOFError from the server's socket: click's "Aborted!", exit 1). It ends when the run does,
 # whatever the signal. Both were blocked since the run started the server (renderpool): one
 # sent meanwhile is dropped here, not a KeyboardInterrupt traceback from the imports below.
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -49,8 +49,8 @@ def close_server_pipe() -> bool:
     """Whether this process is a fork server's child; if so, it lets go of its copy of the run's
     end of the pipe whose closing ends the server (multiprocessing hands one to every child, for
     children that start processes of their own), so that the server ends when the run does and
-    each worker with it (PDEATHSIG). Kept, a worker hung on a page kept the server alive, and the
-    server kept the worker, after a kill -9 of the run."""
+    each worker with it (PDEATHSIG). Kept, a worker hung on a page would keep the server alive,
+    and the server the worker, after a kill -9 of the run."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
@@ -75,8 +75,8 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], prog
         os.chdir(cwd)
     skip_pymupdf_extras()
     # The parent decides when to stop: SIGINT (Ctrl-C) and SIGTERM sent to the whole process group
-    # (tini -g, kill -TERM -PGID) reach the workers too, and a worker killed by one mid-page cost that
-    # page a renderer_crashed row (final the second time); the parent stops them with SIGKILL.
+    # (tini -g, kill -TERM -PGID) reach the workers too, and a worker killed by one mid-page would cost
+    # that page a renderer_crashed row (final the second time); the parent stops them with SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP)  # held while it started (signals.held_for_a_child)

@@ -84,7 +84,7 @@ def check_stores(source: Store, out: Store) -> None:
     """SOURCE exists (a single file: one batchocr reads) and OUT can be written, in one line
     each (exit 2) if not: before anything is listed, the engine built or OUT written (run,
     plan). Not when the listing reaches a file SOURCE: after the engine's build and OUT's first
-    files (its settings, a run record), which then held OUT to that run's settings."""
+    files (its settings, a run record), which would then hold OUT to that run's settings."""
     if not source.exists():
         raise ConfigError(f"SOURCE {source.url} does not exist")
     if source.is_known_file() and not is_document(source.root):

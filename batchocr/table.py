@@ -30,7 +30,7 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     # skew_angle) reads with it null, so an OUT resumed across versions still opens.
     paths = [store.reader_uri(p) for p in parts]
     # glob off: the parts' names are listed already, and an OUT named `run[1]` or `batch?1` is
-    # no pattern (as one, it matched nothing: an empty table, silently)
+    # no pattern (as one, it would match nothing: an empty table, silently)
     return pl.scan_parquet(paths, hive_partitioning=False, glob=False,
                            schema=PAGE_SCHEMA, missing_columns="insert", extra_columns="ignore",
                            storage_options=options, credential_provider=credential_provider)

@@ -99,8 +99,8 @@ class BlobFileSystem(AzureBlobFileSystem):
         times, waiting as the retry policy does between requests. The SDK's downloader
         reads a broken reply's range 3 times and then gives up (azure-storage-blob
         12.31 aio/_download_async.py, a fixed `retry_total = 3`), so on a network that
-        resets connections, one blob among thousands fails while `retry_total` (10,
-        say) promised more: seen in CI, a quarter of requests reset."""
+        resets connections (a quarter of requests, say), one blob among thousands fails
+        while `retry_total` (10, say) promises more."""
         total = int(self._retry["retry_total"])
         for count in range(total + 1):
             try:

@@ -1,10 +1,11 @@
 """The storage backend contract, and the registry that picks a backend by a URL's protocol.
 
-A Backend is the storage under one URL as a Store uses it. An implementation fills in the
-core (the abstract methods: read, size, open, write_atomic, create, remove, walk, exists,
-folders, uri); the rest is built here from the core, and an implementation overrides a
-part where it knows a better way (local disk reads a Parquet file by its path; Azure
-explains its own faults). Store is written against this class alone.
+A Backend is the storage under one URL as a Store uses it: read (whole or a byte range),
+atomic write, exclusive create, remove, walk, exists and explain (a fault as one line),
+with size, open, folders and uri. An implementation fills in the core (the abstract
+methods); the rest is built here from the core, and an implementation overrides a part
+where it knows a better way (local disk reads a Parquet file by its path and stages its
+temps; Azure explains its own faults). Store is written against this class alone.
 
 Paths are the backend's own: the root included, no protocol (`uri` adds it). A missing
 file is FileNotFoundError; anything else in `faults` is a storage fault, which Store turns
@@ -36,7 +37,7 @@ class Backend(abc.ABC):
     # rewritten since it was listed, not a server that sends a body of its own (http).
     exact_sizes: bool = False
 
-    root: str  # the root's path (no protocol, no trailing `/`): set by the implementation
+    root: str  # the root's path (no protocol; no trailing `/` but the file system's root): the implementation's
 
     def __init__(self, url: str, options: Mapping[str, Any], document: bool = False) -> None:
         """`document`: the URL is one document to read, not a folder to list or write in."""
@@ -104,8 +105,9 @@ class Backend(abc.ABC):
         return StorageError(f"{where}: {type(exc).__name__}: {exc}")
 
     def document_fault(self, exc: BaseException, where: str) -> Exception | None:
-        """A fault reading one SOURCE document that is that file's alone (Unreadable: its row),
-        or one that stops the run however it is explained; None for the rest (explain)."""
+        """What a fault reading one SOURCE document means, where the backend can tell: Unreadable
+        where it is that file's alone (its row), a BatchocrError where it stops the run whatever
+        explain would say (Azure: the container is gone); None for the rest (explain)."""
         if isinstance(exc, FileNotFoundError):
             return Unreadable("the file was deleted after it was listed")
         return None
