@@ -1,6 +1,6 @@
 """The host time of batchocr's no-repeat n-gram bans a decode step: this checkout's against another's.
 
-`batchocr.ngram.BatchBans.pairs()` is what `NoRepeatNGramLogitsProcessor.apply` runs on the
+`batchocr.engines.vllm.patches.ngram.BatchBans.pairs()` is what `NoRepeatNGramLogitsProcessor.apply` runs on the
 engine core's host every decode step, for every running request, before its one indexed
 write; on the V1 runner that host time is part of the step (docs/history/GPU.md: its decode steps are
 host-bound). This times `pairs()` of this checkout and of a baseline checkout (`--baseline
@@ -34,8 +34,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 VOCAB = 129280  # Unlimited-OCR's
 
 
+# Where a checkout keeps the bans: the vLLM engine's patches, or (older checkouts) batchocr/ngram.py.
+PLACES = ("batchocr/engines/vllm/patches/ngram.py", "batchocr/ngram.py")
+
+
 def load(tree: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, tree / "batchocr" / "ngram.py")
+    path = next((tree / p for p in PLACES if (tree / p).exists()), tree / PLACES[0])
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -68,7 +73,7 @@ def run(module, full: list[list[int]], start: int, steps: int, ngram: int, windo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", type=Path, required=True, help="another checkout's root (its batchocr/ngram.py)")
+    ap.add_argument("--baseline", type=Path, required=True, help="another checkout's root (its n-gram bans' module)")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5, help="each side timed this often, alternating; the median kept")

@@ -1,4 +1,4 @@
-"""engines.vllm.batch_encoder: batchocr.deepencoder's plumbing, with vLLM replaced at its module
+"""engines.vllm.batch_encoder: batchocr.engines.vllm.patches.deepencoder's plumbing, with vLLM replaced at its module
 boundary (CI has no torch or vLLM). That the batched method gives vLLM's embeddings is shown on
 vLLM's real modules by bench/gpu/check_encoder_batch.py (CPU with vLLM's source, and the H200)."""
 
@@ -10,11 +10,11 @@ import pytest
 
 import fake_vllm
 
-from batchocr import deepencoder, ngram_sampler, workerext
-from batchocr.engines.presets import get_preset
+from batchocr.engines.vllm.patches import deepencoder, ngram_sampler, workerext
+from batchocr.engines.vllm.presets import get_preset
 from batchocr.engines.vllm import VLLMOptions
 from batchocr.errors import ConfigError
-from batchocr.ngram import FQCN
+from batchocr.engines.vllm.patches.ngram import FQCN
 
 
 def test_tiles_and_chunks():
@@ -26,7 +26,7 @@ def test_tiles_and_chunks():
 
 def test_batch_encoder_names_one_worker_extension_for_what_is_asked():
     p = get_preset("unlimited-ocr")
-    # rswa_tiles off: with it, one extension of batchocr.rswa_tiles installs both (its own test)
+    # rswa_tiles off: with it, one extension of batchocr.engines.vllm.patches.rswa_tiles installs both (its own test)
     off = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=False, rswa_tiles=False).llm_args(p)
     assert "worker_extension_cls" not in off and off["logits_processors"] == [FQCN]
     on = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=True, rswa_tiles=False).llm_args(p)
@@ -37,7 +37,7 @@ def test_batch_encoder_names_one_worker_extension_for_what_is_asked():
     sampler = VLLMOptions(model="/m", preset="unlimited-ocr", batch_encoder=False, ngram_bans="sampler",
                           rswa_tiles=False).llm_args(p)
     assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION
-    # the extension and its mark for vLLM's compile cache (batchocr.workerext.keyed), nothing else
+    # the extension and its mark for vLLM's compile cache (batchocr.engines.vllm.patches.workerext.keyed), nothing else
     assert on["additional_config"] == {workerext.KEY: workerext.fingerprint(deepencoder.EXTENSION)}
     assert {k: v for k, v in on.items() if k not in ("worker_extension_cls", "additional_config")} == off
 

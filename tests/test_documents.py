@@ -17,7 +17,7 @@ import fake_vllm
 from batchocr import schema
 from batchocr.compact import compact
 from batchocr.engines import create
-from batchocr.engines.presets import get_preset
+from batchocr.engines.vllm.presets import get_preset
 from batchocr.engines.vllm import VLLMEngine, VLLMOptions, split_pages
 from batchocr.errors import ConfigError
 from batchocr.grouping import Grouper
@@ -35,9 +35,9 @@ def test_the_unlimited_ocr_preset_is_vllms_recipe(monkeypatch):
     assert preset.document_prompt(3) == "<image><image><image>Multi page parsing."
     args = VLLMOptions(model="/m", preset="unlimited-ocr").llm_args(preset)
     # vLLM's recipe names its NGramPerReqLogitsProcessor; batchocr's bans the same tokens (test_ngram)
-    assert args["logits_processors"] == ["batchocr.ngram:NoRepeatNGramLogitsProcessor"]
+    assert args["logits_processors"] == ["batchocr.engines.vllm.patches.ngram:NoRepeatNGramLogitsProcessor"]
     module, name = args["logits_processors"][0].split(":")
-    assert module == "batchocr.ngram" and hasattr(__import__(module, fromlist=[name]), "NGramBan")
+    assert module == "batchocr.engines.vllm.patches.ngram" and hasattr(__import__(module, fromlist=[name]), "NGramBan")
     assert args["enable_prefix_caching"] is False and args["mm_processor_cache_gb"] == 0
     assert args["max_model_len"] == 32768 and args["limit_mm_per_prompt"]["image"] == 1
     engine, _ = _engine(monkeypatch)

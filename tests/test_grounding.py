@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import fake_vllm
-from batchocr.engines.presets import get_preset
+from batchocr.engines.vllm.presets import get_preset
 from batchocr.engines.vllm import VLLMEngine, VLLMOptions
 from batchocr.grounding import EOS, parse
 from batchocr.pipeline import run_job

@@ -1,4 +1,4 @@
-"""batchocr.ngram bans what vLLM's no-repeat n-gram processor bans, step by step."""
+"""batchocr.engines.vllm.patches.ngram bans what vLLM's no-repeat n-gram processor bans, step by step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from batchocr.ngram import BatchBans, NGramBan, check_params
+from batchocr.engines.vllm.patches.ngram import BatchBans, NGramBan, check_params
 
 
 def reference(ids: list[int], n: int, window: int, whitelist=frozenset()) -> set[int]:

@@ -1,4 +1,4 @@
-"""batchocr.ngram_sampler bans on the GPU, in vLLM's V2 sampler, what batchocr.ngram.NGramBan
+"""batchocr.engines.vllm.patches.ngram_sampler bans on the GPU, in vLLM's V2 sampler, what batchocr.engines.vllm.patches.ngram.NGramBan
 (vLLM's processor's bans) bans on the host. Its arithmetic is the same code for numpy and torch:
 here on numpy, with vLLM's request state replaced by arrays of the same names."""
 
@@ -8,9 +8,9 @@ import fake_vllm
 import numpy as np
 import pytest
 
-from batchocr import ngram_sampler, workerext
-from batchocr.ngram import NGramBan
-from batchocr.ngram_sampler import MAX_WHITELIST, RequestBans, apply_bans, window_bans
+from batchocr.engines.vllm.patches import ngram_sampler, workerext
+from batchocr.engines.vllm.patches.ngram import NGramBan
+from batchocr.engines.vllm.patches.ngram_sampler import MAX_WHITELIST, RequestBans, apply_bans, window_bans
 
 VOCAB = 7  # few tokens: n-grams repeat often
 
@@ -178,9 +178,9 @@ def test_ngram_bans_sampler_names_the_extension_in_the_processors_place(preset):
     """engines.vllm.ngram_bans: sampler gives vLLM the worker extension and no logits processor
     (so vLLM may pick its V2 runner); the default keeps the processor; a preset without bans,
     or a user's own engine_args, are left as they are."""
-    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm.presets import get_preset
     from batchocr.engines.vllm import VLLMOptions
-    from batchocr.ngram import FQCN
+    from batchocr.engines.vllm.patches.ngram import FQCN
 
     p = get_preset(preset)  # the batched encoder and rswa_tiles (unlimited-ocr's defaults) off: their
     off = {"batch_encoder": False, "rswa_tiles": False if preset == "unlimited-ocr" else None}  # extensions: other tests'
@@ -188,7 +188,7 @@ def test_ngram_bans_sampler_names_the_extension_in_the_processors_place(preset):
     assert default["logits_processors"] == [FQCN] and "worker_extension_cls" not in default
     sampler = VLLMOptions(model="/m", preset=preset, ngram_bans="sampler", **off).llm_args(p)
     assert "logits_processors" not in sampler
-    assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION == "batchocr.ngram_sampler.NGramSamplerExtension"
+    assert sampler["worker_extension_cls"] == ngram_sampler.EXTENSION == "batchocr.engines.vllm.patches.ngram_sampler.NGramSamplerExtension"
     assert sampler["additional_config"] == {workerext.KEY: workerext.fingerprint(ngram_sampler.EXTENSION)}
     assert {k: v for k, v in sampler.items() if k not in ("worker_extension_cls", "additional_config")} == {
         k: v for k, v in default.items() if k != "logits_processors"}

@@ -1,4 +1,4 @@
-"""engines.vllm.rswa_tiles: batchocr.rswa_tiles' rewrite of vLLM 0.26.0's Triton unified attention
+"""engines.vllm.rswa_tiles: batchocr.engines.vllm.patches.rswa_tiles' rewrite of vLLM 0.26.0's Triton unified attention
 (its file, Apache-2.0, kept in tests/data/vllm/ so that CI, which has no torch, Triton or vLLM,
 checks the rewrite against the real source) and its plumbing. That the rewritten kernel gives
 vLLM's output is shown by running both: bench/gpu/check_rswa_tiles.py (the CPU under Triton's
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from batchocr import deepencoder, ngram_sampler, rswa_tiles, workerext
-from batchocr.engines.presets import get_preset
+from batchocr.engines.vllm.patches import deepencoder, ngram_sampler, rswa_tiles, workerext
+from batchocr.engines.vllm.presets import get_preset
 from batchocr.engines.vllm import VLLMOptions
 from batchocr.errors import ConfigError
 
@@ -47,7 +47,7 @@ def test_the_rewrite_puts_the_tile_loop_s_whole_body_under_the_r_swa_test():
 
 def test_a_kernel_that_moved_is_refused_not_half_patched():
     src = KERNEL.read_text()
-    with pytest.raises(ValueError, match="not the one batchocr.rswa_tiles patches"):
+    with pytest.raises(ValueError, match="not the one batchocr.engines.vllm.patches.rswa_tiles patches"):
         rswa_tiles.patch_source(src.replace("    for j in range(loop_lo, loop_hi):\n", "    for j in range(lo, hi):\n"))
     with pytest.raises(ValueError):
         rswa_tiles.patch_source(src.replace("USE_R_SWA: tl.constexpr", "USE_RSWA: tl.constexpr"))
@@ -67,9 +67,9 @@ def test_rswa_tiles_names_one_extension_with_the_other_patches_asked(monkeypatch
     def ext(**kw):
         return VLLMOptions(model="/m", preset="unlimited-ocr", **kw).llm_args(p)["worker_extension_cls"]
 
-    assert ext(rswa_tiles=True) == "batchocr.rswa_tiles.RswaTilesEncoderExtension"  # the batched encoder: default
-    assert ext(rswa_tiles=True, batch_encoder=False) == "batchocr.rswa_tiles.RswaTilesExtension"
-    assert ext(rswa_tiles=True, ngram_bans="sampler") == "batchocr.rswa_tiles.RswaTilesEncoderSamplerExtension"
+    assert ext(rswa_tiles=True) == "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesEncoderExtension"  # the batched encoder: default
+    assert ext(rswa_tiles=True, batch_encoder=False) == "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesExtension"
+    assert ext(rswa_tiles=True, ngram_bans="sampler") == "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesEncoderSamplerExtension"
     assert ext(rswa_tiles=False) == deepencoder.EXTENSION
     calls = []
     monkeypatch.setattr(rswa_tiles, "install", lambda: calls.append("tiles"))
@@ -78,7 +78,7 @@ def test_rswa_tiles_names_one_extension_with_the_other_patches_asked(monkeypatch
     for name, want in (("RswaTilesExtension", ["tiles"]), ("RswaTilesEncoderSamplerExtension",
                                                            ["tiles", "encoder", "sampler"])):
         calls.clear()
-        module, attr = f"batchocr.rswa_tiles.{name}".rsplit(".", 1)  # as vLLM's resolve_obj_by_qualname splits it
+        module, attr = f"batchocr.engines.vllm.patches.rswa_tiles.{name}".rsplit(".", 1)  # as vLLM's resolve_obj_by_qualname splits it
         assert getattr(__import__(module, fromlist=[attr]), attr) is workerext.Extension
         assert calls == want
     with pytest.raises(AttributeError):
@@ -115,9 +115,9 @@ def test_rswa_tiles_unset_is_the_preset_s_in_both_modes_and_only_with_the_kernel
         return VLLMOptions(model="/m", preset="unlimited-ocr", **kw).llm_args(p).get("worker_extension_cls")
 
     monkeypatch.setattr(rswa_tiles, "kernel_file", lambda: KERNEL)  # vLLM 0.26.0's kernel
-    assert ext() == "batchocr.rswa_tiles.RswaTilesEncoderExtension"
-    assert ext(batch_encoder=False) == "batchocr.rswa_tiles.RswaTilesExtension"
-    assert ext(mode="document") == "batchocr.rswa_tiles.RswaTilesEncoderExtension"
+    assert ext() == "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesEncoderExtension"
+    assert ext(batch_encoder=False) == "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesExtension"
+    assert ext(mode="document") == "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesEncoderExtension"
     assert ext(mode="document", rswa_tiles=False) == deepencoder.EXTENSION
     assert get_preset("deepseek-ocr").rswa_tiles is False and VLLMOptions(model="/m", preset="deepseek-ocr").llm_args(
         get_preset("deepseek-ocr")).get("worker_extension_cls") is None
@@ -147,7 +147,7 @@ def test_the_kernel_is_found_where_vllm_keeps_it(tmp_path):
     for d in (tmp_path / "vllm", ops.parents[1], ops.parent, ops):
         (d / "__init__.py").write_text("")
     (ops / "triton_unified_attention.py").write_text(KERNEL.read_text())
-    code = "from batchocr import rswa_tiles; p = rswa_tiles.kernel_file(); rswa_tiles.check_source(); print(p)"
+    code = "from batchocr.engines.vllm.patches import rswa_tiles; p = rswa_tiles.kernel_file(); rswa_tiles.check_source(); print(p)"
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": f"{tmp_path}:{root}", "PATH": "/usr/bin:/bin"}).stdout.strip()

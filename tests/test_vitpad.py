@@ -1,4 +1,4 @@
-"""batchocr.vitpad: Qwen2.5-VL's vision MLP padded to an aligned inner size computes the same
+"""batchocr.engines.vllm.patches.vitpad: Qwen2.5-VL's vision MLP padded to an aligned inner size computes the same
 thing. The padding runs on numpy arrays here (the same code pads torch tensors in vLLM's
 worker); the kernels it is for are measured on the GPU (bench/gpu/check_vit_pad.py)."""
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from batchocr import vitpad
+from batchocr.engines.vllm.patches import vitpad
 
 
 def _param(array):
@@ -148,14 +148,14 @@ def test_a_vllm_whose_loader_no_longer_calls_the_hook_is_a_warning(monkeypatch, 
     fake_vllm.model_module(monkeypatch, "qwen2_5_vl", Qwen2_5_VisionMLP=type("Qwen2_5_VisionMLP", (), {}))
     _base_loader(monkeypatch, lambda model, config, device: None, calls_it=False)
     with caplog.at_level(logging.WARNING, logger="vllm.batchocr.vitpad"):
-        getattr(importlib.import_module("batchocr.vitpad"), "VisionMlpPadExtension")
+        getattr(importlib.import_module("batchocr.engines.vllm.patches.vitpad"), "VisionMlpPadExtension")
     (said,) = [r.getMessage() for r in caplog.records]
     assert "does not call process_weights_after_loading" in said
 
 
 def _llm_args(preset="qwen2.5-vl", **options):
     """vLLM's engine arguments as batchocr's engine builds them for a preset and options."""
-    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm.presets import get_preset
     from batchocr.engines.vllm import VLLMOptions
 
     return VLLMOptions(model="/m", preset=preset, **options).llm_args(get_preset(preset))
@@ -169,7 +169,7 @@ def test_a_patched_model_keys_vllm_s_compile_cache_apart(monkeypatch, tmp_path):
     patched and a plain engine differ there, and a change to the patch's code changes it again."""
     import importlib.util
 
-    from batchocr import workerext
+    from batchocr.engines.vllm.patches import workerext
 
     def args(**engine_args):
         return _llm_args(engine_args=engine_args)
@@ -183,23 +183,23 @@ def test_a_patched_model_keys_vllm_s_compile_cache_apart(monkeypatch, tmp_path):
     assert mine["additional_config"] == {"x": 1, workerext.KEY: mark}
     # another's extension, or a name batchocr's module does not have: as given
     assert "additional_config" not in args(worker_extension_cls="my.ext.X")
-    assert "additional_config" not in args(worker_extension_cls="batchocr.vitpad.Nope")
+    assert "additional_config" not in args(worker_extension_cls="batchocr.engines.vllm.patches.vitpad.Nope")
     # the mark follows the patch's code: the same source, the same mark; an edit, another
     assert workerext.fingerprint(vitpad.EXTENSION) == mark
     edited = tmp_path / "vitpad.py"
     edited.write_text(open(vitpad.__file__).read().replace("MULTIPLE = 64", "MULTIPLE = 128"))
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: SimpleNamespace(origin=str(edited)) if name == "batchocr.vitpad" else real(name, *a))
+                        lambda name, *a: SimpleNamespace(origin=str(edited)) if name == "batchocr.engines.vllm.patches.vitpad" else real(name, *a))
     assert workerext.fingerprint(vitpad.EXTENSION) not in (None, mark)
 
 
 def test_vit_pad_names_the_extension_for_qwen2_5_vl_s_presets_only():
-    """engines.vllm.vit_pad: true names batchocr.vitpad's extension (and keys vLLM's compile cache
+    """engines.vllm.vit_pad: true names batchocr.engines.vllm.patches.vitpad's extension (and keys vLLM's compile cache
     with it); unset it is the preset's (off in every preset for now); false names none; a preset
     with another vision tower is a ConfigError naming the key."""
-    from batchocr import workerext
-    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm.patches import workerext
+    from batchocr.engines.vllm.presets import get_preset
     from batchocr.engines.vllm import VLLMOptions
     from batchocr.errors import ConfigError
 

@@ -15,8 +15,8 @@ import pytest
 import fake_vllm
 from batchocr import schema
 from batchocr.engines import create, parse_options
-from batchocr.engines.presets import PRESETS, get_preset, strip_front_matter
-from batchocr.engines.repetition import RepetitionCheck
+from batchocr.engines.vllm.presets import PRESETS, get_preset, strip_front_matter
+from batchocr.engines.vllm.repetition import RepetitionCheck
 from batchocr.engines.vllm import CHECK_EVERY, VLLMEngine, VLLMOptions
 from batchocr.errors import BatchocrError, ConfigError
 from batchocr.pipeline import run_job

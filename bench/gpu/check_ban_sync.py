@@ -4,7 +4,7 @@
 
 The GPU is kept busy (a queue of matrix products, ~30 ms), then the bans of a step of 256 requests
 are written into logits of Unlimited-OCR's vocabulary, the old way (`logits[r, c] = -inf`, batchocr
-before the sixth lease) and by batchocr.ngram.write_bans; the host's time in the call is timed.
+before the sixth lease) and by batchocr.engines.vllm.patches.ngram.write_bans; the host's time in the call is timed.
 A call that waits for the GPU takes about the queue's length; one that does not, well under a
 millisecond. Both must leave the same logits. Exit 1 if they differ or write_bans waits.
 """
@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from batchocr.ngram import write_bans
+    from batchocr.engines.vllm.patches.ngram import write_bans
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(0)
@@ -40,7 +40,7 @@ def main() -> None:
     base = torch.randn(args.requests, args.vocab, device=dev)
     x = torch.randn(4096, 4096, device=dev)
 
-    def old(logits):  # batchocr.ngram before the sixth lease
+    def old(logits):  # batchocr.engines.vllm.patches.ngram before the sixth lease
         index = torch.tensor([rows, cols], dtype=torch.long).to(logits.device, non_blocking=True)
         logits[index[0], index[1]] = -float("inf")
 

@@ -1,4 +1,4 @@
-"""batchocr.deepencoder's batched encoder against vLLM's own `_pixel_values_to_embedding`, on
+"""batchocr.engines.vllm.patches.deepencoder's batched encoder against vLLM's own `_pixel_values_to_embedding`, on
 vLLM's real modules (SAM ViT-B, DeepSeek's CLIP-L, the projector) with random weights: the same
 embeddings for every image, and what each costs a page.
 

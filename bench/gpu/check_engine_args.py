@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 TAKEN = {"compilation_config": {"compile_mm_encoder": True}, "kv_cache_dtype": "fp8",
          "logits_processors": [], "mm_tensor_ipc": "torch_shm", "stream_interval": 8,
-         "worker_extension_cls": "batchocr.vitpad.VisionMlpPadExtension", "profiler_config": None,
+         "worker_extension_cls": "batchocr.engines.vllm.patches.vitpad.VisionMlpPadExtension", "profiler_config": None,
          "attention_config": None, "max_num_seqs": 4}
 
 

@@ -1,4 +1,4 @@
-"""batchocr.rswa_tiles' kernel against vLLM's own, on the same R-SWA attention inputs.
+"""batchocr.engines.vllm.patches.rswa_tiles' kernel against vLLM's own, on the same R-SWA attention inputs.
 
     python3 bench/gpu/check_rswa_tiles.py --json rswa.json                  # the GPU, vLLM installed
     TRITON_INTERPRET=1 python bench/gpu/check_rswa_tiles.py --device cpu \\
@@ -165,7 +165,7 @@ def main() -> None:
         stand_in_vllm(args.vllm_src)
     from vllm.v1.attention.ops import triton_unified_attention as ops
 
-    from batchocr import rswa_tiles
+    from batchocr.engines.vllm.patches import rswa_tiles
 
     original = ops.kernel_unified_attention
     patched = rswa_tiles.patched_module(ops).kernel_unified_attention

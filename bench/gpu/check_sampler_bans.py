@@ -1,12 +1,12 @@
-"""batchocr.ngram_sampler on the GPU: the no-repeat n-gram bans inside vLLM's V2 sampler, end to end.
+"""batchocr.engines.vllm.patches.ngram_sampler on the GPU: the no-repeat n-gram bans inside vLLM's V2 sampler, end to end.
 
 Three engines on the same prompts and lengths (random weights, so the text loops and the bans
 fire nearly every step; `ignore_eos`, so every mode generates the same tokens' count), each in a
 process of its own:
 - none: no bans (the power of the check: its outputs must repeat n-grams);
-- processor: batchocr.ngram's logits processor (vLLM's V1 runner);
-- sampler: `worker_extension_cls` batchocr.ngram_sampler (must be the V2 runner).
-Each output is replayed through batchocr.ngram.NGramBan: a token that NGramBan bans at its step
+- processor: batchocr.engines.vllm.patches.ngram's logits processor (vLLM's V1 runner);
+- sampler: `worker_extension_cls` batchocr.engines.vllm.patches.ngram_sampler (must be the V2 runner).
+Each output is replayed through batchocr.engines.vllm.patches.ngram.NGramBan: a token that NGramBan bans at its step
 is a violation. Passes when processor and sampler have none, none has some, and sampler ran on
 V2. Also records each mode's generated tokens/s (equal work; one engine, no pipeline).
 
@@ -41,9 +41,9 @@ def one(args) -> dict:
     from vllm import LLM, SamplingParams
 
     sys.path.insert(0, str(ROOT))
-    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm.presets import get_preset
     from batchocr.engines.vllm import VLLMOptions
-    from batchocr.ngram import NGramBan
+    from batchocr.engines.vllm.patches.ngram import NGramBan
     from throughput import engine_args
 
     preset = get_preset("unlimited-ocr")

@@ -1,4 +1,4 @@
-"""batchocr.vitpad on vLLM's real Qwen2.5-VL vision tower (random weights, the layout's config):
+"""batchocr.engines.vllm.patches.vitpad on vLLM's real Qwen2.5-VL vision tower (random weights, the layout's config):
 the same output before and after its MLPs are padded, each one's ms a page, and the kernels each
 ran (profiled: whether the Ampere `cutlass_80_*` GEMM is gone).
 

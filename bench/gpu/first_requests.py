@@ -58,7 +58,7 @@ def main() -> int:
     report: dict = {"model": args.model, "preset": args.preset, "pre_warm": args.pre_warm, "threads": args.threads,
                     "fresh_threads": args.fresh_threads}
 
-    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm.presets import get_preset
     from batchocr.engines.vllm import VLLMOptions
 
     preset = get_preset(args.preset)

@@ -4,7 +4,7 @@ Unlimited-OCR's (and DeepSeek-OCR's) recipe registers vLLM's `NGramPerReqLogitsP
 (vllm.model_executor.models.deepseek_ocr): every decode step, for every running request, a Python
 loop over the last `window_size` generated tokens, then (when something is banned) an indexed
 write into that request's row of the logits. The engine core runs it between the forward pass
-and sampling, so its time adds to every step. batchocr's `batchocr.ngram.NoRepeatNGramLogitsProcessor`
+and sampling, so its time adds to every step. batchocr's `batchocr.engines.vllm.patches.ngram.NoRepeatNGramLogitsProcessor`
 bans the same tokens, kept up to date as tokens arrive, with one indexed write a step for the batch.
 
 Both are driven here as vLLM's engine core drives them (`update_state` with a BatchUpdate of the
@@ -14,7 +14,7 @@ writes there), for page mode (window 128) and whole documents (1024), with rando
 histories (nothing banned: sound text) and looping ones (what random weights write: something
 banned nearly every step). Each step, both ban the same tokens (checked on the logits).
 
-A third column is batchocr.ngram_sampler, the bans inside vLLM's V2 sampler: `RequestBans.apply`
+A third column is batchocr.engines.vllm.patches.ngram_sampler, the bans inside vLLM's V2 sampler: `RequestBans.apply`
 over the runner's request state (the token history a [requests, tokens] tensor on the device,
 where vLLM keeps it in UVA memory: its reads cross PCIe there), timed with the device
 synchronised, its bans checked equal to the others'.
@@ -101,13 +101,13 @@ class Staged:
 
 
 def sampler_step_cost(device, requests: int, ngram: int, window: int, kind: str, start: int, steps: int, seed: int):
-    """As step_cost, for batchocr.ngram_sampler's bans over the V2 runner's request state."""
+    """As step_cost, for batchocr.engines.vllm.patches.ngram_sampler's bans over the V2 runner's request state."""
     from types import SimpleNamespace
 
     import numpy as np
     import torch
 
-    from batchocr.ngram_sampler import RequestBans
+    from batchocr.engines.vllm.patches.ngram_sampler import RequestBans
 
     rng = random.Random(seed)
     full = torch.tensor([history(rng, kind, start + steps) for _ in range(requests)], dtype=torch.int32,
@@ -140,7 +140,7 @@ def main() -> int:
     import torch
     from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
 
-    from batchocr.ngram import NoRepeatNGramLogitsProcessor
+    from batchocr.engines.vllm.patches.ngram import NoRepeatNGramLogitsProcessor
 
     device = torch.device(args.device)
     rows = []

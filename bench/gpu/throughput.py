@@ -636,7 +636,7 @@ def main() -> None:
                     help="engines.vllm.batch_encoder off: vLLM's encoder, a page at a time")
     ap.add_argument("--vit-pad", action="store_const", const=True, default=None,
                     help="engines.vllm.vit_pad on: Qwen2.5-VL's vision MLPs padded to an aligned size "
-                         "(batchocr.vitpad; default: the preset's)")
+                         "(batchocr.engines.vllm.patches.vitpad; default: the preset's)")
     ap.add_argument("--no-vit-pad", dest="vit_pad", action="store_const", const=False,
                     help="engines.vllm.vit_pad off")
     ap.add_argument("--rswa-tiles", action="store_const", const=True, default=None,
@@ -703,7 +703,7 @@ def main() -> None:
     from e2e import a4_documents
     from PIL import Image
 
-    from batchocr.engines.presets import get_preset
+    from batchocr.engines.vllm.presets import get_preset
     from batchocr.engines.vllm import VLLMEngine, VLLMOptions
     from batchocr.grouping import balanced_size
     from batchocr.pipeline import run_job

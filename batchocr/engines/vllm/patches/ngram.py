@@ -17,7 +17,7 @@ nearly every step). On the H200's host, 256 requests: 1.9-2.8 ms a step against 
 (docs/BENCHMARKS.md); a decode step's one token since takes a path of its own, 0.57-0.67x of that
 on this project's VM (bench/ngram_host.py). Register it in vLLM's place (the presets do):
 
-    LLM(..., logits_processors=["batchocr.ngram:NoRepeatNGramLogitsProcessor"])
+    LLM(..., logits_processors=["batchocr.engines.vllm.patches.ngram:NoRepeatNGramLogitsProcessor"])
 
 vLLM's engine core imports it by that name, so the class exists only where vLLM does.
 """
@@ -28,7 +28,7 @@ import functools
 from collections import deque
 from collections.abc import Iterable
 
-FQCN = "batchocr.ngram:NoRepeatNGramLogitsProcessor"
+FQCN = "batchocr.engines.vllm.patches.ngram:NoRepeatNGramLogitsProcessor"
 
 
 class NGramBan:

@@ -19,7 +19,7 @@ the final rescale. `install` loads the rewritten module next to vLLM's and point
 `unified_attention` at its kernel; models without R-SWA compile it with USE_R_SWA false, where
 the added test is constant true.
 
-    LLM(..., worker_extension_cls="batchocr.rswa_tiles.RswaTilesExtension")   # engines.vllm.rswa_tiles: true
+    LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.rswa_tiles.RswaTilesExtension")   # engines.vllm.rswa_tiles: true
 
 bench/gpu/check_rswa_tiles.py runs both kernels on the same inputs (the CPU with Triton's
 interpreter, or the GPU) and compares them.
@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from batchocr import workerext
+from batchocr.engines.vllm.patches import workerext
 
 MODULE = "vllm.v1.attention.ops.triton_unified_attention"
 PATCHED = MODULE + "_batchocr_rswa"
@@ -58,7 +58,7 @@ def patch_source(src: str) -> str:
     """vLLM's triton_unified_attention.py with the tile loop skipping the tiles R-SWA hides.
     ValueError where the source is not the one this was written against (its anchors)."""
     if src.count(_LOOP) != 1 or src.count(_EPILOGUE) != 1 or "USE_R_SWA: tl.constexpr" not in src:
-        raise ValueError("vLLM's unified attention kernel is not the one batchocr.rswa_tiles patches "
+        raise ValueError("vLLM's unified attention kernel is not the one batchocr.engines.vllm.patches.rswa_tiles patches "
                          "(its tile loop or R-SWA arguments moved)")
     head, rest = src.split(_LOOP)
     body, tail = rest.split(_EPILOGUE)
@@ -125,10 +125,10 @@ def tiles_read(seq_len: int, prefix: int, first_query: int, window: int, tile: i
 PRESETS = ("unlimited-ocr",)
 # Named by worker_extension_cls, with the other patches an engine asks for (one extension a worker).
 EXTENSIONS = {
-    (False, False): "batchocr.rswa_tiles.RswaTilesExtension",
-    (True, False): "batchocr.rswa_tiles.RswaTilesEncoderExtension",
-    (False, True): "batchocr.rswa_tiles.RswaTilesSamplerExtension",
-    (True, True): "batchocr.rswa_tiles.RswaTilesEncoderSamplerExtension",
+    (False, False): "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesExtension",
+    (True, False): "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesEncoderExtension",
+    (False, True): "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesSamplerExtension",
+    (True, True): "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesEncoderSamplerExtension",
 }
 
 

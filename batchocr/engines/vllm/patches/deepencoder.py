@@ -15,7 +15,7 @@ vLLM's batched forwards for its encoder CUDA graphs (`_batched_encoder_forward_g
 view's 16 x 16 (`image_side`, from BASE_SIZE), where this takes each view's size as it comes, as
 the per-image method does.
 
-    LLM(..., worker_extension_cls="batchocr.deepencoder.BatchedEncoderExtension")
+    LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.deepencoder.BatchedEncoderExtension")
 
 `engines.vllm.batch_encoder` names it (with the sampler's n-gram bans too, where asked:
 `BatchedEncoderNGramSamplerExtension`): unlimited-ocr's default, since on the H200 it gave
@@ -27,10 +27,10 @@ the real modules (equal embeddings) and times both.
 
 from __future__ import annotations
 
-from batchocr import workerext
+from batchocr.engines.vllm.patches import workerext
 
-EXTENSION = "batchocr.deepencoder.BatchedEncoderExtension"
-WITH_SAMPLER = "batchocr.deepencoder.BatchedEncoderNGramSamplerExtension"
+EXTENSION = "batchocr.engines.vllm.patches.deepencoder.BatchedEncoderExtension"
+WITH_SAMPLER = "batchocr.engines.vllm.patches.deepencoder.BatchedEncoderNGramSamplerExtension"
 # The presets whose models have this encoder.
 PRESETS = ("unlimited-ocr", "deepseek-ocr")
 

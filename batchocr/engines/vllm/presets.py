@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from batchocr import grounding, ngram
+from batchocr import grounding
+from batchocr.engines.vllm.patches import ngram
 from batchocr.errors import ConfigError
 
 # The Qwen-VL family's chat format with one image before the instruction.

@@ -30,11 +30,12 @@ from typing import Annotated, Any, Callable, Iterator, Literal, Mapping
 import pyarrow as pa
 from annotated_types import Ge, Gt, Le
 
-from batchocr import deepencoder, ngram, ngram_sampler, rswa_tiles, schema, vitpad, workerext
+from batchocr import schema
+from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, rswa_tiles, vitpad, workerext
 from batchocr.config import FORBID
 from batchocr.engines import Engine, EngineType, parse_options, result, systemic
-from batchocr.engines.presets import Preset, document_presets, get_preset
-from batchocr.engines.repetition import RepetitionCheck
+from batchocr.engines.vllm.presets import Preset, document_presets, get_preset
+from batchocr.engines.vllm.repetition import RepetitionCheck
 from batchocr.errors import BatchocrError, ConfigError
 from batchocr.schema import Needs
 from batchocr.words import plural

@@ -19,7 +19,7 @@ The bans are those of batchocr.ngram.NGramBan, which are vLLM's NoRepeatNGramLog
 (tests/test_ngram_sampler.py checks them on random and looping sequences). Requests carry the same
 `extra_args` (ngram_size, window_size, whitelist_token_ids). Use it in place of the processor:
 
-    LLM(..., worker_extension_cls="batchocr.ngram_sampler.NGramSamplerExtension")  # no logits_processors
+    LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.ngram_sampler.NGramSamplerExtension")  # no logits_processors
 
 vLLM resolves that name in its worker process, which adds the bans to the V2 runner's `Sampler`
 and makes the V1 runner refuse to start (the bans would be missing there). Not with speculative
@@ -29,11 +29,11 @@ that its tests run where torch is absent, against vLLM's state replaced by array
 
 from __future__ import annotations
 
-from batchocr import workerext
-from batchocr.ngram import check_params
+from batchocr.engines.vllm.patches import workerext
+from batchocr.engines.vllm.patches.ngram import check_params
 
 MAX_WHITELIST = 16  # tokens exempt from the bans, a request (DeepSeek-OCR's recipe exempts 2)
-EXTENSION = "batchocr.ngram_sampler.NGramSamplerExtension"
+EXTENSION = "batchocr.engines.vllm.patches.ngram_sampler.NGramSamplerExtension"
 
 
 def _torch(a) -> bool:

@@ -16,7 +16,7 @@ so before the memory profile's run and before `compile_mm_encoder` traces the vi
 a compiled block sees the padded sizes. 32 x 3 x 36 x 1,280 values more.
 
     engines: {vllm: {vit_pad: true}}     # a job spec (qwen2.5-vl, olmocr-2), or by hand:
-    LLM(..., worker_extension_cls="batchocr.vitpad.VisionMlpPadExtension",
+    LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.vitpad.VisionMlpPadExtension",
         additional_config={"batchocr_worker_extension": workerext.fingerprint(EXTENSION)})
 
 Measured on the H200 (docs/GPU.md, "Issue 21", fifteenth to seventeenth leases):
@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import logging
 
-from batchocr import workerext
+from batchocr.engines.vllm.patches import workerext
 
-EXTENSION = "batchocr.vitpad.VisionMlpPadExtension"
+EXTENSION = "batchocr.engines.vllm.patches.vitpad.VisionMlpPadExtension"
 PRESETS = ("qwen2.5-vl", "olmocr-2")  # Qwen2.5-VL's vision tower (Qwen2_5_VisionMLP)
 MULTIPLE = 64
 # The weights' dtypes padded (torch's or numpy's names): FP8 and integer weights are a quantized
@@ -120,13 +120,13 @@ def install() -> None:
         n = pad_model(model)
         if n:  # under vLLM's logger, so that the engine core's log says it
             logging.getLogger("vllm.batchocr.vitpad").info(
-                "batchocr.vitpad: %d vision MLPs padded to an inner size multiple of %d", n, MULTIPLE)
+                "batchocr.engines.vllm.patches.vitpad: %d vision MLPs padded to an inner size multiple of %d", n, MULTIPLE)
 
     process_weights_after_loading._batchocr_vitpad = True
     base_loader.process_weights_after_loading = process_weights_after_loading
     if not _loader_calls_it(base_loader):  # a vLLM whose loader moved on: the same output, unpadded
         logging.getLogger("vllm.batchocr.vitpad").warning(
-            "batchocr.vitpad: this vLLM's BaseModelLoader.load_model does not call "
+            "batchocr.engines.vllm.patches.vitpad: this vLLM's BaseModelLoader.load_model does not call "
             "process_weights_after_loading; the vision MLPs stay unpadded")
 
 

@@ -40,7 +40,7 @@ def resolver(module: str, extensions: Mapping[str, Sequence[str]]) -> Callable[[
         if name not in extensions:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         for patch in extensions[name]:
-            importlib.import_module(f"batchocr.{patch}").install()
+            importlib.import_module(f"{__package__}.{patch}").install()
         return Extension
 
     __getattr__.extensions = dict(extensions)
@@ -60,7 +60,7 @@ def fingerprint(cls: str) -> str | None:
     if name not in extensions:
         return None
     digest = hashlib.sha256()
-    for mod in dict.fromkeys([module, *(f"batchocr.{patch}" for patch in extensions[name])]):
+    for mod in dict.fromkeys([module, *(f"{__package__}.{patch}" for patch in extensions[name])]):
         with open(importlib.util.find_spec(mod).origin, "rb") as f:
             digest.update(f.read())
     return f"{cls}@{digest.hexdigest()[:16]}"
