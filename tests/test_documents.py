@@ -59,9 +59,9 @@ def test_the_unlimited_ocr_preset_is_vllms_recipe(monkeypatch):
 
 
 def _request(engine, n):
-    from batchocr.engines.vllm import _Page, _Request
+    from batchocr.engines.vllm.request import Page, Request
 
-    return _Request([_Page("d", i, 8, 8, b"") for i in range(n)], document=n > 1)
+    return Request([Page("d", i, 8, 8, b"") for i in range(n)], document=n > 1)
 
 
 def test_groups_are_sized_so_that_prompt_and_output_fit_the_context():

@@ -17,7 +17,7 @@ from batchocr import schema
 from batchocr.engines import create, parse_options
 from batchocr.engines.vllm.presets import PRESETS, get_preset, strip_front_matter
 from batchocr.engines.vllm.repetition import RepetitionCheck
-from batchocr.engines.vllm import CHECK_EVERY, VLLMEngine, VLLMOptions
+from batchocr.engines.vllm import CHECK_EVERY, VLLMEngine, VLLMInstances, VLLMOptions
 from batchocr.errors import BatchocrError, ConfigError
 from batchocr.pipeline import run_job
 from batchocr.spec import load_job
@@ -662,7 +662,7 @@ def _instances(monkeypatch, n=2, **options):
     fake_vllm.install(monkeypatch)
     llms = [fake_vllm.LLM(max_num_seqs=options.get("max_num_seqs", 4)) for _ in range(n)]
     options.setdefault("max_num_seqs", 4)
-    engine = VLLMEngine(VLLMOptions(model="/models/fake", instances=n, **options), llm=llms)
+    engine = VLLMInstances(VLLMOptions(model="/models/fake", instances=n, **options), llms)
     return engine, [llm.llm_engine for llm in llms]
 
 
@@ -690,7 +690,7 @@ def test_with_instances_no_warm_up_runs_while_an_engine_is_built(monkeypatch):
         events.append("built")
 
     monkeypatch.setattr(fake_vllm.LLM, "__init__", build)
-    engine = VLLMEngine(VLLMOptions(model="fake-model", instances=3, max_num_seqs=4))
+    engine = VLLMInstances(VLLMOptions(model="fake-model", instances=3, max_num_seqs=4))
     for each in engine.instances:
         each._warmed.result(timeout=5)
     engine.close()
@@ -780,7 +780,7 @@ def test_the_pipeline_with_two_instances_writes_one_row_a_page(monkeypatch, tmp_
     assert sum(f.added for f in fakes) == table.num_rows and all(f.added for f in fakes)
     assert all(f.engine_core.shut for f in fakes)
     # the earliest of the instances' first requests: the run's
-    assert engine.first_request_at == min(e._first_request_at for e in engine.instances)
+    assert engine.first_request_at == min(e.first_request_at for e in engine.instances)
     assert 0 < summary.timings["first_page_s"] <= summary.timings["first_request_s"]
 
 
@@ -794,7 +794,7 @@ def test_instances_with_tensor_parallelism_is_a_config_error_naming_the_key():
 def test_an_instance_s_feed_ends_only_after_its_last_batch():
     """The end of input is set after the last batch went in: a feed that looked at an empty slot
     just before still hands that batch out before it ends."""
-    from batchocr.engines.vllm import _Feed
+    from batchocr.engines.vllm.instances import _Feed
 
     class Late(queue.Queue):  # its first wait times out just as the last batch goes in
         late = True

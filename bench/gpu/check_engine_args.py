@@ -37,7 +37,7 @@ def main() -> int:
     import vllm
     from vllm import LLM
 
-    from batchocr.engines.vllm import _build, _check_engine_args
+    from batchocr.engines.vllm.failures import build as _build, check_engine_args as _check_engine_args
     from batchocr.errors import ConfigError
 
     out: dict = {"vllm": vllm.__version__, "import_s": round(time.monotonic() - t0, 1), "failures": []}

@@ -703,8 +703,8 @@ def main() -> None:
     from e2e import a4_documents
     from PIL import Image
 
+    from batchocr.engines.vllm import VLLMEngine, VLLMInstances, VLLMOptions
     from batchocr.engines.vllm.presets import get_preset
-    from batchocr.engines.vllm import VLLMEngine, VLLMOptions
     from batchocr.grouping import balanced_size
     from batchocr.pipeline import run_job
     from batchocr.sources import list_documents
@@ -974,9 +974,6 @@ def main() -> None:
 
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            if self.instances:  # each instance (a Bench of its own) counts and notes its own pages
-                self.engine = Together([e.engine for e in self.instances])
-                return
             self.engine = Counting(self.engine)
             self.finishes: list[float] = []
 
@@ -992,11 +989,20 @@ def main() -> None:
             self.finishes.append(time.monotonic())
             return super()._common(request, page, output_tokens)
 
-        def close(self):  # the LLM serves the next mode (--instances: b's own engines, shut down)
+        def close(self):  # the LLM serves the next mode
+            if hasattr(self, "_pool"):
+                self._pool.shutdown(wait=False)
+
+    class BenchInstances(VLLMInstances):
+        """--instances: b's own engines, each a Bench that counts and notes its own pages."""
+
+        def __init__(self, options):
+            super().__init__(options, member=Bench)
+            self.engine = Together([e.engine for e in self.instances])
+
+        def close(self):  # b's own engines: shut down
             for e in self.instances:
                 VLLMEngine.close(e)
-            if not self.instances and hasattr(self, "_pool"):  # (none: several, one failed to build)
-                self._pool.shutdown(wait=False)
 
     def chunks():
         start, finishes, outs = time.monotonic(), [], []
@@ -1036,12 +1042,14 @@ def main() -> None:
                 (f"b_{v.strip().replace('=', '_')}", {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))})
                 for v in args.b_variants.split(";") if v.strip()]
             for name, overrides in variants:
-                engine = Bench(VLLMOptions(**{**options.__dict__, **overrides}), llm=llm)
+                b_options = VLLMOptions(**{**options.__dict__, **overrides})
+                engine = BenchInstances(b_options) if b_options.instances > 1 else Bench(b_options, llm=llm)
+                members = engine.instances if isinstance(engine, BenchInstances) else []
                 if profile_dir is not None and name == "b_batchocr":  # each engine counts steps from here
-                    for each in [e.llm for e in engine.instances] or [llm]:  # and stops after STEPS
+                    for each in [e.llm for e in members] or [llm]:  # and stops after STEPS
                         each.start_profile()
-                if engine.instances:  # each engine's steps on a timeline of its own, and all on the run's
-                    instance_timelines[:] = [Timeline(e.llm) for e in engine.instances]
+                if members:  # each engine's steps on a timeline of its own, and all on the run's
+                    instance_timelines[:] = [Timeline(e.llm) for e in members]
                 # route model: the corpus is born-digital, and every page must reach the model
                 job = load_job(None, source=str(work / "src"), out=str(work / f"out-{name}"), engine="vllm",
                                route="model", engine_options={"model": options.model},
@@ -1049,21 +1057,21 @@ def main() -> None:
                 start = time.monotonic()
                 summary = run_job(job, progress=False, engine=engine)
                 end = time.monotonic()
-                if engine.instances:
+                if members:
                     timeline.steps = sorted(timeline.steps + [s for tl in instance_timelines for s in tl.steps])
-                finishes = sorted(t for e in engine.instances or [engine] for t in e.finishes)
+                finishes = sorted(t for e in members or [engine] for t in e.finishes)
                 record(name, start, end, finishes, {
                     "rows": summary.pages, "timings": summary.timings, "overrides": overrides,
                     "queue_pages": engine.queue_pages, "admit_pages": engine.admit_pages, "guard": args.guard,
                     "instances": args.instances,
-                    "extra_args": getattr((engine.instances or [engine])[0], "extra_args", None),
+                    "extra_args": getattr((members or [engine])[0], "extra_args", None),
                     "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
                 if profile_dir is not None and "profile_tables" not in report:
                     report["profile_tables"] = {f.name: f.read_text()[-60000:]
                                                 for f in sorted(profile_dir.glob("profiler_out_*.txt"))}
                     report["profile_summary"] = [trace_summary(f) for f in sorted(profile_dir.glob("*.json*"))]
                 if "kv" not in report and engine.engine.sizes:  # no a in this run: b's requests
-                    report["kv"] = kv_accounting(engine.instances[0].llm if engine.instances else llm, args.model,
+                    report["kv"] = kv_accounting(members[0].llm if members else llm, args.model,
                                                  *map(list, zip(*engine.engine.sizes)),
                                                  args.max_num_seqs)
                     print("kv", json.dumps(report["kv"]), flush=True)

@@ -1,0 +1,317 @@
+"""engines.vllm's options: what a job spec may set, checked before anything loads, and the
+vllm.LLM arguments they make (with the preset's, and the patches they ask for)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Mapping
+
+from annotated_types import Ge, Gt, Le
+
+from batchocr.config import FORBID
+from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, rswa_tiles, vitpad, workerext
+from batchocr.engines.vllm.presets import Preset, document_presets, get_preset
+from batchocr.errors import ConfigError
+
+log = logging.getLogger(__name__)
+CHECK_EVERY = 32  # tokens between two looks for runaway repetition
+# Document mode: pages a group may hold at most (Unlimited-OCR was trained on 2-50 page documents).
+MAX_GROUP_PAGES = 50
+DOCUMENT_PROMPT_TOKENS = 16  # a group's prompt beyond its images (BOS, the instruction)
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    __pydantic_config__ = FORBID  # typed by batchocr.config, like all configuration
+    model: str = ""  # a local folder (or a hub name where a hub is reachable)
+    preset: str = "qwen2.5-vl"
+    prompt: str | None = None  # replaces the preset's instruction
+    # Sampling; None = the preset's.
+    max_tokens: Annotated[int, Ge(1)] | None = None
+    temperature: Annotated[float, Ge(0)] | None = None
+    # Engine arguments, chosen for throughput (measured figures: docs/PERFORMANCE.md).
+    max_num_batched_tokens: Annotated[int, Ge(1)] = 16384
+    max_num_seqs: Annotated[int, Ge(1)] = 256
+    gpu_memory_utilization: Annotated[float, Gt(0), Le(1)] = 0.9
+    # The KV cache's size in GiB (vLLM's kv_cache_memory_bytes); None: what gpu_memory_utilization
+    # leaves once vLLM has measured the model's use of the GPU's free memory. Set, no engine
+    # measures free memory, so the parts of --processes N build their engines at once (each
+    # kv_cache_gib / N) instead of one after the other. Only the GPU's check at start still
+    # reads gpu_memory_utilization (free memory at least that share).
+    kv_cache_gib: Annotated[float, Gt(0)] | None = None
+    max_model_len: Annotated[int, Ge(1)] | None = None  # None = the preset's
+    # Every page image is new: prefix caching and the processor cache only cost
+    # (vLLM's OCR recipes turn both off). The processor cache must stay off: vLLM keeps a mirror
+    # of its engine core's cache here, updated as each request is prepared, which holds only if
+    # requests reach the engine core one at a time in that order, each of them; batchocr prepares
+    # them in several threads, and some never go (the renderer's warm-up, a refused page).
+    enable_prefix_caching: bool = False
+    mm_processor_cache_gb: Annotated[float, Ge(0)] = 0.0
+    limit_mm_per_prompt: Mapping[str, int] = field(default_factory=lambda: {"image": 1, "video": 0})
+    tensor_parallel_size: Annotated[int, Ge(1)] = 1
+    dtype: str = "auto"
+    quantization: str | None = None  # e.g. "fp8"
+    seed: int = 0
+    load_format: str = "auto"  # "dummy": random weights, for benchmarks
+    enforce_eager: bool = False
+    # Requests kept in flight at once (a page, or in document mode a group); 0 = max_num_seqs +
+    # max_num_seqs // 4 + 32.
+    queue_pages: Annotated[int, Ge(0)] = 0
+    # Requests go to vLLM once this many sequences are free, together (their prefills share a
+    # step); 0: at once, queued inside vLLM, which admits them as sequences free. None: the
+    # preset's in page mode (16 for unlimited-ocr, qwen2.5-vl and olmocr-2; 0 for the others),
+    # 0 in document mode.
+    admit_pages: Annotated[int, Ge(0)] | None = None
+    # Threads preparing requests (image processor, tokens) off the engine loop.
+    prepare_threads: Annotated[int, Ge(1)] = 4
+    # Runaway repetition: attempts per page (1 = no retry) and the loop detector: the last
+    # repetition_span tokens one block of at most repetition_max_period (<= span / 2) repeated.
+    max_attempts: Annotated[int, Ge(1)] = 3
+    repetition_span: Annotated[int, Ge(2)] = 384
+    repetition_max_period: Annotated[int, Ge(1)] = 96
+    # For benchmarks with random weights: generate exactly max_tokens, skip detokenizing.
+    ignore_eos: bool = False
+    detokenize: bool = True
+    # page: a request a page. document: consecutive pages of a document in one request, the
+    # output split back a part a page (presets that read documents: unlimited-ocr).
+    mode: Literal["page", "document"] = "page"
+    # Document mode: pages a group holds at most; 0 = as many as the context allows, each page
+    # its image's tokens plus group_page_tokens of output (and at most MAX_GROUP_PAGES).
+    group_pages: Annotated[int, Ge(0), Le(MAX_GROUP_PAGES)] = 0
+    group_page_tokens: Annotated[int, Gt(0)] = 2048
+    # A group whose output does not split a part a page (or hit the token limit) is read again
+    # page by page. Off only for benchmarks on random weights, which never write the separator.
+    document_fallback: bool = True
+    # Where a preset's no-repeat n-gram bans run (unlimited-ocr, deepseek-ocr). processor: a
+    # logits processor (patches.ngram; vLLM then runs its V1 model runner, the processor on the
+    # host a step). sampler: on the GPU in the V2 runner's sampler (patches.ngram_sampler), the
+    # same bans; which of the two is faster is not settled, so the processor is the default.
+    ngram_bans: Literal["processor", "sampler"] = "processor"
+    # unlimited-ocr, deepseek-ocr: their vision encoder over a step's pages at once, not page by
+    # page with the host waiting on the GPU between (patches.deepencoder, in vLLM's engine core).
+    # None: the preset's (on for unlimited-ocr, faster at equal work; off for deepseek-ocr, not
+    # measured).
+    batch_encoder: bool | None = None
+    # unlimited-ocr: R-SWA's attention reads only the KV tiles its window and prompt can see
+    # (patches.rswa_tiles, vLLM's Triton kernel rewritten in its engine core; the same output).
+    # None: the preset's in either mode (on for unlimited-ocr, faster at equal work in each), where
+    # this vLLM's kernel is the one the rewrite knows (else vLLM's own, with a warning).
+    rswa_tiles: bool | None = None
+    # qwen2.5-vl, olmocr-2: the vision MLPs' inner size padded 3,420 -> 3,456 with zeros once
+    # loaded, so that cuBLAS runs a Hopper GEMM, not an Ampere one (patches.vitpad; the same
+    # output). None: the preset's (off in every preset: over the compiled vision blocks, the
+    # presets' default, it gains under 1%).
+    vit_pad: bool | None = None
+    # vLLM engines this run drives on its GPU, each its own engine core process with
+    # gpu_memory_utilization / instances of the GPU's memory and max_num_seqs sequences, the
+    # pages shared between them: one engine's host work (scheduling, a step's outputs) runs
+    # while the other's forward pass keeps the GPU busy (batchocr.engines.vllm.instances).
+    instances: Annotated[int, Ge(1), Le(8)] = 1
+    # Anything else for vllm.LLM(...), passed as is.
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        preset = get_preset(self.preset)
+        _check_patches_fit(self, preset)
+        for key, value in (("mm_processor_cache_gb", self.mm_processor_cache_gb),
+                           ("engine_args.mm_processor_cache_gb", self.engine_args.get("mm_processor_cache_gb", 0))):
+            if value:
+                raise ConfigError(f"engines.vllm.{key}: got {value}, expected 0: vLLM's processor cache holds only "
+                                  f"for requests prepared one at a time, each sent; batchocr prepares them in "
+                                  f"threads, and every page image is new")
+        if self.repetition_max_period > self.repetition_span // 2:
+            raise ConfigError(f"engines.vllm.repetition_max_period: got {self.repetition_max_period}, expected at most "
+                              f"repetition_span / 2 ({self.repetition_span // 2}): a loop is a block repeated at "
+                              f"least twice in the last repetition_span tokens")
+        if self.instances > 1 and self.tensor_parallel_size > 1:
+            raise ConfigError(f"engines.vllm.instances: {self.instances} engines share one GPU; with "
+                              f"tensor_parallel_size {self.tensor_parallel_size} use instances: 1")
+        if self.mode == "document" and self.group_pages == 1:  # fits, but a group of one page is page mode
+            raise ConfigError("engines.vllm.group_pages: got 1, expected 0 (as many as fit) or 2 or more in document "
+                              "mode: a group of one page is read in page mode (use mode: page)")
+        if self.mode == "document" and self.group_size(preset) < 2:
+            raise ConfigError(f"engines.vllm.group_pages: a group of 2 pages does not fit "
+                              f"max_model_len {self.max_model_len or preset.max_model_len} with group_page_tokens "
+                              f"{self.group_page_tokens} a page: lower group_page_tokens or use mode: page")
+
+    def check_chosen(self) -> None:
+        """What only the run's own engine needs (engines.options): a model. A job spec whose
+        engine is another may keep a vllm section without one (only the chosen engine's section
+        is used, and routing never runs vllm: routed pages go to the textlayer engine)."""
+        if not self.model:
+            raise ConfigError("engine vllm needs a model: --model PATH (or engines.vllm.model in the job spec)")
+
+    def group_size(self, preset: Preset) -> int:
+        """Pages a request holds: 1 in page mode; in document mode as many as fit the context,
+        each page costing its image's prompt tokens plus group_page_tokens of output."""
+        if self.mode == "page":
+            return 1
+        context = (self.max_model_len or preset.max_model_len) - DOCUMENT_PROMPT_TOKENS
+        fit = context // (preset.document_page_tokens + self.group_page_tokens)
+        return min(self.group_pages or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
+
+    def encoder_batched(self, preset: Preset) -> bool:
+        """batch_encoder as the engine uses it: where unset, the preset's."""
+        return preset.batch_encoder if self.batch_encoder is None else self.batch_encoder
+
+    def mlps_padded(self, preset: Preset) -> bool:
+        """vit_pad as the engine uses it: where unset, the preset's."""
+        return preset.vit_pad if self.vit_pad is None else self.vit_pad
+
+    def _tiles_by_default(self, preset: Preset) -> bool:
+        """rswa_tiles unset, and the preset's on (in both modes)."""
+        return self.rswa_tiles is None and preset.rswa_tiles
+
+    def tiles_on(self, preset: Preset) -> bool:
+        """rswa_tiles as the engine uses it: where unset, the preset's, and only with the kernel
+        the rewrite knows (vLLM 0.26.0's): a default must not stop a run on another vLLM, which
+        then attends with its own kernel."""
+        if self.rswa_tiles is not None:
+            return self.rswa_tiles
+        if not self._tiles_by_default(preset):
+            return False
+        try:
+            rswa_tiles.check_source()
+        except ValueError:
+            return False
+        return True
+
+    def admit_size(self, preset: Preset) -> int:
+        """admit_pages as the engine uses it: where unset, the preset's in page mode (measured
+        there), at most an eighth of max_num_seqs (a small batch is not held back to refill in
+        lumps); never more than max_num_seqs (more could never be free at once)."""
+        if self.admit_pages is not None:
+            return min(self.admit_pages, self.max_num_seqs)
+        if self.mode != "page" or not preset.admit_pages:
+            return 0
+        return max(1, min(preset.admit_pages, self.max_num_seqs // 8))
+
+    def one_of(self, n: int) -> VLLMOptions:
+        """The options of one of n engines sharing this run's GPU (engines.vllm.instances):
+        its share of the GPU's memory and of the KV cache."""
+        return dataclasses.replace(self, instances=1, gpu_memory_utilization=self.gpu_memory_utilization / n,
+                                   kv_cache_gib=self.kv_cache_gib and self.kv_cache_gib / n)
+
+    def set_runner_env(self) -> None:
+        """Before vLLM is built in this process (its engine-core process inherits it): the
+        environment these options need. ngram_bans: sampler asks for vLLM's V2 runner;
+        ConfigError naming the key where the environment says no."""
+        if self.ngram_bans == "sampler":
+            try:
+                ngram_sampler.require_v2_runner()
+            except ValueError as exc:
+                raise ConfigError(f"engines.vllm.ngram_bans: sampler: {exc}") from None
+
+    def check_patches(self) -> None:
+        """Before vLLM is built: the vLLM here has what the asked patches rewrite (ConfigError
+        naming the key where not); a preset's default that this vLLM cannot take is a warning."""
+        asked = self.rswa_tiles is True
+        if asked or self._tiles_by_default(get_preset(self.preset)):
+            try:
+                rswa_tiles.check_source()
+            except ValueError as exc:
+                if asked:
+                    raise ConfigError(f"engines.vllm.rswa_tiles: {exc}; set it false for this vLLM") from None
+                log.warning("engines.vllm.rswa_tiles: the preset's default is off for this vLLM (%s): "
+                            "vLLM's own attention kernel runs, the same output, slower", exc)
+
+    def llm_args(self, preset: Preset) -> dict[str, Any]:
+        """vllm.LLM's arguments: these options', the preset's, the worker extension of the patches
+        asked for, and the user's engine_args over them all."""
+        args = self._own_args(preset) | dict(preset.engine_args)
+        sampler = self.ngram_bans == "sampler" and ngram.FQCN in (args.get("logits_processors") or ())
+        if sampler:  # the sampler's bans in place of the processor's
+            rest = [p for p in args.pop("logits_processors") if p != ngram.FQCN]
+            if rest:
+                args["logits_processors"] = rest
+        extension = self._extension(preset, sampler)
+        if extension is not None:
+            args["worker_extension_cls"] = extension
+        return workerext.keyed(_merged(args, self.engine_args))
+
+    def _own_args(self, preset: Preset) -> dict[str, Any]:
+        args = {
+            "model": self.model,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "gpu_memory_utilization": round(self.gpu_memory_utilization / self.instances, 4),
+            "max_model_len": self.max_model_len or preset.max_model_len,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "mm_processor_cache_gb": self.mm_processor_cache_gb,
+            "limit_mm_per_prompt": dict(self.limit_mm_per_prompt),
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "dtype": self.dtype,
+            "quantization": self.quantization,
+            "seed": self.seed,
+            "load_format": self.load_format,
+            "enforce_eager": self.enforce_eager,
+            "mm_processor_kwargs": dict(preset.mm_processor_kwargs) or None,
+            # a running page's tokens reach batchocr CHECK_EVERY at a time, not every step: the
+            # repetition check looks no more often, and the front end makes ~1/32 of the outputs
+            # (the same rows, the same pages/s within the spread between identical engines;
+            # measured figures: docs/PERFORMANCE.md). engine_args.stream_interval 1 gives vLLM's own.
+            "stream_interval": CHECK_EVERY,
+        }
+        if self.kv_cache_gib is not None:
+            args["kv_cache_memory_bytes"] = int(self.kv_cache_gib / self.instances * 2**30)
+        if self.mode == "document":  # a group's images in one prompt
+            limit = args["limit_mm_per_prompt"]
+            args["limit_mm_per_prompt"] = limit | {"image": max(limit.get("image", 1), self.group_size(preset))}
+        return args
+
+    def _extension(self, preset: Preset, sampler: bool) -> str | None:
+        """The one worker extension that installs the patches asked for (a worker takes one)."""
+        if self.tiles_on(preset):
+            return rswa_tiles.extension(self.encoder_batched(preset), sampler)
+        if self.mlps_padded(preset):  # Qwen2.5-VL's presets: no n-gram bans, no other extension
+            return vitpad.EXTENSION
+        if self.encoder_batched(preset):
+            return deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION
+        return ngram_sampler.EXTENSION if sampler else None
+
+
+def _check_patches_fit(o: VLLMOptions, preset: Preset) -> None:
+    """The mode and the patches asked for belong to the preset's model."""
+    if o.mode == "document" and preset.document_template is None:
+        raise ConfigError(f"engines.vllm.mode: document needs a preset that reads whole documents "
+                          f"({', '.join(document_presets())}); {preset.name} reads one page a request")
+    if o.batch_encoder is True and preset.name not in deepencoder.PRESETS:
+        raise ConfigError(f"engines.vllm.batch_encoder: batches DeepSeek-OCR's vision encoder "
+                          f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another")
+    if o.rswa_tiles and preset.name not in rswa_tiles.PRESETS:
+        raise ConfigError(f"engines.vllm.rswa_tiles: skips the KV tiles R-SWA hides "
+                          f"({', '.join(rswa_tiles.PRESETS)}); preset {preset.name} attends without R-SWA")
+    if o.vit_pad and preset.name not in vitpad.PRESETS:
+        raise ConfigError(f"engines.vllm.vit_pad: pads Qwen2.5-VL's vision MLPs "
+                          f"({', '.join(vitpad.PRESETS)}); preset {preset.name} has another vision tower")
+
+
+def _merged(args: dict[str, Any], engine_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's engine_args over the engine's and preset's: a key replaces, except
+    `compilation_config`, whose keys are laid over the preset's where both are mappings (so that
+    `{cudagraph_capture_sizes: [...]}` keeps the preset's `compile_mm_encoder`, and
+    `{compile_mm_encoder: false}` turns it off)."""
+    out = args | dict(engine_args)
+    mine, theirs = engine_args.get("compilation_config"), args.get("compilation_config")
+    if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+        out["compilation_config"] = dict(theirs) | dict(mine)
+    return out
+
+
+def render_hints(preset: Preset) -> dict[str, int]:
+    """The page size the preset's model wants: the pipeline renders to it."""
+    return {"max_side": preset.max_side, "size_multiple": preset.size_multiple}
+
+
+def prompt_setting(o: VLLMOptions, preset: Preset) -> str:
+    """What OUT remembers as the prompt: in document mode, the group's (OUT made in one
+    mode refuses a rerun in the other without --reprocess: other prompts, other text). A
+    document mode's page read alone (a document of one page, a failed group's pages) is asked
+    the page prompt: where `prompt` makes it another than the preset's, OUT remembers it too."""
+    if o.mode == "document":
+        alone = preset.prompt(o.prompt)
+        return (f"{preset.document_prompt(1)} (document mode: one {preset.image_placeholder} a page"
+                + (f"; a page alone: {alone}" if alone != preset.prompt() else "") + ")")
+    return preset.prompt(o.prompt)
