@@ -102,7 +102,7 @@ class RapidOCREngine(Engine):
 
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
         stop = stop or threading.Event()
-        # rapidocr failing on every page alike (a release whose API batchocr does not know, an
+        # rapidocr failing on every page alike (a version whose API batchocr does not know, an
         # onnxruntime that cannot run the models) is the run's failure, not a table of
         # engine_error rows: errors are held until a page is read (batchocr/engines/systemic.py)
         held = systemic.Held("engine rapidocr failed on every page alike ({n} pages, none read)")

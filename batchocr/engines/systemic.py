@@ -1,16 +1,16 @@
 """Telling a broken engine from bad pages: page errors held back until the engine has read a page.
 
 An engine that fails on every page alike (a model it cannot load into the session, an
-install whose libraries do not match, a private API gone in a new release) would
+install whose libraries do not match, a private API gone in a new version) would
 otherwise write a final error row for every page of the shard and exit 0: a table of
 per-page errors for what is the run's failure. So, until the engine has read one page
 (vLLM: taken one request), its page errors are held back; LIMIT alike in a row (the same
 message once its numbers are masked) stop the run with one line, exit 1, and no row is
-written for them. Once a page is read, what was held is released as the pages' own
+written for them. Once a page is read, what was held goes out as the pages' own
 rows, and errors from then on are rows at once.
 
 A shard run as parts (`processes` N) judges over all of them (`share`, in each part's
-process): a page read by any part's engine releases every part's held rows, and a part
+process): a page read by any part's engine lets every part's held rows go, and a part
 whose input ended holding rows, none read anywhere, waits for the others before it judges,
 so that a part dealt one refused page cannot commit its row as a page error while the
 others find the engine broken (nor a part dealt two bad pages stop a run whose other part
@@ -112,18 +112,18 @@ class Held:
 
     def failed_on(self, rows: list[dict], reason: str) -> list[dict]:
         """A page's (or a group's) error `rows`, failing for `reason`: the rows to write now.
-        Before any page was read they are held; rows held for another reason are released
+        Before any page was read they are held; rows held for another reason go out
         (a run of errors alike is what is systemic); LIMIT alike raise the run's failure."""
         with self.lock:
             if self.read or not rows or (self.parts is not None and self.parts.any_read()):
                 return rows
             signature = re.sub(r"\d+", "N", reason)
-            released = [row for sig, row in self.held if sig != signature]
+            out = [row for sig, row in self.held if sig != signature]
             self.held = [(sig, row) for sig, row in self.held if sig == signature] + [(signature, row) for row in rows]
             self.reason = reason
             if len(self.held) >= LIMIT:
                 raise self.systemic(len(self.held))
-            return released
+            return out
 
     def ended(self) -> list[dict]:
         """An engine's input ended: the rows still held, or, where more than one page is held

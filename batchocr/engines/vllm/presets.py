@@ -67,12 +67,12 @@ class Preset:
     # once this many sequences are free (0: as vLLM admits them). Set from GPU runs at equal work.
     admit_pages: int = 0
     # engines.vllm.batch_encoder where the user sets none (unlimited-ocr, deepseek-ocr only):
-    # batchocr.deepencoder's encoder over a step's pages at once. Set from GPU runs at equal work.
+    # patches.deepencoder's encoder over a step's pages at once. Set from GPU runs at equal work.
     batch_encoder: bool = False
     # engines.vllm.rswa_tiles where the user sets none, in either mode (unlimited-ocr only):
-    # batchocr.rswa_tiles' attention over the KV tiles R-SWA can see. Set from GPU runs at equal work.
+    # patches.rswa_tiles' attention over the KV tiles R-SWA can see. Set from GPU runs at equal work.
     rswa_tiles: bool = False
-    # engines.vllm.vit_pad where the user sets none (Qwen2.5-VL's tower only): batchocr.vitpad's
+    # engines.vllm.vit_pad where the user sets none (Qwen2.5-VL's tower only): patches.vitpad's
     # vision MLPs padded to an aligned size. Set from GPU runs at equal work.
     vit_pad: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -121,13 +121,12 @@ def _qwen(name: str, instruction: str, max_side: int, multiple: int, **kw: Any) 
                   **kw)
 
 
-# Qwen2.5-VL-7B's layout admitting 16 pages at a time: 1.185x the pages/s end to end (1.142x steady)
-# against vLLM's own admission at equal work, 2,048 pages on an H200 (docs/GPU.md, thirteenth lease)
+# Qwen2.5-VL-7B's layout admitting 16 pages at a time: more pages/s end to end and steady than
+# vLLM's own admission, at equal work (measured figures: docs/PERFORMANCE.md)
 QWEN25_ADMIT = 16
 # Qwen2.5-VL's vision blocks compiled by vLLM (Inductor fuses the eager RMSNorms' elementwise
-# kernels): 1.079x and 1.125x the steady pages/s, 1.012x and 1.014x end to end over 1,024 pages at
-# equal work, in two H200 leases (docs/GPU.md, fifteenth and sixteenth); ~30 s more to build and
-# ~8 s more to the first row from a cold compile cache. vLLM compiles only Qwen2.5-VL's encoder
+# kernels): more pages/s in the steady state and end to end at equal work, for ~30 s more to build
+# and ~8 s more to the first row from a cold compile cache. vLLM compiles only Qwen2.5-VL's encoder
 # among these presets (its `should_torch_compile_mm_vit`), so only theirs.
 QWEN25_ENGINE_ARGS = {"compilation_config": {"compile_mm_encoder": True}}
 
@@ -161,7 +160,7 @@ def paddleocr_vl() -> Preset:
 
 def deepseek_ocr() -> Preset:
     # deepseek-ai/DeepSeek-OCR: vLLM's recipe bans repeated 30-grams in a 90-token
-    # window (table tags whitelisted); batchocr.ngram bans the same tokens as vLLM's
+    # window (table tags whitelisted); patches.ngram bans the same tokens as vLLM's
     # NGramPerReqLogitsProcessor, with its request arguments, at 7-90x less host time a
     # step. Its answer is parsed for layout blocks, which a grounding prompt asks for
     # ("<|grounding|>Convert the document to markdown."); "Free OCR." gives none.
@@ -185,7 +184,7 @@ def unlimited_ocr() -> Preset:
     # baidu/Unlimited-OCR (the course's model; ../shared/notes/unlimited-ocr.md), vLLM's recipe:
     # no chat template, the prompt starts with a literal <image>; greedy; the no-repeat n-gram
     # bans (35-grams in a 128-token window, 1024 for whole documents) through an engine argument,
-    # batchocr.ngram's processor in place of vLLM's (the same bans, far less host time a step);
+    # patches.ngram's processor in place of vLLM's (the same bans, far less host time a step);
     # special tokens kept, since the grounding tags are the layout.
     # Page mode is "gundam" (the 1024 global view + up to 32 crops of 640, tiled from the page's
     # size); document mode is base mode only (vLLM's processor turns crops off for several images):
@@ -194,21 +193,21 @@ def unlimited_ocr() -> Preset:
                   max_tokens=8192, temperature=0.0, max_model_len=32768,
                   engine_args={"logits_processors": [ngram.FQCN]},
                   sampling_args={"skip_special_tokens": False, "extra_args": {"ngram_size": 35, "window_size": 128}},
-                  # a page's prefill step costs ~26 ms once a step over ~62 ms a page; 16 at a time:
-                  # 1.178x end to end at equal work (docs/GPU.md, "Issue 20, fourth lease")
+                  # a prefill step's fixed cost is paid once a step, not once a page: 16 pages
+                  # admitted together are faster end to end at equal work
                   admit_pages=16,
-                  # the step's pages through SAM/CLIP together: 1.251x end to end, 1.307x in the steady
-                  # state at equal work, the same embeddings in bf16 (docs/GPU.md, "Issue 20, sixth lease")
+                  # the step's pages through SAM/CLIP together (patches.deepencoder): faster end to end
+                  # and in the steady state at equal work, the same embeddings in bf16
                   batch_encoder=True,
-                  # attention reading only the KV tiles R-SWA can see: 1.124x end to end, 1.03x in the
-                  # steady state at equal work, the same output (docs/GPU.md, "Issue 20, seventh lease")
+                  # attention reading only the KV tiles R-SWA can see (patches.rswa_tiles): faster end
+                  # to end and in the steady state at equal work, the same output
                   rswa_tiles=True,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
                   document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},
                   # base mode's 1024 view: vLLM 0.26 keeps gundam's image_size 640 for a request of
-                  # several images, squeezing each page to 640x640 (docs/BENCHMARKS.md: CER proxy
-                  # 0.089 at 6 pt against 0.000 at 1024, the same 273 tokens a page)
+                  # several images, squeezing each page to 640x640 (small print is then misread: a CER
+                  # proxy of 0.089 at 6 pt against 0.000 at 1024, the same 273 tokens a page)
                   document_mm_processor_kwargs={"image_size": 1024},
                   parse=grounding.parse)
 

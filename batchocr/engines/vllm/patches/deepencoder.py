@@ -1,36 +1,34 @@
-"""DeepSeek-OCR's vision encoder (Unlimited-OCR's too) over a step's images at once, in vLLM's
-engine core.
+"""vLLM 0.26.0: DeepSeek-OCR's vision encoder (Unlimited-OCR's too) over a step's images at once.
 
-vLLM 0.26 encodes the images of a step one at a time (`DeepseekOCRForCausalLM.
+vLLM encodes the images of a step one at a time (`DeepseekOCRForCausalLM.
 _pixel_values_to_embedding`, model_executor/models/deepseek_ocr.py:541-571): SAM, CLIP and the
 projector over a page's global view, then again over its crops, with host reads of GPU values
 in between (`torch.sum(patches).item()`, the tile counts' `.item()`), each of which waits for
-the GPU. On the H200 a page's prefill took ~62 ms of the engine core's time while the GPU was
-mostly idle (docs/GPU.md, "Issue 20, fourth lease"). Here the global views of all the step's
-images go through the encoders together (in chunks, to bound the attention's memory), then all
-their crops, after one host read of the tile counts; each image's embedding is then assembled
-as vLLM assembles it (its own `_assemble_patch_grid`, given the tile counts on the host).
-vLLM's batched forwards for its encoder CUDA graphs (`_batched_encoder_forward_global_path` /
-`_local_path`, V1 runner only) are not reused: the global one fixes the grid at the 1024 base
-view's 16 x 16 (`image_side`, from BASE_SIZE), where this takes each view's size as it comes, as
-the per-image method does.
+the GPU: a page's prefill holds the engine core for tens of milliseconds while the GPU is mostly
+idle. Here the global views of all the step's images go through the encoders together (in
+chunks, to bound the attention's memory), then all their crops, after one host read of the tile
+counts; each image's embedding is then assembled as vLLM assembles it (its own
+`_assemble_patch_grid`, given the tile counts on the host). vLLM's batched forwards for its
+encoder CUDA graphs (`_batched_encoder_forward_global_path` / `_local_path`, V1 runner only) are
+not reused: the global one fixes the grid at the 1024 base view's 16 x 16 (`image_side`, from
+BASE_SIZE), where this takes each view's size as it comes, as the per-image method does.
 
     LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.deepencoder.BatchedEncoderExtension")
 
 `engines.vllm.batch_encoder` names it (with the sampler's n-gram bans too, where asked:
-`BatchedEncoderNGramSamplerExtension`): unlimited-ocr's default, since on the H200 it gave
-1.251x the pages/s end to end and 1.307x in the steady state at equal work (docs/GPU.md, sixth
-lease); deepseek-ocr's only where asked (not measured). Importing this module patches nothing,
-and needs no torch; `bench/gpu/check_encoder_batch.py` compares it with vLLM's own method on
-the real modules (equal embeddings) and times both.
+`BatchedEncoderNGramSamplerExtension`): unlimited-ocr's default, faster end to end and in the
+steady state at equal work (measured figures: docs/PERFORMANCE.md); deepseek-ocr's only where
+asked (not measured). Importing this module patches nothing, and needs no torch;
+`bench/gpu/check_encoder_batch.py` compares it with vLLM's own method on the real modules (equal
+embeddings) and times both.
 """
 
 from __future__ import annotations
 
 from batchocr.engines.vllm.patches import workerext
 
-EXTENSION = "batchocr.engines.vllm.patches.deepencoder.BatchedEncoderExtension"
-WITH_SAMPLER = "batchocr.engines.vllm.patches.deepencoder.BatchedEncoderNGramSamplerExtension"
+EXTENSION = f"{__name__}.BatchedEncoderExtension"
+WITH_SAMPLER = f"{__name__}.BatchedEncoderNGramSamplerExtension"
 # The presets whose models have this encoder.
 PRESETS = ("unlimited-ocr", "deepseek-ocr")
 
@@ -95,6 +93,6 @@ def install() -> None:
     deepseek_ocr.DeepseekOCRForCausalLM._pixel_values_to_embedding = pixel_values_to_embedding
 
 
-# The extensions install when vLLM asks for them, and only then (batchocr/workerext.py).
+# The extensions install when vLLM asks for them, and only then (workerext.py).
 __getattr__ = workerext.resolver(__name__, {EXTENSION.rsplit(".", 1)[1]: ("deepencoder",),
                                             WITH_SAMPLER.rsplit(".", 1)[1]: ("deepencoder", "ngram_sampler")})

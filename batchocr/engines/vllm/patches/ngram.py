@@ -1,11 +1,10 @@
-"""No-repeat n-gram bans for DeepSeek-OCR and Unlimited-OCR, cheap enough for 256+ requests a step.
+"""vLLM 0.26.0: a no-repeat n-gram logits processor (DeepSeek-OCR, Unlimited-OCR), cheap at 256+ requests a step.
 
 Both models' recipes register vLLM's `NGramPerReqLogitsProcessor`: every decode step, for every
 running request, a Python loop over the last `window_size` generated tokens compares
 (ngram_size - 1)-token tuples, then a row of the logits is indexed on the GPU. The engine core
-runs it between the forward pass and sampling, so a step of R requests pays R calls: measured on
-the H200 at ~0.13 ms a request a step (a decode step of 256 requests: 37 ms with it, the GPU
-idle most of that time; docs/GPU.md "Issue 20").
+runs it between the forward pass and sampling, so a step of R requests pays R calls, and the GPU
+is idle for most of a decode step of 256 requests.
 
 `NGramBan` bans exactly the same tokens, kept up to date as tokens arrive instead of recomputed:
 a dict from each (n-1)-token prefix in the window to the tokens that followed it, one n-gram
@@ -13,11 +12,11 @@ added and one dropped a step. `NoRepeatNGramLogitsProcessor` is vLLM's batch-lev
 processor over them: the same request arguments (`extra_args` ngram_size, window_size,
 whitelist_token_ids) and validation as vLLM's, and one indexed write for the whole batch, only
 on the steps where something is banned (sound text: few; the looping text of random weights:
-nearly every step). On the H200's host, 256 requests: 1.9-2.8 ms a step against vLLM's 12-217
-(docs/BENCHMARKS.md); a decode step's one token since takes a path of its own, 0.57-0.67x of that
-on this project's VM (bench/ngram_host.py). Register it in vLLM's place (the presets do):
+nearly every step). A step of 256 requests costs its host a few milliseconds, an order of
+magnitude and more below vLLM's (measured figures: docs/PERFORMANCE.md; bench/ngram_host.py
+times this checkout's against another's). Register it in vLLM's place (the presets do):
 
-    LLM(..., logits_processors=["batchocr.engines.vllm.patches.ngram:NoRepeatNGramLogitsProcessor"])
+    LLM(..., logits_processors=[FQCN])   # "batchocr.engines.vllm.patches.ngram:NoRepeatNGramLogitsProcessor"
 
 vLLM's engine core imports it by that name, so the class exists only where vLLM does.
 """
@@ -28,7 +27,7 @@ import functools
 from collections import deque
 from collections.abc import Iterable
 
-FQCN = "batchocr.engines.vllm.patches.ngram:NoRepeatNGramLogitsProcessor"
+FQCN = f"{__name__}:NoRepeatNGramLogitsProcessor"
 
 
 class NGramBan:
@@ -61,7 +60,7 @@ class NGramBan:
         if length == self.next_len and ids[-2] == self.last_tok:
             # One token since the last call, what a decode step gives: the newest n-gram is the
             # last call's tail and that token, at most one n-gram leaves the window, and the new
-            # tail is looked up. The state the general path below would leave, at 0.57-0.67x of
+            # tail is looked up. The state the general path below would leave, at about 0.6x of
             # its cost (bench/ngram_host.py).
             follow, tok, key = self.follow, ids[-1], self.tail
             self.keys.append((key, tok))
@@ -173,9 +172,8 @@ def write_bans(logits, rows: list[int], cols: list[int]):
     """logits[rows[i], cols[i]] = -inf, the host not waiting on the GPU: the indices travel from
     pinned memory, and the value is a tensor already on the logits' device, as vLLM's own
     processors write theirs. `logits[r, c] = -inf` hands index_put_ a host scalar, which it copies
-    to the device with a blocking copy: the engine core then waited out the step's forward pass
-    at every step that banned a token (on the H200 123 of 150 steps, 3.5 ms each: docs/GPU.md,
-    sixth lease; bench/gpu/check_ban_sync.py)."""
+    to the device with a blocking copy: the engine core then waits out the step's forward pass
+    at every step that bans a token (bench/gpu/check_ban_sync.py times both writes)."""
     import torch
 
     device = logits.device

@@ -1,11 +1,10 @@
-"""No-repeat n-gram bans on the GPU, inside the sampler of vLLM's V2 model runner.
+"""vLLM 0.26.0: no-repeat n-gram bans on the GPU, inside the sampler of vLLM's V2 model runner.
 
-Why: any custom logits processor moves vLLM 0.26 off its V2 model runner ("Model Runner V2 does
-not yet support custom logits processors; using the V1 model runner", config/vllm.py:2201), and
+Why: any custom logits processor moves vLLM off its V2 model runner ("Model Runner V2 does not
+yet support custom logits processors; using the V1 model runner", config/vllm.py:2201), and
 hands each request's output tokens to the host before sampling. Unlimited-OCR's and DeepSeek-OCR's
-recipes need a processor for their no-repeat n-gram bans (batchocr.ngram's is the cheap one). On
-the H200 a decode step of ~100 requests took 5.2 ms with no processor (V2) and 20.9 ms with vLLM's
-(V1); with batchocr's, 22.4 ms at 256 (docs/GPU.md, issue 20).
+recipes need a processor for their no-repeat n-gram bans (patches.ngram's is the cheap one); a
+decode step on the V1 runner with a processor takes several times as long as on V2 without one.
 
 How: the V2 runner keeps every request's tokens where the GPU reads them (`RequestState`:
 `all_token_ids` in UVA memory, `total_len` on the GPU, advanced by its `post_update` kernel) and
@@ -15,11 +14,11 @@ tokens of every n-gram in the window with the last n-1, and one scatter sets the
 matches to -inf. The shapes come from host-side copies of the requests' arguments, so nothing
 waits for the GPU, and the host does no work a token.
 
-The bans are those of batchocr.ngram.NGramBan, which are vLLM's NoRepeatNGramLogitsProcessor's
+The bans are those of patches.ngram.NGramBan, which are vLLM's NoRepeatNGramLogitsProcessor's
 (tests/test_ngram_sampler.py checks them on random and looping sequences). Requests carry the same
 `extra_args` (ngram_size, window_size, whitelist_token_ids). Use it in place of the processor:
 
-    LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.ngram_sampler.NGramSamplerExtension")  # no logits_processors
+    LLM(..., worker_extension_cls=EXTENSION)  # no logits_processors; engines.vllm.ngram_bans: sampler
 
 vLLM resolves that name in its worker process, which adds the bans to the V2 runner's `Sampler`
 and makes the V1 runner refuse to start (the bans would be missing there). Not with speculative
@@ -33,7 +32,7 @@ from batchocr.engines.vllm.patches import workerext
 from batchocr.engines.vllm.patches.ngram import check_params
 
 MAX_WHITELIST = 16  # tokens exempt from the bans, a request (DeepSeek-OCR's recipe exempts 2)
-EXTENSION = "batchocr.engines.vllm.patches.ngram_sampler.NGramSamplerExtension"
+EXTENSION = f"{__name__}.NGramSamplerExtension"
 
 
 def _torch(a) -> bool:
@@ -164,9 +163,9 @@ V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 def require_v2_runner() -> None:
     """Ask vLLM for its V2 model runner, before the engine is built (its engine-core process
-    inherits the variable). Without it vLLM 0.26 gave Unlimited-OCR's layout (DeepSeek-V2's MoE
-    decoder) the V1 runner, where the bans would be missing (the extension refused it: the H200,
-    2026-12-02; why vLLM chose V1 is in docs/GPU.md). ValueError where the variable says no."""
+    inherits the variable). Without it vLLM gives Unlimited-OCR's layout (DeepSeek-V2's MoE
+    decoder) the V1 runner, where the bans would be missing (the extension refuses to start
+    there). ValueError where the variable says no."""
     import os
 
     value = os.environ.get(V2_ENV)
@@ -194,8 +193,8 @@ def padded_rswa(build):
     a captured size, but R-SWA's prompt lengths (`rswa_prefix_lens`) only for its real requests:
     Triton attention's copy into its persistent buffer then fails at the first batch of another
     size (triton_attn.py:264, "The size of tensor a (184) must match the size of tensor b (181)";
-    flash_attn.py:710 has the same copy). Seen on the H200 with Unlimited-OCR's layout, 2026-12-02.
-    The padded rows are no requests: a prompt length of 0 for them changes nothing."""
+    flash_attn.py:710 has the same copy), as Unlimited-OCR's layout does. The padded rows are no
+    requests: a prompt length of 0 for them changes nothing."""
     def build_attn_metadata(*args, **kwargs):
         if "rswa_prefix_lens" in kwargs:
             kwargs["rswa_prefix_lens"] = pad_rows(kwargs["rswa_prefix_lens"], kwargs.get("num_reqs"))
@@ -254,5 +253,5 @@ def install() -> None:
 
 # `NGramSamplerExtension` installs the bans when vLLM asks for it, and only then: importing this
 # module (window_bans' tests, a batchocr process whose engine core vLLM forks) patches nothing
-# (batchocr/workerext.py).
+# (workerext.py).
 __getattr__ = workerext.resolver(__name__, {"NGramSamplerExtension": ("ngram_sampler",)})

@@ -1,14 +1,13 @@
-"""R-SWA attention that reads only the tiles it can see, in vLLM's Triton unified attention.
+"""vLLM 0.26.0: R-SWA attention that reads only the KV tiles it can see, in vLLM's Triton unified attention.
 
 Unlimited-OCR's R-SWA lets a generated token see the prompt (the page images and the
-instruction) and the last `rswa_window` (128) tokens, nothing between. vLLM 0.26 frees the KV
+instruction) and the last `rswa_window` (128) tokens, nothing between. vLLM frees the KV
 blocks in between (KV stays flat as the output grows), but its Triton kernel,
 `kernel_unified_attention` (v1/attention/ops/triton_unified_attention.py), still walks every
 KV tile of the sequence and masks the hidden ones after loading them: its tile pruning is
 skipped for R-SWA (`compute_tile_loop_bounds`, triton_attention_helpers.py:185-202, reads the
-full sequence where `USE_MM_PREFIX or USE_R_SWA`). On the H200 attention was 76% of a decode
-step's GPU time, and document mode's decode steps grew from 15.4 to 24.1 ms as outputs grew
-(docs/GPU.md, sixth lease).
+full sequence where `USE_MM_PREFIX or USE_R_SWA`). Attention is most of a decode step's GPU
+time, and its cost grows with the output while the keys it can see do not.
 
 `patch_source` rewrites the kernel's tile loop so that, under R-SWA, a tile holding neither a
 prompt key nor a key of the query block's window is skipped: no loads, no dot products. A
@@ -17,9 +16,11 @@ the one-pass (2D) path gives the same output bit for bit; in the split (3D) path
 no tile left keeps the initial row max (-inf rather than 0), the same result up to rounding of
 the final rescale. `install` loads the rewritten module next to vLLM's and points vLLM's
 `unified_attention` at its kernel; models without R-SWA compile it with USE_R_SWA false, where
-the added test is constant true.
+the added test is constant true. Another vLLM's kernel, whose anchors moved, is refused before
+vLLM is built (`check_source`): where the preset turned it on, vLLM's own kernel runs instead.
 
-    LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.rswa_tiles.RswaTilesExtension")   # engines.vllm.rswa_tiles: true
+    LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.rswa_tiles.RswaTilesExtension")
+    # engines.vllm.rswa_tiles: true
 
 bench/gpu/check_rswa_tiles.py runs both kernels on the same inputs (the CPU with Triton's
 interpreter, or the GPU) and compares them.
@@ -42,7 +43,7 @@ PATCHED = MODULE + "_batchocr_rswa"
 # The tile loop and the statement that ends its body (the epilogue's first line): the anchors.
 _LOOP = "    for j in range(loop_lo, loop_hi):\n"
 _EPILOGUE = "    # ---- Epilogue"
-_SETUP = """    # batchocr.rswa_tiles: under R-SWA a key is visible when it is in the prompt or within the
+_SETUP = """    # batchocr's rswa_tiles patch: under R-SWA a key is visible when it is in the prompt or within the
     # window of a query; the block's first query has the window that starts first.
     if USE_R_SWA:
         rswa_prefix = tl.load(rswa_prefix_lens_ptr + seq_idx)
@@ -58,7 +59,7 @@ def patch_source(src: str) -> str:
     """vLLM's triton_unified_attention.py with the tile loop skipping the tiles R-SWA hides.
     ValueError where the source is not the one this was written against (its anchors)."""
     if src.count(_LOOP) != 1 or src.count(_EPILOGUE) != 1 or "USE_R_SWA: tl.constexpr" not in src:
-        raise ValueError("vLLM's unified attention kernel is not the one batchocr.engines.vllm.patches.rswa_tiles patches "
+        raise ValueError(f"vLLM's unified attention kernel is not the one {__name__} patches "
                          "(its tile loop or R-SWA arguments moved)")
     head, rest = src.split(_LOOP)
     body, tail = rest.split(_EPILOGUE)
@@ -125,10 +126,10 @@ def tiles_read(seq_len: int, prefix: int, first_query: int, window: int, tile: i
 PRESETS = ("unlimited-ocr",)
 # Named by worker_extension_cls, with the other patches an engine asks for (one extension a worker).
 EXTENSIONS = {
-    (False, False): "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesExtension",
-    (True, False): "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesEncoderExtension",
-    (False, True): "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesSamplerExtension",
-    (True, True): "batchocr.engines.vllm.patches.rswa_tiles.RswaTilesEncoderSamplerExtension",
+    (False, False): f"{__name__}.RswaTilesExtension",
+    (True, False): f"{__name__}.RswaTilesEncoderExtension",
+    (False, True): f"{__name__}.RswaTilesSamplerExtension",
+    (True, True): f"{__name__}.RswaTilesEncoderSamplerExtension",
 }
 
 
@@ -138,7 +139,7 @@ def extension(encoder: bool, sampler: bool) -> str:
     return EXTENSIONS[(encoder, sampler)]
 
 
-# The extensions install when vLLM asks for them, and only then (batchocr/workerext.py): the
+# The extensions install when vLLM asks for them, and only then (workerext.py): the
 # kernel, then the batched encoder and the sampler's bans where the name asks for them.
 __getattr__ = workerext.resolver(__name__, {
     full.rsplit(".", 1)[1]: ("rswa_tiles",) + (("deepencoder",) if encoder else ()) + (("ngram_sampler",) if sampler else ())

@@ -1,11 +1,10 @@
-"""Qwen2.5-VL's vision MLP with its inner size padded to a multiple of 64, in vLLM's engine core.
+"""vLLM 0.26.0: Qwen2.5-VL's vision MLP with its inner size padded to a multiple of 64, in vLLM's engine core.
 
 The vision tower's 32 blocks each run an MLP of inner size 3,420 (`Qwen2_5_VisionMLP`,
 model_executor/models/qwen2_5_vl.py:307-342: gate and up projections merged, SiLU-and-multiply,
 down projection). 3,420 bf16 values are 6,840 bytes, not a multiple of 16, so the down
 projection's operands are not 16-byte aligned and cuBLAS runs it with an Ampere kernel
-(`cutlass_80_tensorop_bf16_s16816gemm_..._align2`): on the H200 32 calls a page, 262 us each,
-8.4 ms of a page's ~60 ms of prefill kernels (docs/GPU.md, "Issue 21, fourteenth lease").
+(`cutlass_80_tensorop_bf16_s16816gemm_..._align2`) on a Hopper GPU, 32 calls a page.
 
 Padding the inner size with zeros changes no product: the extra gate and up rows are zero (and
 so is their bias), SiLU(0) x 0 = 0, and the down projection's extra columns are zero. Only the
@@ -16,20 +15,17 @@ so before the memory profile's run and before `compile_mm_encoder` traces the vi
 a compiled block sees the padded sizes. 32 x 3 x 36 x 1,280 values more.
 
     engines: {vllm: {vit_pad: true}}     # a job spec (qwen2.5-vl, olmocr-2), or by hand:
-    LLM(..., worker_extension_cls="batchocr.engines.vllm.patches.vitpad.VisionMlpPadExtension",
+    LLM(..., worker_extension_cls=EXTENSION,
         additional_config={"batchocr_worker_extension": workerext.fingerprint(EXTENSION)})
 
-Measured on the H200 (docs/GPU.md, "Issue 21", fifteenth to seventeenth leases):
-`bench/gpu/check_vit_pad.py`, the real vision tower with random weights, gave the same output
-(0.6% at most, bf16's rounding) in 26.6 ms a page against 31.9 (1.198x), the Ampere GEMM gone;
-b with it, 1.044x and 1.031x b's pages/s end to end, 1.014x and 1.039x in the steady state, at
-equal work. Not a default: over vLLM's compiled vision blocks (`compile_mm_encoder`, the
-qwen2.5-vl preset's default since) it gave 1.007x steady (1.027x end to end, mostly the
-baseline's cold compile). The padded sizes must not meet a
-graph compiled unpadded: vLLM's compile cache does not hash `worker_extension_cls`, so batchocr's
-engine arguments add the extension's fingerprint to `additional_config` (batchocr.workerext.keyed);
-`LLM(...)` built by hand needs the same, or `VLLM_DISABLE_COMPILE_CACHE=1`.
-Importing this module patches nothing and needs no torch.
+`bench/gpu/check_vit_pad.py` runs the real vision tower with random weights both ways: the same
+output (bf16's rounding), faster, the Ampere GEMM gone. Not a default: over vLLM's compiled vision
+blocks (`compile_mm_encoder`, the qwen2.5-vl preset's default) it gains under 1% in the steady
+state (measured figures: docs/PERFORMANCE.md). The padded sizes must not meet a graph compiled
+unpadded: vLLM's compile cache does not hash `worker_extension_cls`, so batchocr's engine
+arguments add the extension's fingerprint to `additional_config` (workerext.keyed); `LLM(...)`
+built by hand needs the same, or `VLLM_DISABLE_COMPILE_CACHE=1`. Importing this module patches
+nothing and needs no torch.
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ import logging
 
 from batchocr.engines.vllm.patches import workerext
 
-EXTENSION = "batchocr.engines.vllm.patches.vitpad.VisionMlpPadExtension"
+EXTENSION = f"{__name__}.VisionMlpPadExtension"
 PRESETS = ("qwen2.5-vl", "olmocr-2")  # Qwen2.5-VL's vision tower (Qwen2_5_VisionMLP)
 MULTIPLE = 64
 # The weights' dtypes padded (torch's or numpy's names): FP8 and integer weights are a quantized
@@ -140,5 +136,5 @@ def _loader_calls_it(base_loader) -> bool:
         return False
 
 
-# The extension installs when vLLM asks for it, and only then (batchocr/workerext.py).
+# The extension installs when vLLM asks for it, and only then (workerext.py).
 __getattr__ = workerext.resolver(__name__, {EXTENSION.rsplit(".", 1)[1]: ("vitpad",)})

@@ -1,20 +1,20 @@
-"""vLLM's worker extensions, as batchocr's patches use them.
+"""vLLM 0.26.0: how batchocr's patches reach vLLM's worker process, and key vLLM's compile cache.
 
-vLLM resolves `worker_extension_cls="batchocr.MODULE.NAME"` in its worker process by importing
-MODULE and asking it for NAME, then mixes the class into its Worker class. batchocr's modules
-answer with a module `__getattr__` (PEP 562): asking for an extension's name runs the `install()`
-of each module that extension names (looked up then, so importing a module patches nothing) and
-gives `Extension`, which has no methods that could clash with the Worker's.
+vLLM resolves `worker_extension_cls="batchocr.engines.vllm.patches.MODULE.NAME"` in its worker
+process by importing MODULE and asking it for NAME, then mixes the class into its Worker class.
+The patches answer with a module `__getattr__` (PEP 562): asking for an extension's name runs
+the `install()` of each patch that extension names (looked up then, so importing a module
+patches nothing) and gives `Extension`, which has no methods that could clash with the Worker's.
 
     __getattr__ = workerext.resolver(__name__, {"NGramSamplerExtension": ("ngram_sampler",)})
 
 The patches change what vLLM's `torch.compile` traces (vitpad the vision MLPs' weight sizes), but
 vLLM keys its compile cache (`~/.cache/vllm/torch_compile_cache/torch_aot_compile/{hash}`) on a hash
-that leaves `worker_extension_cls` out (ParallelConfig.compute_hash's ignored factors, vLLM 0.26),
-and reloads an artifact if the vLLM files it traced are unchanged. So a graph compiled without a
-patch is reloaded with it, and the reverse: vitpad's padded weights then met a graph traced at the
-unpadded size and the engine core died (H200, 2026-12-04). `keyed` puts the extension's name and
-its modules' source hash into `additional_config`, which that hash covers.
+that leaves `worker_extension_cls` out (ParallelConfig.compute_hash's ignored factors), and reloads
+an artifact if the vLLM files it traced are unchanged. So a graph compiled without a patch would
+be reloaded with it, and the reverse: vitpad's padded weights then meet a graph traced at the
+unpadded size, and the engine core dies. `keyed` puts the extension's name and its modules'
+source hash into `additional_config`, which that hash covers.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ class Extension:
 
 
 def resolver(module: str, extensions: Mapping[str, Sequence[str]]) -> Callable[[str], type]:
-    """A module's `__getattr__`: each extension's name installs the batchocr modules it lists,
-    in order, and gives Extension; any other name is an AttributeError."""
+    """A module's `__getattr__`: each extension's name installs the patches (modules of this
+    package) it lists, in order, and gives Extension; any other name is an AttributeError."""
 
     def __getattr__(name: str) -> type:
         if name not in extensions:
@@ -48,8 +48,9 @@ def resolver(module: str, extensions: Mapping[str, Sequence[str]]) -> Callable[[
 
 
 def fingerprint(cls: str) -> str | None:
-    """`batchocr.MODULE.NAME`: NAME and a hash of the source of the modules it installs (and of
-    MODULE); None for a name that is not one of batchocr's extensions. Installs nothing."""
+    """`batchocr.engines.vllm.patches.MODULE.NAME`: NAME and a hash of the source of the modules
+    it installs (and of MODULE); None for a name that is not one of batchocr's extensions.
+    Installs nothing."""
     module, _, name = cls.rpartition(".")
     if not module.startswith("batchocr."):
         return None
