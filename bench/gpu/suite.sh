@@ -34,7 +34,7 @@
 # a, then FP8 KV + 512 sequences + 16: one lease), tp21-7b-levers, tp21-7b-s512 (b at 512 sequences in bf16
 # against b held to 256 on that engine, and a at 512), tp21-7b-prof (a one-page prefill step, kernel by
 # kernel), tp21-2b-admit (the 2B at 16 against 0), tp21-2b (its goals at 2,048 pages); tp21-vitpad-check
-# (batchocr.vitpad on the real vision tower); tp21-7b-a0 (b against a' over 2,048 pages; tp21-7b-a0-1k over 1,024); tp21-2b-prof (the
+# (batchocr.engines.vllm.patches.vitpad on the real vision tower); tp21-7b-a0 (b against a' over 2,048 pages; tp21-7b-a0-1k over 1,024); tp21-2b-prof (the
 # 2B's engine core, a step's host time by function); tp21-first (a process's first requests, bench/gpu/first_requests.py;
 # tp21-first-prewarm: after transformers' processor ran before the build, which hung);
 # tp21-7b-enc (the encoder's levers: compile, CUDA graphs, the padded vision MLPs), tp21-7b-enc2 (padding
@@ -58,14 +58,14 @@ set -u
 RES=${1:-/tmp/res}
 MODELS=${MODELS:-/tmp/models}
 UOCR_ATTN=${UOCR_ATTN:-attention_config={\"backend\": \"TRITON_ATTN\"}}
-# vLLM's own n-gram processor (the recipe's) in the place of batchocr.ngram's, which bans the same tokens
+# vLLM's own n-gram processor (the recipe's) in the place of batchocr.engines.vllm.patches.ngram's, which bans the same tokens
 VLLM_NGRAM='vllmngram=--engine-arg logits_processors=["vllm.model_executor.models.unlimited_ocr:NGramPerReqLogitsProcessor"]'
 NO_LOGITS_PROCESSOR='noproc=--engine-arg logits_processors=[] --ngram off'  # no processor, vLLM's choice of runner: V1 here
 V1_NO_PROCESSOR='v1noproc=--engine-arg logits_processors=[] --ngram off --env VLLM_USE_V2_MODEL_RUNNER=0'
 # no bans on V2: batchocr's extension (which asks for V2 and pads R-SWA's prompt lengths for its CUDA
 # graphs: vLLM 0.26's V2 runner fails this layout without) with no n-gram arguments in the requests
 V2_NO_BANS='v2nobans=--ngram-bans sampler --ngram off'
-# the same bans on the GPU in vLLM's V2 sampler (batchocr.ngram_sampler: engines.vllm.ngram_bans: sampler)
+# the same bans on the GPU in vLLM's V2 sampler (batchocr.engines.vllm.patches.ngram_sampler: engines.vllm.ngram_bans: sampler)
 SAMPLER_BANS='sampler=--ngram-bans sampler'
 # the encoder's host cost (a page's prefill ~62 ms of engine-core time, the GPU idle: docs/history/GPU.md, fourth
 # lease): vLLM's encoder CUDA graphs (V1 runner only; DeepSeek-OCR's encoder supports them), and its
@@ -75,13 +75,13 @@ ENC_GRAPHS='encgraphs=--engine-arg compilation_config={"cudagraph_mm_encoder":tr
 TORCH_SHM='shm=--engine-arg mm_tensor_ipc=torch_shm --env VLLM_WORKER_MULTIPROC_METHOD=spawn'
 ENC_COMPILE='enccompile=--engine-arg compilation_config={"compile_mm_encoder":true}'  # qwen2.5-vl's default since the sixteenth lease
 NO_ENC_COMPILE='nocompile=--engine-arg compilation_config={"compile_mm_encoder":false}'
-# Qwen2.5-VL's vision MLPs padded to an aligned inner size (batchocr.vitpad: 3,420 -> 3,456, the same
+# Qwen2.5-VL's vision MLPs padded to an aligned inner size (batchocr.engines.vllm.patches.vitpad: 3,420 -> 3,456, the same
 # products), so that cuBLAS leaves its Ampere GEMM (8.4 ms of a page's prefill, fourteenth lease)
 # (engines.vllm.vit_pad; until the sixteenth lease `--engine-arg worker_extension_cls=batchocr.vitpad.
 # VisionMlpPadExtension`, which names the same extension)
 VIT_PAD='vitpad=--vit-pad'
 VIT_PAD_COMPILE='vitpadcompile=--vit-pad --engine-arg compilation_config={"compile_mm_encoder":true}'
-# batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.deepencoder), on V1 with the processor;
+# batchocr's batched encoder (engines.vllm.batch_encoder: batchocr.engines.vllm.patches.deepencoder), on V1 with the processor;
 # unlimited-ocr's default since the sixth lease, so the runs that compare it with vLLM's encoder say --no-batch-encoder
 BATCH_ENCODER='batchenc=--batch-encoder'
 mkdir -p "$RES" && RES=$(cd "$RES" && pwd)  # absolute: the old tree's runs start in .old/
@@ -145,7 +145,7 @@ uocr() {  # NAME ARGS...: a throughput.py run on Unlimited-OCR's layout, 16-page
     ${UOCR_CG:+--engine-arg "$UOCR_CG"} "$@"
 }
 
-# vLLM's V2 runner under full CUDA graphs failed R-SWA (the third lease; batchocr.ngram_sampler pads
+# vLLM's V2 runner under full CUDA graphs failed R-SWA (the third lease; batchocr.engines.vllm.patches.ngram_sampler pads
 # around it). Where a V2 run still ends without b, it runs again with piecewise graphs only (the V2
 # runner then builds attention metadata unpadded), and so do the V2 runs after it: one lease, no round trip.
 PIECEWISE='compilation_config={"cudagraph_mode": "PIECEWISE"}'
@@ -359,7 +359,7 @@ run() {  # one named run of the suite
     # drained): 4,096 pages, page b and document b in groups of 4 (1,024 requests), both with the
     # batched encoder (the default); equal output tokens (2 engines, ~17 min)
     uocr-waves) TP_TIMEOUT=1700 uocr uocr-waves --pages 4096 --modes b --variant "doc4=--mode document --group-pages 4" ;;
-    # R-SWA's attention reading only the tiles it can see (batchocr.rswa_tiles): the kernels compared on the
+    # R-SWA's attention reading only the tiles it can see (batchocr.engines.vllm.patches.rswa_tiles): the kernels compared on the
     # GPU (seconds, no model); page b against page b with it, 1,024 pages (2 engines, ~9 min); document b
     # in groups of 4 against the same with it (2 engines, ~7 min; longer outputs: more tiles skipped)
     uocr-rswa-check) py uocr-rswa-check bench/gpu/check_rswa_tiles.py --time 20 ;;
