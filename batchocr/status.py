@@ -72,7 +72,7 @@ def check_shard_count(out: Store, shard: Shard, url: str) -> None:
     """A run without a plan has the shard count of OUT's output: a document's shard
     depends on the count, and one that moves is redone on its new shard, where
     compaction (within a shard) never meets its old rows. Writes nothing; run before
-    the engine loads (pipeline._check_sharding: with a plan, the plan's count is the
+    the engine loads (shard.prepare: with a plan, the plan's count is the
     one compared)."""
     counts = sorted(output_shard_counts(out))
     if counts and counts != [shard.count]:
