@@ -6,6 +6,7 @@ between them, and none before a page whose centre is red); the real thing runs o
 
 import json
 import threading
+import time
 from collections import Counter
 
 import numpy as np
@@ -359,6 +360,14 @@ def test_document_mode_keeps_max_num_seqs_groups_running(monkeypatch):
     step = fake.step
 
     def counting():
+        # The engine prepares requests in its own threads while the stand-in steps: until the
+        # queue has been full once, each step waits (up to 0.5 s, its first 50 steps) for the
+        # engine to hand it 4, so that the count is of what the engine keeps in flight, not of
+        # which thread ran first (a bare count saw 3 in about 1 run in 8).
+        deadline = time.monotonic() + 0.5
+        while (len(running) < 50 and max(running, default=0) < 4 and len(fake.order) < 4
+               and time.monotonic() < deadline):
+            time.sleep(0.002)
         running.append(min(len(fake.order), 4))
         return step()
 
