@@ -129,10 +129,16 @@ gpu_free() {  # until the last process's GPU memory is back (an engine sizes its
 }
 
 trees() {  # NAME RUNNER ARGS...: a and b with the old tree, b with this one, each its own process; compared
+  # REBUILD_ORDER=new-first: this tree's b before the old tree's (a still first: it pays the cold caches)
   local name=$1 runner=$2; shift 2
   gpu_free; TREE=old TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-a" "$@" --modes a
-  gpu_free; TREE=old TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-old" "$@" --modes b
-  gpu_free; TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-new" "$@" --modes b
+  if [ "${REBUILD_ORDER:-old-first}" = new-first ]; then
+    gpu_free; TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-new" "$@" --modes b
+    gpu_free; TREE=old TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-old" "$@" --modes b
+  else
+    gpu_free; TREE=old TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-old" "$@" --modes b
+    gpu_free; TP_TIMEOUT=${REBUILD_TIMEOUT:-600} "$runner" "$name-new" "$@" --modes b
+  fi
   python3 bench/gpu/compare_trees.py "$RES/$name-old.json" "$RES/$name-new.json" "$RES/$name-a.json" \
     --json "$RES/$name-compare.json" >"$RES/$name-compare.txt" 2>&1
   local rc=$?
