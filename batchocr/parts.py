@@ -85,12 +85,11 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event) -> RunSummar
     if failed:
         _, name, message, code = failed[0]
         raise _error(name, message, code)
-    summary = _combined(spec, parts.results, finished, started)
+    summary, run_ids = _combined(spec, parts.results, finished, started)
     if summary.interrupted:
         raise Interrupted(summary.line() + f" ({plural(parts.n, 'part')}; finished pages committed; rerun to resume)")
     shard.finish(summary.documents + summary.documents_skipped,
-                 {"run_ids": summary.run_id.split(", ") if summary.run_id else [],
-                  "seconds": round(summary.seconds, 3), "pages": summary.pages})
+                 {"run_ids": run_ids, "seconds": round(summary.seconds, 3), "pages": summary.pages})
     return summary
 
 
@@ -184,8 +183,10 @@ class _Parts:
         del self.built, self.judged  # their semaphores, unlinked now (not left to the resource tracker's warning at exit)
 
 
-def _combined(spec: JobSpec, results: dict[int, tuple], finished: int, started: float) -> RunSummary:
-    """The shard's summary from its parts' (`finished`: documents done before this run, which no part saw)."""
+def _combined(spec: JobSpec, results: dict[int, tuple], finished: int,
+              started: float) -> tuple[RunSummary, list[str]]:
+    """The shard's summary from its parts' (`finished`: documents done before this run, which no
+    part saw), and the parts' run ids."""
     summaries = [results[j][1] for j in range(len(results))]
     run_ids = [s["run_id"] for s in summaries if s["run_id"]]  # none: interrupted before its engine
     summary = RunSummary(run_id=", ".join(run_ids), shard=str(spec.shard), out=spec.out,
@@ -195,7 +196,7 @@ def _combined(spec: JobSpec, results: dict[int, tuple], finished: int, started: 
     for s in summaries:
         for key in ("documents", "documents_skipped", "pages", "error_pages", "skipped_pages", "routed_pages"):
             setattr(summary, key, getattr(summary, key) + s[key])
-    return summary
+    return summary, run_ids
 
 
 def _error(name: str, message: str, code: int) -> BatchocrError:

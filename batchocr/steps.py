@@ -209,9 +209,9 @@ class Read:
     def __init__(self, engine: Engine, stop: threading.Event, tally: Tally):
         self.engine, self.stop, self.tally = engine, stop, tally
         self.inflight: dict[tuple[str, int], dict] = {}  # pages sent to the engine, by (doc_id, page_index)
+        self.taken_all = False  # the engine took the last page there was
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[list[dict]]:
-        self.taken_all = False
         for results in self.engine.run(self._sent(batches), self.stop):
             yield self._joined(results)
         if self.stop.is_set():
