@@ -3,110 +3,108 @@ text, and the router's for the pages it routes to the layer).
 
 Order. A PDF's content stream holds its text in the order the producer wrote it:
 for TeX, word processors and most tools that is the reading order, column after
-column, and the only order that reads a title page or a centred block right.
-Some producers write a page row by row, or paragraph by paragraph, across its
-columns; geometry alone gets other pages wrong (a title left and a subtitle right
-are two "columns"; a key-value list's keys and values too). So the layer's own
-order is kept unless it keeps going back across a gutter: readingorder.py (the
-CPU engine's column finder) lays the layer's lines out in text columns, and when
-the layer returns from a column to a line of prose in an earlier one, on another
-row, more than a few times, the page is read in that geometric order. Measured
-on pdfTeX manuals and reference cards and generated pages against pymupdf4llm's
-own Markdown (its layout and legacy modes, shipped inside PyMuPDF 2): bench/textlayer.py,
-docs/BENCHMARKS.md.
+column, and the only order that reads a title page, a centred block or a
+reference card right (a card's command and its description sit side by side
+in narrow columns: geometry reads such a page across its columns). So the
+layer's own order is kept: always where the producer is one that writes the
+reading order (TeX's engines and drivers, groff), and elsewhere unless it keeps
+going back across a gutter between columns of prose: readingorder.py (the CPU
+engine's column finder) lays the lines out in text columns, and when the layer
+returns from a line of prose in one column to a line of prose in an earlier one,
+on another row, more than a few times, the page is read in that geometric order.
+Measured on real documents: docs/TEXTLAYER.md.
 
-Markdown. Headings from font size (larger than the page's body text, bold or
-much larger; a bold line opening a block at body size is the lowest level),
-levels by size; bullets as list items; ruled tables (PyMuPDF's find_tables, only
-on pages drawn with a grid of rules: it costs 0.2-1 s a page) as Markdown tables
-whose cells hold the layer's lines; a blank line between the layer's blocks.
-Ligatures are expanded and every run of spaces is one space.
+Markdown. Lines on one row become one row (layerrows.py: tables, code and
+program output keep their rows); headings from the document's type styles
+(outline.py: one outline per document); bullets as list items; ruled tables
+(PyMuPDF's find_tables, only on pages drawn with a grid of rules: it costs
+0.2-1 s a page) as Markdown tables whose cells hold the layer's lines; a blank
+line between the layer's blocks. Ligatures are expanded and every run of spaces
+is one space; text is escaped so that Markdown reads back its characters.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
-from dataclasses import dataclass
 
 import pymupdf
 
-from batchocr import readingorder
+from batchocr import layerrows, readingorder
+from batchocr.layerlines import FLAGS, Line, beside, layer_lines, level
+from batchocr.layerrows import Block, Row
+from batchocr.outline import Outline, sample
 
-# No PRESERVE_LIGATURES: MuPDF expands ﬁ into fi; no PRESERVE_WHITESPACE: tabs and
-# no-break spaces come out as spaces.
-FLAGS = pymupdf.TEXT_MEDIABOX_CLIP
-# Ligatures a font maps to one code point anyway (no decomposition in its ToUnicode).
-LIGATURES = str.maketrans({"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "\ufb04": "ffl",
-                           "\ufb05": "st", "\ufb06": "st"})
-# A heading's text is this many times the body's size, and bold, or HEADING_BIG times it.
-HEADING = 1.15
-HEADING_BIG = 1.3
-HEADING_CHARS = 120
 RUN_IN_CHARS = 60
-MAX_LEVEL = 4
 # The layer's order is kept unless it goes back across a gutter to an earlier block
 # of the columns' order at least this many times, and for this share of the blocks
 # (row by row across two columns: once a row; paragraph by paragraph: once a pair).
 RETURNS = 2
 RETURN_SHARE = 0.25
-# A line this long is prose (a key-value list's keys are shorter).
+# A line this long is prose (a key-value list's keys, a card's commands are shorter).
 PROSE = 25
 BULLET = re.compile(r"^[•◦▪▫●○■□‣∙·–—*-]\s+")
-BOLD = 16
+# Producers (or creators) that write a page's text in its reading order.
+READING_ORDER = re.compile(r"\b(la)?tex\b|pdftex|luatex|xetex|dvipdf|dvips|groff|\bptex|context", re.I)
+# A heading that only numbers the next one ("Chapter 1", "2.3", "Part II"): one heading with it.
+NUMBER = re.compile(r"^(?=.)(?i:chapter|part|appendix|section|lecture)?\s*(\d+|[IVXLC]+|[A-Z])?(\.\d+)*\.?$")
 
 
-@dataclass(frozen=True)
-class Line:
-    x0: float
-    y0: float
-    x1: float
-    y1: float
-    text: str
-    size: float
-    bold: bool
-    block: int
+def writes_reading_order(metadata: dict | None) -> bool:
+    """The document's producer writes its text in reading order (TeX and the like)."""
+    meta = metadata or {}
+    return bool(READING_ORDER.search(f"{meta.get('producer') or ''} {meta.get('creator') or ''}"))
 
 
-def page_markdown(page: pymupdf.Page) -> str:
-    """The page's text layer as Markdown in reading order ('' for a page without one)."""
-    textpage = page.get_textpage(flags=FLAGS)
-    lines = layer_lines(textpage)
+class DocumentText:
+    """What a document's pages share: whether its producer writes reading order, its
+    outline, and the lines of the pages the outline sampled (read once)."""
+
+    def __init__(self, pdoc: pymupdf.Document):
+        self.keeps_order = writes_reading_order(pdoc.metadata)
+        self._lines: dict[int, list[Line]] = {}
+        sampled = sample(pdoc.page_count, lambda index: self._read(pdoc, index))
+        try:
+            toc = pdoc.get_toc(simple=True)
+        except Exception:  # noqa: BLE001 - a broken outline is no outline
+            toc = []
+        self.outline = Outline.of(sampled, toc)
+
+    def _read(self, pdoc: pymupdf.Document, index: int) -> list[Line] | None:
+        try:
+            lines = layer_lines(pdoc[index].get_textpage(flags=FLAGS))
+        except Exception:  # noqa: BLE001 - the page's own row says what is wrong with it
+            return None
+        self._lines[index] = lines
+        return lines
+
+    def lines(self, page: pymupdf.Page) -> list[Line]:
+        cached = self._lines.pop(page.number, None)
+        return cached if cached is not None else layer_lines(page.get_textpage(flags=FLAGS))
+
+
+def document_markdown(pdoc: pymupdf.Document) -> list[str]:
+    """Every page's Markdown, as a run reads the document."""
+    document = DocumentText(pdoc)
+    return [page_markdown(page, document) for page in pdoc]
+
+
+def page_markdown(page: pymupdf.Page, document: DocumentText | None = None) -> str:
+    """The page's text layer as Markdown in reading order ('' for a page without one).
+    document: what the document's pages share; without it the page is its own document."""
+    if document is None:
+        lines = layer_lines(page.get_textpage(flags=FLAGS))
+        keeps, outline = writes_reading_order(page.parent.metadata), Outline.of([lines])
+    else:
+        lines = document.lines(page)
+        keeps, outline = document.keeps_order, document.outline
     if not lines:
         return ""
     tables = _tables(page, lines)
     if tables:
         lines = [ln for ln in lines if not any(_inside(ln, box) for box, _ in tables)]
-    ordered = reading_order(lines)
-    return _markdown(ordered, tables)
-
-
-def layer_words(page: pymupdf.Page) -> str:
-    """The characters page_markdown reads, in content order, at a fraction of its cost
-    (what the router scores): PyMuPDF's words drop the glyphs its dict does, those
-    whose box is empty or off the page (font size 0, a singular text matrix, a
-    MediaBox too large for floats), which its plain text keeps."""
-    return " ".join(w[4] for w in page.get_text("words", flags=FLAGS)).translate(LIGATURES)
-
-
-def layer_lines(textpage: pymupdf.TextPage) -> list[Line]:
-    """The layer's lines with text, in its own (content) order; a line's size and
-    weight are those of most of its characters."""
-    out = []
-    for bno, block in enumerate(textpage.extractDICT()["blocks"]):
-        for line in block.get("lines", ()):
-            spans = [s for s in line["spans"] if s["text"].strip()]
-            if not spans:
-                continue
-            text = " ".join("".join(s["text"] for s in line["spans"]).translate(LIGATURES).split())
-            chars = Counter()
-            for s in spans:
-                chars[(round(s["size"] * 2) / 2, bool(s["flags"] & BOLD))] += len(s["text"].strip())
-            (size, bold), _ = chars.most_common(1)[0]
-            x0, y0, x1, y1 = line["bbox"]
-            out.append(Line(x0, y0, x1, y1, text, size, bold and all(s["flags"] & BOLD for s in spans), bno))
-    return out
+    ordered = lines if keeps else reading_order(lines)
+    return _markdown(ordered, tables, outline)
 
 
 def reading_order(lines: list[Line]) -> list[Line]:
@@ -119,10 +117,10 @@ def reading_order(lines: list[Line]) -> list[Line]:
         return lines
     where = {id(b): k for k, block in enumerate(geometric) for row in block for b in row}
     block_of = [where[id(b)] for b in boxes]
-    # returns: the layer goes back to an earlier block of the geometric order, to a line
-    # of prose in a column beside the line it left, on another row (a key after its
-    # value, a label right of a line: short lines, or the same row)
-    returns = sum(b < a and len(lb.text) >= PROSE and _beside(la, lb) and not _level(la, lb)
+    # returns: the layer goes back to an earlier block of the geometric order, to a
+    # line of prose in a column beside the line it left, on another row (a key after
+    # its value, a label right of a line: short lines, or the same row)
+    returns = sum(b < a and len(lb.text) >= PROSE and beside(la, lb) and not level(la, lb)
                   for a, b, la, lb in zip(block_of, block_of[1:], lines, lines[1:]))
     if returns < max(RETURNS, len(geometric) * RETURN_SHARE):
         return lines
@@ -134,17 +132,7 @@ def reading_order(lines: list[Line]) -> list[Line]:
 def _side_by_side(lines: list[Line]) -> bool:
     """The layer's order jumps sideways between lines (not one line below another) more
     than once: it may read across columns (or a table, a key and its value)."""
-    return sum(_beside(a, b) for a, b in zip(lines, lines[1:])) >= 2
-
-
-def _beside(a: Line, b: Line) -> bool:
-    return b.x0 > a.x1 or a.x0 > b.x1
-
-
-def _level(a: Line, b: Line) -> bool:
-    """On one row: more than half the lower line's height in common (the boxes of
-    lines one below the other overlap a little, ascenders over descenders)."""
-    return min(a.y1, b.y1) - max(a.y0, b.y0) > 0.5 * min(a.y1 - a.y0, b.y1 - b.y0)
+    return sum(beside(a, b) for a, b in zip(lines, lines[1:])) >= 2
 
 
 def _inside(line: Line, box: pymupdf.Rect) -> bool:
@@ -194,15 +182,23 @@ def _table_markdown(table, lines: list[Line]) -> str:
         for cell in row.cells:
             box = pymupdf.Rect(cell) if cell else None
             text = " ".join(ln.text for ln in lines if box is not None and _inside(ln, box))
-            cells.append(text.replace("|", "\\|"))
+            cells.append(escape_cell(text))
         rows.append("| " + " | ".join(cells) + " |")
     rows.insert(1, "|" + "---|" * len(table.rows[0].cells))
     return "\n".join(rows)
 
 
-def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]]) -> str:
-    body = _body_size(lines)
-    levels = _heading_levels(lines, body)
+def escape(text: str) -> str:
+    """Plain text as Markdown that reads back its characters."""
+    return "\\" + text if text.startswith("#") else text
+
+
+def escape_cell(text: str) -> str:
+    return escape(text).replace("|", "\\|")
+
+
+def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]], outline: Outline) -> str:
+    items = layerrows.blocks(layerrows.rows(lines), outline.body)
     pending = sorted(tables, key=lambda t: (t[0].y0, t[0].x0))
     blocks: list[str] = []
     current: list[str] = []
@@ -212,68 +208,51 @@ def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]]) -> str:
     def flush() -> None:
         nonlocal current, heading
         if heading:
-            blocks.append("#" * heading[0] + " " + " ".join(heading[1]))
+            blocks.append("#" * outline.nest(heading[0]) + " " + escape(" ".join(heading[1])))
             heading = None
         if current:
             blocks.append("\n".join(current))
             current = []
 
-    lowest = min(max(levels.values(), default=0) + 1, MAX_LEVEL)
-    for i, ln in enumerate(lines):
-        while pending and pending[0][0].y1 <= ln.y0 and (previous is None or pending[0][0].y0 >= previous.y0):
+    for i, item in enumerate(items):
+        first = item.rows[0].first if isinstance(item, Block) else item.first
+        while pending and pending[0][0].y1 <= first.y0 and (previous is None or pending[0][0].y0 >= previous.y0):
             flush()
             blocks.append(pending.pop(0)[1])
-        new_block = previous is None or ln.block != previous.block
-        level = levels.get((ln.size, ln.bold)) if _heading_like(ln) else None
-        if level is None and ln.bold and new_block and _run_in(ln) and _alone(lines, i):
-            level = lowest  # a bold line of body size opening its block: a minor heading
+        if isinstance(item, Block):
+            flush()
+            blocks.append(layerrows.markdown(item, escape, escape_cell))
+            previous = item.rows[-1].cells[-1]
+            continue
+        new_block = previous is None or first.block != previous.block
+        level = _heading_level(item, outline, new_block)
         if level:
-            if heading and heading[0] == level and heading[2] == ln.block:
-                heading[1].append(ln.text)
+            if heading and (heading[2] == first.block and heading[0] == level or NUMBER.match(" ".join(heading[1]))):
+                heading = (min(heading[0], level), heading[1] + [item.text], first.block)
             else:
                 flush()
-                heading = (level, [ln.text], ln.block)
+                heading = (level, [item.text], first.block)
         else:
-            item = BULLET.match(ln.text)
+            marker = BULLET.match(item.text)
             # list items stay one list, whatever blocks the layer put them in
-            if heading or (new_block and not (item and current and current[0].startswith("- "))):
+            if heading or (new_block and not (marker and current and current[0].startswith("- "))):
                 flush()
-            text = ln.text
-            if item:
-                text = BULLET.sub("- ", text)
-            elif text.startswith("#"):
-                text = "\\" + text  # not a heading of ours
-            current.append(text)
-        previous = ln
+            current.append("- " + escape(BULLET.sub("", item.text)) if marker else escape(item.text))
+        previous = item.cells[-1]
     flush()
     blocks += [markdown for _, markdown in pending]
     return "\n\n".join(blocks)
 
 
-def _body_size(lines: list[Line]) -> float:
-    sizes = Counter()
-    for ln in lines:
-        sizes[ln.size] += len(ln.text)
-    return sizes.most_common(1)[0][0]
+def _heading_level(row: Row, outline: Outline, new_block: bool) -> int | None:
+    """The row's heading level: its style's in the outline; a bold line of body size
+    opening its block, alone on its row, is a minor heading (a run-in title)."""
+    style = dataclasses.replace(row.style, text=row.text)
+    level = outline.level(style)
+    if level is None and style.bold and new_block and len(row.cells) == 1 and _run_in(row.text):
+        return outline.lowest
+    return level
 
 
-def _heading_like(ln: Line) -> bool:
-    return len(ln.text) <= HEADING_CHARS and any(c.isalpha() for c in ln.text)
-
-
-def _run_in(ln: Line) -> bool:
-    return len(ln.text) <= RUN_IN_CHARS and any(c.isalpha() for c in ln.text) and ln.text[-1] not in ".,;"
-
-
-def _alone(lines: list[Line], i: int) -> bool:
-    """No line beside it on its row (a table's header cells are bold too)."""
-    ln = lines[i]
-    return not any(min(ln.y1, o.y1) - max(ln.y0, o.y0) > 0 for o in lines[max(0, i - 1): i + 2] if o is not ln)
-
-
-def _heading_levels(lines: list[Line], body: float) -> dict[tuple[float, bool], int]:
-    """(size, bold) of heading lines -> level: larger first, then bold before not."""
-    styles = {(ln.size, ln.bold) for ln in lines if _heading_like(ln)
-              and (ln.size >= HEADING_BIG * body or (ln.bold and ln.size >= HEADING * body))}
-    ranked = sorted(styles, key=lambda s: (-s[0], not s[1]))
-    return {style: min(k + 1, MAX_LEVEL) for k, style in enumerate(ranked)}
+def _run_in(text: str) -> bool:
+    return len(text) <= RUN_IN_CHARS and any(c.isalpha() for c in text) and text[-1] not in ".,;"

@@ -19,6 +19,7 @@ import pymupdf
 from batchocr import schema
 from batchocr.schema import Needs
 from batchocr.engines.textlayer import page_text
+from batchocr.layertext import DocumentText
 from batchocr.errors import BatchocrError, Unreadable
 from batchocr.renderprogress import READING, UNKNOWN
 from batchocr.router import route_page
@@ -212,13 +213,16 @@ def render_document(
             yield schema.batch(schema.PAGES, [error])
             return
         rows: list[dict] = []
+        document = None
         for index in range(count):
             if index in task.skip:
                 continue
             progress(index, count)
+            if document is None and pdoc.is_pdf and (needs.text_layer or needs.route):
+                document = _document_text(pdoc)
             notes = [repaired]
             size = sizes[index] if index < len(sizes) else None
-            row = _render_page(pdoc, doc, index, count, spec, needs, notes, size)
+            row = _render_page(pdoc, doc, index, count, spec, needs, notes, size, document)
             notes.append(_warnings())
             warning = "; ".join(dict.fromkeys(w for w in notes if w))
             if warning:
@@ -252,8 +256,17 @@ def _pages(pdoc: pymupdf.Document, doc: DocRef, first_too_large: ImageTooLarge |
     return count, None
 
 
+def _document_text(pdoc: pymupdf.Document) -> DocumentText:
+    """What the document's pages share for their text layer (its outline, from a
+    sample of its pages); what MuPDF says while sampling is said again by the page
+    it concerns, when that page is read."""
+    document = DocumentText(pdoc)
+    _warnings()
+    return document
+
+
 def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, spec: RenderSpec, needs: Needs,
-                 notes: list[str], size: tuple[int, int] | None = None) -> dict:
+                 notes: list[str], size: tuple[int, int] | None = None, document: DocumentText | None = None) -> dict:
     """The page's row; what MuPDF reported about the file so far is appended to notes
     (the router's scoring drains its own messages: they are not the file's). size: the
     page's image's width and height from the file's header, checked before the page loads."""
@@ -272,10 +285,10 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
             "dpi": dpi,
         }
         if needs.text_layer:
-            row["text_layer"] = page_text(page) if pdoc.is_pdf else ""
+            row["text_layer"] = page_text(page, document) if pdoc.is_pdf else ""
         if needs.route:  # a page routed to its text layer is not rendered
             notes.append(_warnings())
-            row |= route_page(page, pdoc.is_pdf, needs.route)
+            row |= route_page(page, pdoc.is_pdf, needs.route, document)
         drawn = needs.image and row.get("route") != "textlayer"
         if drawn or not pdoc.is_pdf:  # a PDF page's text layer is read without decoding its images
             _check_images(page, spec)

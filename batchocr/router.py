@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pymupdf
 
 from batchocr.engines.textlayer import page_text
-from batchocr.layertext import layer_words
+from batchocr.layerlines import layer_words
 from batchocr.schema import Needs
 from batchocr.spec import ROUTES
 
@@ -123,7 +123,7 @@ def score_page(page, text: str) -> LayerScore:
     )
 
 
-def route_page(page, is_pdf: bool, mode: str) -> dict:
+def route_page(page, is_pdf: bool, mode: str, document=None) -> dict:
     """The render worker's part: {route, route_score}, and the page's text layer
     when it takes its text from there (then no image is rendered)."""
     if not is_pdf:  # image files have no text layer
@@ -136,7 +136,7 @@ def route_page(page, is_pdf: bool, mode: str) -> dict:
     routed = (mode == "auto" and s.score >= MIN_SCORE) or (mode == "textlayer" and s.chars > 0)
     row = {"route": "textlayer" if routed else "model", "route_score": s.score}
     if routed:
-        row["text_layer"] = page_text(page)
+        row["text_layer"] = page_text(page, document)
     return row
 
 

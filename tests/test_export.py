@@ -228,8 +228,8 @@ def test_exported_markdown_parses_with_the_pages_headings_lists_and_tables(tmp_p
     (md,) = (tmp_path / "md").glob("sheet.pdf.*.md")
     tokens = MarkdownIt("commonmark").enable("table").parse(md.read_text())
     headings = [(t.tag, tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"]
-    assert headings == [("h1", "sheet.pdf"), ("h1", "Series 40 Circulation Pumps"), ("h3", "Overview"),
-                        ("h2", "Spare parts"), ("h1", "Spare parts list")]
+    assert headings == [("h1", "sheet.pdf"), ("h1", "Series 40 Circulation Pumps"), ("h2", "Overview"),  # nested: one below the title
+                        ("h2", "Spare parts"), ("h2", "Spare parts list")]  # one outline for the document
     items = [tokens[i + 2].content for i, t in enumerate(tokens) if t.type == "list_item_open"]
     assert items == ["Stainless steel body", "Quiet fan cover", "Dry-run protection", "Ten-year spare parts"]
     cells = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type in ("th_open", "td_open")]

@@ -55,7 +55,7 @@ def rows_across(src: pymupdf.Page) -> pymupdf.Page:
 
 @pytest.mark.parametrize("order", ["columns", "rows across"])
 @pytest.mark.parametrize("layout,headings", [
-    ("two-column", ["# Series 40 Circulation Pumps", "## Spare parts", "### Overview"]),
+    ("two-column", ["# Series 40 Circulation Pumps", "## Spare parts", "## Overview"]),  # headings nest
     ("three-column", ["# Installation Notes", "## Before you start"]),
     ("aligned-breaks", ["# Series 60 Booster Sets", "## Technical data", "## Ordering"]),  # written pair by pair
 ])
@@ -119,11 +119,12 @@ def test_a_real_three_column_reference_card_reads_column_by_column_with_its_head
         assert distance(page.get_text(sort=True), content) > 0.5
         markdown = page_markdown(page)
         assert distance(markdown, content) < 0.10
-        assert "\ufb01" not in markdown and "  " not in markdown
+        assert "\ufb01" not in markdown and "  " not in re.sub(r"(?ms)^```.*?^```", "", markdown)  # code keeps its columns
         assert len(re.findall(r"^#+ ", markdown, re.M)) >= 8
     first = page_markdown(doc[0])
     assert "\ufb01" in doc[0].get_text() and "run Octave on commands in file" in first  # ﬁ expanded
-    assert first.startswith("# Octave Quick Reference\n\nOctave Version 3.0.0\n\n## Starting Octave\n\noctave\n")
+    assert first.startswith("# Octave Quick Reference\n\nOctave Version 3.0.0\n\n## Starting Octave\n\n"
+                            "| octave | start interactive Octave session |\n|---|---|\n")  # a command beside its description
     heads = re.findall(r"^## (.*)", first, re.M)
     # the first column's sections, then the second's: not the columns' headings side by side
     assert heads.index("Inserting or Changing Text") < heads.index("Killing and Yanking")

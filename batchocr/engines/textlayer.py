@@ -13,15 +13,16 @@ from annotated_types import Ge
 
 from batchocr import schema
 from batchocr.config import FORBID
-from batchocr.layertext import page_markdown
+from batchocr.layertext import DocumentText, page_markdown
 from batchocr.engines import Engine, EngineType, parse_options, result
 from batchocr.schema import Needs
 
 
-def page_text(page: pymupdf.Page) -> str:
+def page_text(page: pymupdf.Page, document: DocumentText | None = None) -> str:
     """A PDF page's text layer, as this engine reads it (the render workers call it):
-    Markdown in reading order (batchocr.layertext)."""
-    return page_markdown(page)
+    Markdown in reading order (batchocr.layertext); document: what its document's
+    pages share (one outline), made once a document."""
+    return page_markdown(page, document)
 
 
 @dataclass(frozen=True)
