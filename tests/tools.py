@@ -8,8 +8,9 @@ machine's Debian packages:
 - strace (the no-network test traces a whole run) with apt-get when it is missing
   and the tests run as root;
 - real born-digital PDFs from Debian's documentation packages (`libtasn1-doc`,
-  328 KB; `octave-doc`, 8 MB), `apt-get download`ed (no root needed) and unpacked
-  into `.tools/debian/` (tests/test_layertext.py, tests/test_readingorder.py);
+  328 KB; `octave-doc`, 8 MB; the real set of tests/realset.py, 15 packages, about
+  34 MB), `apt-get download`ed (no root needed) and unpacked into `.tools/debian/`
+  (tests/test_layertext.py, tests/test_readingorder.py, tests/test_realset.py);
 - a real scanned page from ocrmypdf's test resources (its sdist on PyPI, 7.7 MB,
   checked against its sha256), unpacked into `.tools/pypi/` (tests/test_readingorder.py).
 
@@ -137,8 +138,13 @@ def strace() -> str:
 
 # Real born-digital documents nobody here made: Debian's documentation packages
 # (pdfTeX manuals and reference cards), fetched with `apt-get download` (no root
-# needed) and unpacked into .tools/debian/ once. Versions of Debian 12.
-DEBIAN_DOCS = {"libtasn1-doc": "4.19.0-2+deb12u1", "octave-doc": "7.3.0-2"}
+# needed) and unpacked into .tools/debian/ once. Versions of Debian 12; the real set
+# (tests/realset.py, issue 50) takes its files from the rest, about 34 MB of packages.
+DEBIAN_DOCS = {"libtasn1-doc": "4.19.0-2+deb12u1", "octave-doc": "7.3.0-2", "asymptote-doc": "2.85+ds-1",
+               "pari-doc": "2.15.2-1", "glpk-doc": "5.0-1", "r-cran-zoo": "1.8-11-1", "r-cran-lmtest": "0.9.40-1",
+               "nut-doc": "2.8.0-7", "sdcc-doc": "4.2.0+dfsg-1", "groff": "1.22.4-10",
+               "gutenprint-doc": "5.3.4.20220624T01008808d602-1", "fonts-sil-padauk": "5.000-3",
+               "fonts-sil-abyssinica": "2.100-3", "fonts-sil-dai-banna": "2.200-2", "fonts-sil-ezra": "2.51-9"}
 REFCARD = ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")  # debian_doc(*REFCARD): a 3-column card
 MANUAL = ("libtasn1-doc", "usr/share/doc/libtasn1-doc/libtasn1.pdf")  # a single-column manual
 
@@ -172,6 +178,20 @@ def debian_doc(package: str, path: str) -> Path:
         if not target.is_file():
             raise Unavailable(f"{package}: {path} is not in {debs[-1].name}: {tar.stderr.strip()[:200]}")
         return target
+
+
+def debian_docs(package: str, *paths: str) -> list[Path]:
+    """Several files of one package (prefetch's worker: one process a package)."""
+    return [debian_doc(package, path) for path in paths]
+
+
+def _realset_uses() -> list[tuple[str, tuple[str, ...]]]:
+    from realset import REALSET
+
+    by_package: dict[str, list[str]] = {}
+    for doc in REALSET:
+        by_package.setdefault(doc.package, []).append(doc.path)
+    return [("debian_docs", (package, *paths)) for package, paths in by_package.items()]
 
 
 # Real scans nobody here made: OCRmyPDF's test resources, in its sdist on PyPI (tests/resources/:
@@ -232,8 +252,9 @@ USES = {
     "test_privacy": [("strace", ())],
     "test_layertext": [("debian", REFCARD), ("debian", MANUAL)],
     "test_readingorder": [("debian", REFCARD), ("pypi", LINN)],
+    "test_realset": _realset_uses(),
 }
-FETCH = {"checkov": checkov, "azurite": azurite_blob, "strace": strace, "debian": debian_doc,
+FETCH = {"checkov": checkov, "azurite": azurite_blob, "strace": strace, "debian": debian_doc, "debian_docs": debian_docs,
          "pypi": pypi_sdist_member}
 
 
