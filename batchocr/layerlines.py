@@ -4,6 +4,7 @@ layertext.py orders and outline.py and layerrows.py read."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -34,6 +35,29 @@ class Line:
     bold: bool
     block: int
     mono: bool = False
+
+
+def page_lines(page: pymupdf.Page) -> list[Line]:
+    """The page's layer lines, their boxes as the page is shown (a page rotated by its
+    /Rotate reads across its shown width: its layer's boxes are turned with it)."""
+    lines = layer_lines(page.get_textpage(flags=FLAGS))
+    if not page.rotation:
+        return lines
+    matrix = page.rotation_matrix
+    out = []
+    for ln in lines:
+        box = pymupdf.Rect(ln.x0, ln.y0, ln.x1, ln.y1) * matrix
+        out.append(dataclasses.replace(ln, x0=box.x0, y0=box.y0, x1=box.x1, y1=box.y1))
+    return out
+
+
+def page_words(page: pymupdf.Page) -> list[tuple]:
+    """The layer's words (PyMuPDF's tuples), their boxes as the page is shown."""
+    words = page.get_text("words", flags=FLAGS)
+    if not page.rotation:
+        return words
+    matrix = page.rotation_matrix
+    return [(*(pymupdf.Rect(w[:4]) * matrix), *w[4:]) for w in words]
 
 
 def layer_lines(textpage: pymupdf.TextPage) -> list[Line]:

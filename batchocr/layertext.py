@@ -31,7 +31,7 @@ import re
 import pymupdf
 
 from batchocr import layerrows, readingorder
-from batchocr.layerlines import FLAGS, Line, beside, layer_lines, level
+from batchocr.layerlines import LIGATURES, Line, beside, level, page_lines, page_words
 from batchocr.layerrows import Block, Row
 from batchocr.outline import Outline, sample
 
@@ -72,7 +72,7 @@ class DocumentText:
 
     def _read(self, pdoc: pymupdf.Document, index: int) -> list[Line] | None:
         try:
-            lines = layer_lines(pdoc[index].get_textpage(flags=FLAGS))
+            lines = page_lines(pdoc[index])
         except Exception:  # noqa: BLE001 - the page's own row says what is wrong with it
             return None
         self._lines[index] = lines
@@ -80,7 +80,7 @@ class DocumentText:
 
     def lines(self, page: pymupdf.Page) -> list[Line]:
         cached = self._lines.pop(page.number, None)
-        return cached if cached is not None else layer_lines(page.get_textpage(flags=FLAGS))
+        return cached if cached is not None else page_lines(page)
 
 
 def document_markdown(pdoc: pymupdf.Document) -> list[str]:
@@ -93,7 +93,7 @@ def page_markdown(page: pymupdf.Page, document: DocumentText | None = None) -> s
     """The page's text layer as Markdown in reading order ('' for a page without one).
     document: what the document's pages share; without it the page is its own document."""
     if document is None:
-        lines = layer_lines(page.get_textpage(flags=FLAGS))
+        lines = page_lines(page)
         keeps, outline = writes_reading_order(page.parent.metadata), Outline.of([lines])
     else:
         lines = document.lines(page)
@@ -167,25 +167,33 @@ def _tables(page: pymupdf.Page, lines: list[Line]) -> list[tuple[pymupdf.Rect, s
     if len(rows) < 3 or len(cols) < 3:  # a frame or a rule is no table
         return []
     out = []
+    words: list[tuple] | None = None
     for table in page.find_tables(strategy="lines").tables:
         if table.row_count >= 2 and table.col_count >= 2:
-            out.append((pymupdf.Rect(table.bbox), _table_markdown(table, lines)))
+            words = page_words(page) if words is None else words
+            out.append((pymupdf.Rect(table.bbox), _table_markdown(table, words)))
     return out
 
 
-def _table_markdown(table, lines: list[Line]) -> str:
-    """The table's cells filled with the layer's own lines (find_tables' cell text
-    reorders characters of a cell now and then: "Part no." came out "Partno .")."""
+def _table_markdown(table, words: list[tuple]) -> str:
+    """The table's cells filled with the layer's own words, in its order (find_tables'
+    cell text reorders characters of a cell now and then: "Part no." came out
+    "Partno ."; a layer's line may run across cells: a spreadsheet's)."""
     rows = []
     for row in table.rows:
         cells = []
         for cell in row.cells:
             box = pymupdf.Rect(cell) if cell else None
-            text = " ".join(ln.text for ln in lines if box is not None and _inside(ln, box))
-            cells.append(escape_cell(text))
+            text = " ".join(w[4] for w in words if box is not None and _inside_box(w, box))
+            cells.append(escape_cell(text.translate(LIGATURES)))
         rows.append("| " + " | ".join(cells) + " |")
     rows.insert(1, "|" + "---|" * len(table.rows[0].cells))
     return "\n".join(rows)
+
+
+def _inside_box(word: tuple, box: pymupdf.Rect) -> bool:
+    cx, cy = (word[0] + word[2]) / 2, (word[1] + word[3]) / 2
+    return box.x0 <= cx <= box.x1 and box.y0 <= cy <= box.y1
 
 
 def escape(text: str) -> str:

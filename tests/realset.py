@@ -177,9 +177,13 @@ def plain(markdown: str) -> str:
     return squeeze("\n".join(plain_lines(markdown)))
 
 
+# A bullet glyph opening a line: a list's mark, which the Markdown writes as "- ".
+_BULLET = re.compile(r"^\s*[•◦▪▫●○■□‣∙·]\s*", re.M)
+
+
 def content(page) -> str:
-    """The page's content order (the producer's), whitespace removed."""
-    return squeeze(page.get_text())
+    """The page's content order (the producer's), bullet glyphs and whitespace removed."""
+    return squeeze(_BULLET.sub("", page.get_text()))
 
 
 def in_order(text: str, anchors: list[str]) -> bool:

@@ -1,6 +1,7 @@
 """The text layer's reading order and Markdown on the real set (issue 50's "Shown by"):
 31 born-digital PDFs of 15 Debian documentation packages (tests/realset.py, fetched by
-tools.debian_doc), each read once by batchocr.layertext.page_markdown.
+tools.debian_doc), each read once as a run reads it (batchocr.layertext.page_markdown with
+the document's DocumentText: one outline per document).
 
 - Every page of a document whose producer writes reading order is within 0.05 of its
   content order (reference cards 0.10), Markdown marks and whitespace off; hand-checked
@@ -23,7 +24,7 @@ from rapidfuzz.distance import Levenshtein
 
 import realset
 import tools
-from batchocr.layertext import page_markdown
+from batchocr.layertext import DocumentText, page_markdown
 from realset import REALSET, Doc
 
 
@@ -38,7 +39,9 @@ def read() -> dict[str, tuple[Doc, list[str], list[str], object]]:
         except tools.Unavailable as exc:
             pytest.skip(str(exc))
         pages = realset.measured_pages(doc, pdf)
-        out[doc.name] = (doc, [page_markdown(pdf[i]) for i in pages], [pdf[i].get_text() for i in pages], pdf)
+        document = DocumentText(pdf)
+        out[doc.name] = (doc, [page_markdown(pdf[i], document) for i in pages], [realset.content(pdf[i]) for i in pages],
+                         pdf)
     return out
 
 
