@@ -36,6 +36,8 @@ from batchocr.layerrows import Block, Row
 from batchocr.outline import Outline, sample
 
 RUN_IN_CHARS = 60
+# A ruled table's cell spanning down more rows than this is read row by row.
+SPLIT_ROWS = 3
 # The layer's order is kept unless it goes back across a gutter to an earlier block
 # of the columns' order at least this many times, and for this share of the blocks
 # (row by row across two columns: once a row; paragraph by paragraph: once a pair).
@@ -178,17 +180,44 @@ def _tables(page: pymupdf.Page, lines: list[Line]) -> list[tuple[pymupdf.Rect, s
 def _table_markdown(table, words: list[tuple]) -> str:
     """The table's cells filled with the layer's own words, in its order (find_tables'
     cell text reorders characters of a cell now and then: "Part no." came out
-    "Partno ."; a layer's line may run across cells: a spreadsheet's)."""
+    "Partno ."; a layer's line may run across cells: a spreadsheet's). A cell is
+    read row by row: a cell find_tables merges down several rows (a column whose
+    rules it missed) gives each row the words on that row."""
     rows = []
-    for row in table.rows:
-        cells = []
-        for cell in row.cells:
-            box = pymupdf.Rect(cell) if cell else None
-            text = " ".join(w[4] for w in words if box is not None and _inside_box(w, box))
-            cells.append(escape_cell(text.translate(LIGATURES)))
-        rows.append("| " + " | ".join(cells) + " |")
+    for row, boxes in zip(table.rows, _cell_boxes(table)):
+        cells = [" ".join(w[4] for w in words if box is not None and _inside_box(w, box)) for box in boxes]
+        rows.append("| " + " | ".join(escape_cell(c.translate(LIGATURES)) for c in cells) + " |")
     rows.insert(1, "|" + "---|" * len(table.rows[0].cells))
     return "\n".join(rows)
+
+
+def _cell_boxes(table) -> list[list[pymupdf.Rect | None]]:
+    """Each row's cells as boxes. A cell spanning down more than SPLIT_ROWS rows is
+    read row by row (a spreadsheet's column whose rules find_tables missed: each row
+    gets the words within its height); a cell spanning fewer keeps its words."""
+    lefts = [min((c[0] for r in table.rows if (c := r.cells[k])), default=None) for k in range(table.col_count)]
+    tops = [r.bbox[1] for r in table.rows]
+    split: dict[int, float] = {}  # column -> the bottom of a cell read row by row
+    out = []
+    for row in table.rows:
+        present = [c for c in row.cells if c is not None]
+        y0, y1 = max(c[1] for c in present), min(c[3] for c in present)  # a cell spanning down is taller
+        boxes: list[pymupdf.Rect | None] = []
+        for k, cell in enumerate(row.cells):
+            if cell is not None:
+                spans = sum(cell[1] <= top < cell[3] for top in tops)
+                if spans > SPLIT_ROWS:
+                    split[k] = cell[3]
+                    boxes.append(pymupdf.Rect(cell[0], y0, cell[2], y1))
+                else:
+                    boxes.append(pymupdf.Rect(cell))
+            elif lefts[k] is not None and split.get(k, 0) >= y1:
+                right = next((x for x in lefts[k + 1:] if x is not None), table.bbox[2])
+                boxes.append(pymupdf.Rect(lefts[k], y0, right, y1))
+            else:  # within a cell merged across columns, or down fewer rows
+                boxes.append(None)
+        out.append(boxes)
+    return out
 
 
 def _inside_box(word: tuple, box: pymupdf.Rect) -> bool:
