@@ -5,7 +5,10 @@ content order.
 
     python bench/textlayer_real.py [--json FILE]
 
-For each page: the Markdown's text without marks and whitespace (realset.plain) against
+Each document is read as a run's render workers read it: PyMuPDF's optional layout
+module off (batchocr.renderworker.skip_pymupdf_extras: find_tables then runs without
+its ONNX model), one DocumentText a document (its outline, from a sample of its pages:
+its CPU time is spread over the measured pages). For each page: the Markdown's text without marks and whitespace (realset.plain) against
 `page.get_text()` without whitespace (the producer's content order), as rapidfuzz's
 normalized Levenshtein distance (edits over the longer string's length); the CPU time
 of page_markdown (time.process_time, the document's open and the content order not
@@ -30,18 +33,25 @@ sys.path[:0] = [str(ROOT / "tests")]
 from rapidfuzz.distance import Levenshtein  # noqa: E402
 
 import realset  # noqa: E402
-from batchocr.layertext import page_markdown  # noqa: E402
+from batchocr.renderworker import skip_pymupdf_extras  # noqa: E402
+
+skip_pymupdf_extras()
+from batchocr.layertext import DocumentText, page_markdown  # noqa: E402
 
 
 def measure(doc: realset.Doc) -> dict:
     """One document's pages: distance, CPU ms and hand-checked anchors."""
     pdf = realset.open_doc(doc)
     pages = []
-    for i in realset.measured_pages(doc, pdf):
+    measured = realset.measured_pages(doc, pdf)
+    start = time.process_time()
+    document = DocumentText(pdf)
+    shared = (time.process_time() - start) / len(measured)
+    for i in measured:
         page = pdf[i]
         start = time.process_time()
-        markdown = page_markdown(page)
-        cpu = time.process_time() - start
+        markdown = page_markdown(page, document)
+        cpu = time.process_time() - start + shared
         text = realset.plain(markdown)
         row = {"page": i, "distance": round(Levenshtein.normalized_distance(text, realset.content(page)), 4),
                "cpu_ms": round(cpu * 1000, 2)}
