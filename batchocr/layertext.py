@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Callable
 
 import pymupdf
 
@@ -62,10 +63,16 @@ class DocumentText:
     """What a document's pages share: whether its producer writes reading order, its
     outline, and the lines of the pages the outline sampled (read once)."""
 
-    def __init__(self, pdoc: pymupdf.Document):
+    def __init__(self, pdoc: pymupdf.Document, skip: frozenset[int] = frozenset(),
+                 at_page: Callable[[int], None] = lambda index: None):
+        """skip: pages not to read (a run's pages already done); at_page(index) is called
+        before a page is read (the render pool's watch: a page that hangs or crashes
+        MuPDF while sampled costs that page, as when it is rendered)."""
         self.keeps_order = writes_reading_order(pdoc.metadata)
         self._lines: dict[int, list[Line]] = {}
-        sampled = sample(pdoc.page_count, lambda index: self._read(pdoc, index))
+        self.warnings: dict[int, str] = {}  # what MuPDF said reading a sampled page: that page's
+        self._at_page = at_page
+        sampled = sample(pdoc.page_count, lambda index: self._read(pdoc, index), skip)
         try:
             toc = pdoc.get_toc(simple=True)
         except Exception:  # noqa: BLE001 - a broken outline is no outline
@@ -73,10 +80,13 @@ class DocumentText:
         self.outline = Outline.of(sampled, toc)
 
     def _read(self, pdoc: pymupdf.Document, index: int) -> list[Line] | None:
+        self._at_page(index)
         try:
             lines = page_lines(pdoc[index])
         except Exception:  # noqa: BLE001 - the page's own row says what is wrong with it
             return None
+        finally:
+            self.warnings[index] = pymupdf.TOOLS.mupdf_warnings(reset=True)
         self._lines[index] = lines
         return lines
 

@@ -107,16 +107,16 @@ def _levels(ranked: list[Style], lines: list[Line], toc: list) -> dict[Style, in
     return levels
 
 
-def sample(count: int, read: Callable[[int], list[Line] | None]) -> list[list[Line]]:
+def sample(count: int, read: Callable[[int], list[Line] | None], skip: frozenset[int] = frozenset()) -> list[list[Line]]:
     """Up to SAMPLE pages' lines, spread over the document (all of a short one), read
-    within SAMPLE_CPU_S of CPU; a page that cannot be read is left out."""
-    if count <= SAMPLE:
-        indexes = range(count)
-    else:
-        indexes = sorted({round(k * (count - 1) / (SAMPLE - 1)) for k in range(SAMPLE)})
+    within SAMPLE_CPU_S of CPU; pages in skip are not read (done, or their row says
+    why not), nor is a page that cannot be read."""
+    pages = [i for i in range(count) if i not in skip]
+    if len(pages) > SAMPLE:
+        pages = [pages[round(k * (len(pages) - 1) / (SAMPLE - 1))] for k in range(SAMPLE)]
     start = time.process_time()
     out = []
-    for index in indexes:
+    for index in pages:
         lines = read(index)
         if lines is not None:
             out.append(lines)

@@ -213,14 +213,16 @@ def render_document(
             yield schema.batch(schema.PAGES, [error])
             return
         rows: list[dict] = []
-        document = None
+        document, early = None, ""
+        if pdoc.is_pdf and (needs.text_layer or needs.route) and len(task.skip) < count:
+            early = _warnings()  # what MuPDF said opening it, before any page: the first page's, as it was
+            document = DocumentText(pdoc, task.skip, lambda index: progress(index, count))
         for index in range(count):
             if index in task.skip:
                 continue
             progress(index, count)
-            if document is None and pdoc.is_pdf and (needs.text_layer or needs.route):
-                document = _document_text(pdoc)
-            notes = [repaired]
+            notes = [repaired, early, _said(document.warnings.pop(index, "")) if document else ""]
+            early = ""
             size = sizes[index] if index < len(sizes) else None
             row = _render_page(pdoc, doc, index, count, spec, needs, notes, size, document)
             notes.append(_warnings())
@@ -254,15 +256,6 @@ def _pages(pdoc: pymupdf.Document, doc: DocRef, first_too_large: ImageTooLarge |
     if undecodable is not None:
         return 0, doc_error(doc, "open_failed", _cannot_open(doc, undecodable))
     return count, None
-
-
-def _document_text(pdoc: pymupdf.Document) -> DocumentText:
-    """What the document's pages share for their text layer (its outline, from a
-    sample of its pages); what MuPDF says while sampling is said again by the page
-    it concerns, when that page is read."""
-    document = DocumentText(pdoc)
-    _warnings()
-    return document
 
 
 def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, spec: RenderSpec, needs: Needs,
@@ -346,7 +339,11 @@ def _error_kind(exc: Exception, default: str) -> str:
 
 
 def _warnings() -> str:
-    text = pymupdf.TOOLS.mupdf_warnings(reset=True)
+    return _said(pymupdf.TOOLS.mupdf_warnings(reset=True))
+
+
+def _said(text: str) -> str:
+    """MuPDF's messages on one line, each once."""
     return " / ".join(dict.fromkeys(line for line in text.splitlines() if line))
 
 

@@ -347,10 +347,18 @@ def test_the_cpu_engines_warnings_reach_a_log_without_colour_codes(tmp_path):
     assert "[WARNING]" in logged and "\x1b[" not in logged, repr(logged)
 
 
+def _cpu_s(pid: int) -> float:
+    """Seconds of CPU a process has used (user and system)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_render_worker_killed_on_a_page_costs_that_page_through_the_cli(tmp_path):
-    """The OOM killer takes the worker while it is on page 2 (which hangs, so it is
-    surely there once pages 0 and 1 are committed): page 2 is a renderer_crashed
-    row, a fresh worker reads pages 3 and 4, the run exits 0."""
+    """The OOM killer takes the worker while it is on page 2 (which hangs: the worker
+    reads the document's pages for its outline first, so it is surely there once it
+    has spent a few seconds of CPU, where pages 0 and 1 take milliseconds): page 2 is
+    a renderer_crashed row, a fresh worker reads pages 0, 1, 3 and 4, the run exits 0."""
     src = tmp_path / "src"
     src.mkdir()
     texts = hang_pdf(src / "doc.pdf", pages=5, hang_at=(2,))
@@ -359,10 +367,10 @@ def test_a_render_worker_killed_on_a_page_costs_that_page_through_the_cli(tmp_pa
                     commit={"every_pages": 1, "every_seconds": 0.1})
     proc = start(job, ms_per_page=0)
     deadline = time.monotonic() + 120
-    while len(list(out.glob("pages/*/*.parquet"))) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, "pages 0 and 1 never came"
+    while not (workers := render_workers(proc.pid)) or _cpu_s(workers[0]) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, "the worker never reached page 2"
         time.sleep(0.05)
-    (worker,) = render_workers(proc.pid)
+    (worker,) = workers
     os.kill(worker, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
