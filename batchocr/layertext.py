@@ -31,7 +31,7 @@ from typing import Callable
 
 import pymupdf
 
-from batchocr import layerrows, readingorder
+from batchocr import layerrows, mdescape, readingorder
 from batchocr.layerlines import LIGATURES, Line, beside, level, page_lines, page_words
 from batchocr.layerrows import Block, Row
 from batchocr.outline import Outline, sample
@@ -236,12 +236,12 @@ def _inside_box(word: tuple, box: pymupdf.Rect) -> bool:
 
 
 def escape(text: str) -> str:
-    """Plain text as Markdown that reads back its characters."""
-    return "\\" + text if text.startswith("#") else text
+    """Plain text as Markdown that reads back its characters (the marks are ours)."""
+    return mdescape.escape(text)
 
 
 def escape_cell(text: str) -> str:
-    return escape(text).replace("|", "\\|")
+    return mdescape.escape(text, cell=True)
 
 
 def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]], outline: Outline) -> str:

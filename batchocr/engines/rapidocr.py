@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from annotated_types import Ge, Le
 
-from batchocr import readingorder, schema
+from batchocr import mdescape, readingorder, schema
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
 from batchocr.engines import Engine, EngineType, parse_options, result, systemic
@@ -193,8 +193,8 @@ class RapidOCREngine(Engine):
         if not kept:
             return "", angle_out
         if opts.reading_order:
-            return readingorder.read(readingorder.boxes_from_quads(*zip(*kept))), angle_out
-        return join_lines(*zip(*kept)), angle_out
+            return markdown(readingorder.read(readingorder.boxes_from_quads(*zip(*kept)))), angle_out
+        return markdown(join_lines(*zip(*kept))), angle_out
 
     def _detect(self, img: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], Any]:
         """rapidocr's detect_and_crop, its input bounded to max_detector_pixels: an image
@@ -292,6 +292,13 @@ def _padded(h: int, w: int) -> int:
 
 def _bgr(rgb: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(rgb[:, :, ::-1])
+
+
+def markdown(text: str) -> str:
+    """The page's plain lines as Markdown (the text format of every engine): each line
+    escaped so that it renders as it was read ("*fsolve" is no emphasis, "<lazy>" no tag);
+    the blank lines between blocks stay."""
+    return "\n".join(map(mdescape.escape, text.split("\n")))
 
 
 def join_lines(boxes, texts) -> str:
