@@ -289,7 +289,8 @@ def eval_(out, truth, max_cer, storage):
     """Character error rate of OUT's page text against ground truth.
 
     Truth files are TRUTH/<document file name>/<page_index>.txt (page_index from 0);
-    whitespace is normalised on both sides. Prints CER per page and overall.
+    the page's Markdown is read as plain text and whitespace is normalised on both
+    sides. Prints CER per page and overall.
 
     \b
     Example:

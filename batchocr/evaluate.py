@@ -1,8 +1,10 @@
 """Character error rate of a run's page text against ground-truth text files.
 
 Truth layout: TRUTH/<document file name>/<page_index>.txt, e.g. truth/scan.pdf/0.txt.
-Whitespace is normalised (every run of it becomes one space) on both sides, so line
-breaks and column alignment do not count; characters do.
+A page's Markdown is scored as the plain text it renders to (batchocr.mdescape.plain:
+no heading hashes or escapes; the truth is plain text). Whitespace is normalised (every
+run of it becomes one space) on both sides, so line breaks and column alignment do not
+count; characters do.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import polars as pl
 from rapidfuzz.distance import Levenshtein
 
 from batchocr.errors import ConfigError
+from batchocr.mdescape import plain
 from batchocr.sources import native
 
 
@@ -99,7 +102,7 @@ def evaluate(pages: pl.DataFrame, truth_dir: str | Path) -> Evaluation:
     def score(name: str, index: int, text: str | None, reason: str) -> None:
         seen.add((name, index))
         ref = truth[(name, index)]
-        errors = levenshtein(normalise(text or ""), ref)
+        errors = levenshtein(normalise(plain(text or "")), ref)
         rows.append({"document": _shown(name), "page_index": index, "chars": len(ref), "errors": errors,
                      "cer": _rate(errors, len(ref)), "finish_reason": reason})
 

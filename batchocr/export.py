@@ -4,8 +4,9 @@ for (an error, skipped or missing page is marked in its place, never dropped).
 - markdown: DEST/<file name>.<doc_id>.md, a `<!-- page N -->` line before each page
 - text: DEST/<file name>.<doc_id>.txt, pages separated by a form feed (as pdftotext does);
   a page not read is `[page N not read: why]`, a cut-off one has `[page N cut off: why]` before its text.
-  Each page's Markdown as the plain text it renders to (`plain`): no heading hashes, bullets,
+  Each page's Markdown as the plain text it renders to: no heading hashes, bullets,
   emphasis, escapes or code fences; a table's cells a tab apart, a row a line
+  (batchocr.mdescape.plain)
 - jsonl: DEST/documents-<shard>.jsonl, one line per document with its pages
 
 One shard is read at a time (a document's rows are all in its shard), so memory
@@ -16,17 +17,16 @@ can have several rows: one per (doc_id, page_index) is kept by compaction's rule
 
 from __future__ import annotations
 
-import functools
 import json
 import posixpath
 import re
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from typing import Any
 
 import polars as pl
 
 from batchocr.compact import dedupe
+from batchocr.mdescape import plain
 from batchocr.sources import native
 from batchocr.storage import Store
 
@@ -120,113 +120,6 @@ def to_text(pages: list[dict[str, Any]]) -> str:
     return FORM_FEED.join(f"[{_label(p)} not read: {_note(p)}]" if p["text"] is None
                           else f"[{_label(p)} cut off: {_note(p)}]\n{plain(p['text'])}" if _note(p)
                           else plain(p["text"]) for p in pages)
-
-
-@functools.cache
-def _parser():
-    from markdown_it import MarkdownIt
-
-    # CommonMark with GFM's tables and strikethrough: the Markdown the engines write
-    return MarkdownIt("commonmark").enable(["table", "strikethrough"])
-
-
-def plain(markdown: str) -> str:
-    """Markdown as the plain text it renders to, read from a CommonMark parser's tokens
-    (markdown-it-py): blocks a blank line apart; a list's items and a table's rows one a
-    line (an ordered item keeps its number: the page shows it), a table's cells a tab
-    apart; code as its lines; the text of HTML (a model's tables) without its tags."""
-    out: list[str] = []
-    tight = 0  # lists and tables open: their items and rows go one a line
-    fresh = True  # the next block starts a new one: a blank line before it
-    prefix = ""
-    row: list[str] | None = None
-
-    def add(text: str) -> None:
-        nonlocal fresh
-        if out:
-            out.append("\n\n" if fresh or not tight else "\n")
-        out.append(text)
-        fresh = False
-
-    for t in _parser().parse(markdown):
-        kind = t.type
-        if kind in ("bullet_list_open", "ordered_list_open", "table_open"):
-            fresh = fresh or not tight
-            tight += 1
-        elif kind in ("bullet_list_close", "ordered_list_close", "table_close"):
-            tight -= 1
-            fresh = not tight
-        elif kind == "list_item_open":
-            prefix = f"{t.info}{t.markup} " if t.info else ""
-        elif kind == "tr_open":
-            row = []
-        elif kind == "tr_close" and row is not None:
-            add("\t".join(row))
-            row = None
-        elif kind == "inline" and row is not None:
-            row.append(" ".join(_inline(t.children or []).split()))
-        elif kind == "inline":
-            add(prefix + _inline(t.children or []))
-            prefix = ""
-        elif kind in ("fence", "code_block"):
-            add(t.content.rstrip("\n"))
-        elif kind == "html_block":
-            text = _html_text(t.content)
-            if text:
-                add(text)
-    return "".join(out)
-
-
-def _inline(children: list) -> str:
-    """An inline token's text: emphasis, links and tags off, their text kept, an image as its alt text."""
-    out = []
-    for c in children:
-        if c.type in ("text", "code_inline"):
-            out.append(c.content)
-        elif c.type in ("softbreak", "hardbreak") or c.type == "html_inline" and re.match(r"<br\b", c.content, re.I):
-            out.append("\n")
-        elif c.type == "image":
-            out.append(_inline(c.children or []))
-    return "".join(out)
-
-
-class _HTMLText(HTMLParser):
-    """HTML's text by lines: a block element or a row starts a line, a cell is a tab apart."""
-
-    LINES = {"br", "p", "div", "tr", "li", "table", "caption", "pre", "blockquote", "ul", "ol", "dt", "dd",
-             "h1", "h2", "h3", "h4", "h5", "h6"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.lines: list[list[str]] = [[]]  # each line's cells
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag in ("td", "th"):
-            self.lines[-1].append("")
-        elif tag in self.LINES:
-            self.lines.append([])
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in self.LINES:
-            self.lines.append([])
-
-    def handle_data(self, data: str) -> None:
-        cells = self.lines[-1]
-        if cells:
-            cells[-1] += data
-        elif data.strip():
-            cells.append(data)
-
-    def text(self) -> str:
-        lines = ("\t".join(" ".join(c.split()) for c in cells) for cells in self.lines)
-        return "\n".join(ln for ln in lines if ln.strip())
-
-
-def _html_text(html: str) -> str:
-    parser = _HTMLText()
-    parser.feed(html)
-    parser.close()
-    return parser.text()
 
 
 def to_json(doc: dict[str, Any], pages: list[dict[str, Any]]) -> str:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from azurite import azurite  # noqa: F401 - a fixture
-from batchocr.export import FORM_FEED, file_name, plain
+from batchocr.export import FORM_FEED, file_name
+from batchocr.mdescape import plain
 from conftest import count_pages, read_table, run_cli, sample_documents
 from corpus import text_pdf
 from synthetic import resumed_output
