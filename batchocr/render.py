@@ -22,7 +22,7 @@ from batchocr.engines.textlayer import page_text
 from batchocr.layertext import DocumentText
 from batchocr.errors import BatchocrError, Unreadable
 from batchocr.renderprogress import READING, UNKNOWN
-from batchocr.router import route_page
+from batchocr.router import route_page, unmapped_warning
 from batchocr.sources import DocRef, native
 from batchocr.spec import RenderSpec
 from batchocr.storage import Store
@@ -226,9 +226,10 @@ def render_document(
             size = sizes[index] if index < len(sizes) else None
             row = _render_page(pdoc, doc, index, count, spec, needs, notes, size, document)
             notes.append(_warnings())
-            warning = "; ".join(dict.fromkeys(w for w in notes if w))
+            mupdf = "; ".join(dict.fromkeys(w for w in notes if w))
+            warning = "; ".join(filter(None, [row.get("warning"), mupdf and f"MuPDF: {mupdf}"]))[:1000]
             if warning:
-                row["warning"] = f"MuPDF: {warning}"[:1000]
+                row["warning"] = warning
             rows.append(row)
             if len(rows) >= spec.batch_pages:
                 yield schema.batch(schema.PAGES, rows)
@@ -282,6 +283,8 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
         if needs.route:  # a page routed to its text layer is not rendered
             notes.append(_warnings())
             row |= route_page(page, pdoc.is_pdf, needs.route, document)
+        if glyphs := unmapped_warning(row.get("text_layer") or ""):  # the page's text is its layer's
+            row["warning"] = glyphs
         drawn = needs.image and row.get("route") != "textlayer"
         if drawn or not pdoc.is_pdf:  # a PDF page's text layer is read without decoding its images
             _check_images(page, spec)

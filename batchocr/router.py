@@ -7,7 +7,12 @@ characters), an earlier OCR's invisible layer over a scan, text hidden under a
 full-page image, or a page whose text is only inside a picture. Each page's
 layer gets a score in [0, 1] (`score_page`); with `route: auto` a page scoring
 at least MIN_SCORE takes its text from the layer (the textlayer engine's rows,
-no image render), the rest go to the run's engine.
+no image render), the rest go to the run's engine. So does, with `route: auto`, a
+page whose layer has glyphs the PDF does not map to characters (U+FFFD: a math
+font's symbols without a ToUnicode map, such as CMEX's summation sign): however
+well the rest scores, the layer is known to have lost characters there, which the
+model can read from the image. A page's `route_reason` says why it went to the
+model (null for a page read from its layer).
 
 The score is computed in the render worker, which has the page open anyway
 (`route_page`, called by batchocr.render), so a routed page never costs an
@@ -35,6 +40,8 @@ from batchocr.spec import ROUTES
 
 # A page whose layer scores at least this takes its text from it (route: auto).
 MIN_SCORE = 0.5
+# What MuPDF gives for a glyph the PDF maps to no character.
+UNMAPPED = "\ufffd"
 # Dictionary words: a page's Latin words (3+ letters) known to the word list.
 # At least this share of them gives full marks; fewer than MIN_WORDS of them: no verdict.
 GOOD_WORD_SHARE = 0.6
@@ -124,20 +131,45 @@ def score_page(page, text: str) -> LayerScore:
 
 
 def route_page(page, is_pdf: bool, mode: str, document=None) -> dict:
-    """The render worker's part: {route, route_score}, and the page's text layer
-    when it takes its text from there (then no image is rendered)."""
+    """The render worker's part: {route, route_score, route_reason}, and the page's
+    text layer when it takes its text from there (then no image is rendered)."""
     if not is_pdf:  # image files have no text layer
-        return {"route": "model", "route_score": 0.0}
+        return {"route": "model", "route_score": 0.0, "route_reason": "an image file has no text layer"}
     # Scored on the layer in content order: the same characters as the reading
     # order the textlayer engine keeps (page_text), at ~1/50 of its cost, which
     # only a routed page then pays. Not get_text(): it keeps glyphs page_text drops
     # (font size 0 over a scan), and such a page was routed to an empty layer.
-    s = score_page(page, layer_words(page))
-    routed = (mode == "auto" and s.score >= MIN_SCORE) or (mode == "textlayer" and s.chars > 0)
-    row = {"route": "textlayer" if routed else "model", "route_score": s.score}
-    if routed:
+    words = layer_words(page)
+    s = score_page(page, words)
+    reason = why_model(s, words.count(UNMAPPED), mode)
+    row = {"route": "model" if reason else "textlayer", "route_score": s.score, "route_reason": reason}
+    if not reason:
         row["text_layer"] = page_text(page, document)
     return row
+
+
+def why_model(s: LayerScore, unmapped: int, mode: str) -> str | None:
+    """Why the page goes to the model, or None: it takes its text from its layer.
+    unmapped: the layer's U+FFFD characters."""
+    if mode == "model":
+        return "route: model"
+    if s.chars == 0:
+        return "no text in the layer"
+    if mode == "textlayer":
+        return None
+    if unmapped:
+        return f"unmapped glyphs (U+FFFD) in the text layer: {unmapped}"
+    if s.score < MIN_SCORE:
+        return f"text layer scored {s.score:g} < {MIN_SCORE:g}"  # 0.4999 is not "0.50 < 0.5"
+    return None
+
+
+def unmapped_warning(text: str) -> str | None:
+    """The row's warning for a page read from its layer where the PDF maps glyphs to no character."""
+    n = text.count(UNMAPPED)
+    if not n:
+        return None
+    return f"text layer: {n} glyph{'s' if n > 1 else ''} the PDF does not map to characters (U+FFFD)"
 
 
 def needs(engine_needs: Needs, mode: str) -> Needs:

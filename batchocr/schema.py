@@ -38,12 +38,13 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
                                   "after its document group failed, its share of the group's"),
     ("error_type", pa.string(), "short machine-readable reason when `finish_reason` is `error` or `skipped` (see Errors)"),
     ("error_message", pa.string(), "a sentence a person can act on; null when there was no error"),
-    ("warning", pa.string(), "what MuPDF reported while repairing a damaged (truncated, corrupt) file: the page was read but may be incomplete or blank; null for sound files (the messages of the router's own glyph trace, e.g. `FT_Get_Advance(...): invalid glyph index` on sound pdfTeX files, are dropped)"),
+    ("warning", pa.string(), "why the page's text may be incomplete: a page read from its text layer whose PDF maps glyphs to no character (`text layer: 3 glyphs the PDF does not map to characters (U+FFFD)`), and what MuPDF reported while repairing a damaged (truncated, corrupt) file (`MuPDF: ...`: the page was read but may be incomplete or blank); null for sound files (the messages of the router's own glyph trace, e.g. `FT_Get_Advance(...): invalid glyph index` on sound pdfTeX files, are dropped)"),
     ("attempts", pa.int32(), "engine attempts at this page: VLM retries of a looping output count (null for CPU engines); on a `timeout` or `renderer_crashed` row, render attempts (a rerun retries a page once: 2 is final)"),
     ("latency_ms", pa.float32(), "engine time for this page in milliseconds (render time not included)"),
     ("mode", pa.string(), "how the `vllm` engine read the page: `page` (alone), `document` (in one request with its neighbouring pages, the output split back on `<page>`), `fallback` (its document group's output did not split a part a page, hit the token limit, looped or was refused, so it was read again alone); null for other engines"),
     ("route", pa.string(), "where the page's text came from (see Routing): `textlayer` (the PDF's own text layer passed) or `model` (the run's engine); null for the textlayer engine and for error rows of unrendered pages"),
     ("route_score", pa.float32(), "quality of the page's text layer, 0 (none, or not to be trusted) to 1; `route: auto` takes the layer from 0.5"),
+    ("route_reason", pa.string(), "why the page went to the model (`route` model): `text layer scored 0.41 < 0.5`, `unmapped glyphs (U+FFFD) in the text layer: 3`, `no text in the layer`, `an image file has no text layer`, `route: model`; null for a page read from its text layer, for the textlayer engine and for rows of a version before the column"),
     ("run_id", pa.string(), "the run that wrote the row (`OUT/_runs/<run_id>.json` describes it)"),
     ("shard", pa.int32(), "shard number of the document"),
     ("processed_at", pa.timestamp("us", tz="UTC"), "when the row was written"),
@@ -108,6 +109,7 @@ PAGES = pa.schema(
         ("warning", pa.string()),  # MuPDF repaired the file (see the page table)
         ("route", pa.string()),  # textlayer | model; null if the run does not route (batchocr.router)
         ("route_score", pa.float32()),
+        ("route_reason", pa.string()),  # why the page went to the model; null if it did not
         ("attempts", pa.int32()),  # a timeout/renderer_crashed row: 2 once it failed again on a rerun
     ]
 )
@@ -145,6 +147,7 @@ CARRIED = [
     "warning",
     "route",
     "route_score",
+    "route_reason",
 ]
 
 

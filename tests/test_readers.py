@@ -138,7 +138,7 @@ def test_pandas_keeps_integer_columns_with_nulls_as_integers(out):
 
 def test_an_out_with_parts_from_before_a_column_existed_still_reads_and_compacts(tmp_path):
     """A resumed OUT whose first parts were written by a version without the newer
-    columns (route, route_score, skew_angle, blocks): read_pages, report and compact take it."""
+    columns (route, route_score, route_reason, skew_angle, blocks): read_pages, report and compact take it."""
     from batchocr import read_pages
     from batchocr.grounding import parse
     from synthetic import row, write_part
@@ -147,15 +147,16 @@ def test_an_out_with_parts_from_before_a_column_existed_still_reads_and_compacts
     text, blocks = parse((Path(__file__).parent / "data" / "grounding" / "unlimited-ocr" / "npu-invoice.raw.txt")
                          .read_text(encoding="utf-8"), 100, 100)
     write_part(out, "new", [row("file:///s/a.pdf", 1, 5, text="new", page_count=2, route="model", route_score=0.1,
-                                blocks=blocks)])
+                                route_reason="text layer scored 0.10 < 0.5", blocks=blocks)])
     old_file = out / "pages" / "shard-00000" / "part-old.parquet"
     new = pq.read_table(next((out / "pages" / "shard-00000").glob("*.parquet")))
-    newer = [c for c in ("route", "route_score", "skew_angle", "blocks") if c in new.column_names]
-    assert "blocks" in newer
+    newer = [c for c in ("route", "route_score", "route_reason", "skew_angle", "blocks") if c in new.column_names]
+    assert "blocks" in newer and "route_reason" in newer
     pq.write_table(pa.Table.from_pylist([row("file:///s/a.pdf", 0, 0, text="old", page_count=2)],
                                         schema=schema.PAGE_TABLE).drop_columns(newer), old_file)
     pages = read_pages(str(out)).collect().sort("page_index")
     assert pages["text"].to_list() == ["old", "new"] and pages["route"].to_list() == [None, "model"]
+    assert pages["route_reason"].to_list() == [None, "text layer scored 0.10 < 0.5"]
     assert pages["blocks"].to_list()[0] is None and len(pages["blocks"].to_list()[1]) == 3
     got = run_cli("report", str(out), "--json", check=True)
     assert '"pages": 2' in got.stdout

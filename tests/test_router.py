@@ -298,3 +298,69 @@ def test_a_page_read_from_its_text_layer_is_not_refused_for_an_image_it_never_de
     assert _words(got["text_layer"]) == want
     got = row("scan.pdf", router.needs(Needs(image=True), "auto"))
     assert got["error_type"] == "too_large" and "20000x20000 = 400 Mpx" in got["error_message"]
+
+
+def unmapped_glyphs_pdf(path, glyphs: int = 3) -> str:
+    """A born-digital page whose font maps one code to a glyph name no Unicode map knows
+    (`summationdisplay`: CMEX's sum sign, as pdfTeX writes it without a ToUnicode map):
+    MuPDF reads it as U+FFFD. The text it draws, the unmapped code as `Q`."""
+    text = ["Wind Loads on Tall Buildings", "The total load is the sum Q of the loads on every floor,",
+            "and the moment is the sum Q of each load times its height above the ground.",
+            "Both sums Q run over all floors of the building from the first to the last."][:glyphs + 1]
+    doc = pymupdf.open()
+    page = doc.new_page()
+    for k, line in enumerate(text):
+        page.insert_text((72, 72 + 18 * k), line, fontname="helv", fontsize=11)
+    doc = pymupdf.open("pdf", doc.tobytes())
+    doc.xref_set_key(doc[0].get_fonts()[0][0], "Encoding",
+                     "<< /Type /Encoding /BaseEncoding /WinAnsiEncoding /Differences [81 /summationdisplay] >>")
+    doc.save(path)
+    return "\n".join(text)
+
+
+@pytest.mark.parametrize("how", [["--engine", "textlayer"], ["--route", "textlayer"]])
+def test_a_page_read_from_a_layer_with_unmapped_glyphs_says_so_in_its_warning(tmp_path, how):
+    src = tmp_path / "src"
+    src.mkdir()
+    drawn = unmapped_glyphs_pdf(src / "loads.pdf")
+    run_cli("run", str(src), str(tmp_path / "out"), "-q", *how, check=True)
+    (row,) = read_pages(str(tmp_path / "out")).collect().to_dicts()
+    assert row["engine"] == "textlayer" and row["text"].count("\ufffd") == 3
+    assert _words(row["text"].replace("\ufffd", "Q")) == _words(drawn)
+    assert row["warning"] == "text layer: 3 glyphs the PDF does not map to characters (U+FFFD)"
+    assert row["route_reason"] is None
+
+
+def test_route_auto_sends_a_page_with_unmapped_glyphs_to_the_model_and_says_why(tmp_path):
+    """A page that scores well but has U+FFFD in its layer: rapidocr reads its image; the
+    page beside it, the same without the unmapped glyph, is read from its layer."""
+    src = tmp_path / "src"
+    src.mkdir()
+    unmapped_glyphs_pdf(src / "sum.pdf", glyphs=1)
+    clean = pymupdf.open()
+    clean.new_page().insert_text((72, 72), "Wind Loads on Tall Buildings\nThe total load is the sum of every floor.",
+                                 fontname="helv", fontsize=11)
+    clean.save(src / "clean.pdf")
+    (rendered,) = _rendered(src / "sum.pdf", "auto")
+    assert rendered["route_score"] >= router.MIN_SCORE  # the score alone would take the layer
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "-q", "--route", "auto", "--dpi", "150", check=True)
+    pages = {r["source_uri"].rsplit("/", 1)[1]: r for r in read_pages(str(out)).collect().to_dicts()}
+    got = pages["sum.pdf"]
+    assert (got["route"], got["engine"], got["route_reason"]) == (
+        "model", "rapidocr", "unmapped glyphs (U+FFFD) in the text layer: 1")
+    assert "\ufffd" not in got["text"] and "Wind Loads" in got["text"] and got["warning"] is None
+    assert (pages["clean.pdf"]["route"], pages["clean.pdf"]["route_reason"]) == ("textlayer", None)
+
+
+def test_route_reason_says_why_each_page_went_to_the_model(corpus):
+    folder, docs = corpus
+    rows = _rendered(folder / "mixed.pdf", "auto")
+    for row, page in zip(rows, docs["mixed.pdf"]):
+        if page.route == "textlayer":
+            assert row["route_reason"] is None
+        else:
+            assert re.fullmatch(r"text layer scored 0(\.\d+)? < 0\.5|no text in the layer", row["route_reason"]), row
+            if row["route_score"] > 0:
+                assert row["route_reason"] == f"text layer scored {row['route_score']:g} < 0.5"
+    assert {r["route_reason"] for r in _rendered(folder / "mixed.pdf", "model")} == {"route: model"}
