@@ -12,6 +12,8 @@ one line."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import statistics
 from dataclasses import dataclass
 
@@ -22,6 +24,8 @@ from batchocr.layerlines import Line, level
 OVERLAP = 0.3
 # Cells of one row share a size within this ratio (a title's small print beside it is not its cell).
 SIZES = 1.25
+LONE_BULLET = re.compile(r"^[•◦▪▫●○■□‣∙·–—*-]$")
+GLYPH_BULLET = re.compile(r"^[•◦▪▫●○■□‣∙·–—]\s")
 
 
 @dataclass
@@ -61,7 +65,10 @@ def rows(lines: list[Line]) -> list[Row]:
             last = out[-1].cells[-1]
             if (level(last, ln) and ln.x0 >= last.x1 - OVERLAP * (last.y1 - last.y0)
                     and max(last.size, ln.size) <= SIZES * min(last.size, ln.size)):
-                out[-1].cells.append(ln)
+                if LONE_BULLET.match(last.text):  # a bullet and its item: one line, not two cells
+                    out[-1].cells[-1] = dataclasses.replace(ln, x0=last.x0, text=f"{last.text} {ln.text}")
+                else:
+                    out[-1].cells.append(ln)
                 continue
         out.append(Row([ln]))
     return out
@@ -95,7 +102,8 @@ def blocks(page_rows: list[Row], body: float) -> list[Row | Block]:
 
 
 def _code(row: Row, body: float) -> bool:
-    return row.mono and (not body or row.style.size <= body * 1.15)
+    """Typewriter text at body size, not a list item of typewriter names (a bullet glyph first)."""
+    return row.mono and (not body or row.style.size <= body * 1.15) and not GLYPH_BULLET.match(row.text)
 
 
 def _clear_columns(run: list[Row]) -> bool:

@@ -177,13 +177,18 @@ def plain(markdown: str) -> str:
     return squeeze("\n".join(plain_lines(markdown)))
 
 
-# A bullet glyph opening a line: a list's mark, which the Markdown writes as "- ".
-_BULLET = re.compile(r"^\s*[•◦▪▫●○■□‣∙·]\s*", re.M)
+# A bullet opening a line (a glyph, or a dash or star before a space): a list's mark,
+# which the Markdown writes as "- ".
+_BULLET = re.compile(r"^\s*([•◦▪▫●○■□‣∙·]\s*|[-–—*]\s+)", re.M)
 
 
 def content(page) -> str:
-    """The page's content order (the producer's), bullet glyphs and whitespace removed."""
-    return squeeze(_BULLET.sub("", page.get_text()))
+    """The page's content order (the producer's), bullet glyphs and whitespace removed;
+    read with the text layer's own flags (get_text's default puts a glyph's CID where
+    its font maps it to no character: a guess, which the layer writes as U+FFFD)."""
+    import pymupdf
+
+    return squeeze(_BULLET.sub("", page.get_text(flags=pymupdf.TEXT_MEDIABOX_CLIP)))
 
 
 def in_order(text: str, anchors: list[str]) -> bool:

@@ -15,6 +15,7 @@ import pytest
 from rapidfuzz.distance import Levenshtein
 
 import layouts
+import realset
 import tools
 from batchocr import read_pages
 from batchocr.layertext import page_markdown
@@ -30,10 +31,9 @@ def debian(doc: tuple[str, str]):
 
 
 def plain(markdown: str) -> str:
-    """Markdown's marks off (heading hashes, bullets, table pipes, escapes), words one space apart."""
-    text = re.sub(r"^(#+ |- |\\)", "", markdown, flags=re.M)
-    text = re.sub(r"^\|(-+\|)+$", "", text, flags=re.M).replace("|", " ")
-    return " ".join(text.split())
+    """Markdown's marks off (heading hashes, bullets, code fences, table pipes, escapes:
+    realset.plain_lines), words one space apart."""
+    return " ".join(" ".join(realset.plain_lines(markdown)).split())
 
 
 def distance(text: str, truth: str) -> float:

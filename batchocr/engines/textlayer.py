@@ -67,10 +67,13 @@ def create(options: Mapping[str, Any]) -> TextLayerEngine:
     return TextLayerEngine(parse_options(TextLayerOptions, options, "textlayer"))
 
 
+# The text's form (batchocr.layertext): an OUT made with an earlier form (plain text;
+# Markdown with page-by-page headings, unescaped) is not resumed with this one (producer.py).
+TEXT_FORM = "markdown2"
+
+
 def _model() -> str:
-    # "+markdown": the text's form (batchocr.layertext), so that OUT made with the plain
-    # text of earlier versions is not resumed with the Markdown of this one (producer.py)
-    return f"pymupdf-{pymupdf.__version__}+markdown"
+    return f"pymupdf-{pymupdf.__version__}+{TEXT_FORM}"
 
 
 def settings(options: Mapping[str, Any]) -> dict[str, Any]:
