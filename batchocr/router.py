@@ -42,6 +42,9 @@ from batchocr.spec import ROUTES
 MIN_SCORE = 0.5
 # What MuPDF gives for a glyph the PDF maps to no character.
 UNMAPPED = "\ufffd"
+# A page whose layer has at least this share of U+FFFD goes to the model in auto mode; fewer
+# (a reference card's one sum sign among 7,000 characters) keep the layer, whose warning says so.
+UNMAPPED_SHARE = 0.01
 # Dictionary words: a page's Latin words (3+ letters) known to the word list.
 # At least this share of them gives full marks; fewer than MIN_WORDS of them: no verdict.
 GOOD_WORD_SHARE = 0.6
@@ -157,7 +160,7 @@ def why_model(s: LayerScore, unmapped: int, mode: str) -> str | None:
         return "no text in the layer"
     if mode == "textlayer":
         return None
-    if unmapped:
+    if unmapped >= UNMAPPED_SHARE * s.chars:  # a formula's sign or two: the layer, with a warning
         return f"unmapped glyphs (U+FFFD) in the text layer: {unmapped}"
     if s.score < MIN_SCORE:
         return f"text layer scored {s.score:g} < {MIN_SCORE:g}"  # 0.4999 is not "0.50 < 0.5"

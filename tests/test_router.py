@@ -300,13 +300,14 @@ def test_a_page_read_from_its_text_layer_is_not_refused_for_an_image_it_never_de
     assert got["error_type"] == "too_large" and "20000x20000 = 400 Mpx" in got["error_message"]
 
 
-def unmapped_glyphs_pdf(path, glyphs: int = 3) -> str:
+def unmapped_glyphs_pdf(path, glyphs: int = 3, more: int = 0) -> str:
     """A born-digital page whose font maps one code to a glyph name no Unicode map knows
     (`summationdisplay`: CMEX's sum sign, as pdfTeX writes it without a ToUnicode map):
     MuPDF reads it as U+FFFD. The text it draws, the unmapped code as `Q`."""
     text = ["Wind Loads on Tall Buildings", "The total load is the sum Q of the loads on every floor,",
             "and the moment is the sum Q of each load times its height above the ground.",
             "Both sums Q run over all floors of the building from the first to the last."][:glyphs + 1]
+    text += [f"Floor {k} carries its own share of the load, measured at the slab and at the columns." for k in range(more)]
     doc = pymupdf.open()
     page = doc.new_page()
     for k, line in enumerate(text):
@@ -351,6 +352,21 @@ def test_route_auto_sends_a_page_with_unmapped_glyphs_to_the_model_and_says_why(
         "model", "rapidocr", "unmapped glyphs (U+FFFD) in the text layer: 1")
     assert "\ufffd" not in got["text"] and "Wind Loads" in got["text"] and got["warning"] is None
     assert (pages["clean.pdf"]["route"], pages["clean.pdf"]["route_reason"]) == ("textlayer", None)
+
+
+def test_route_auto_keeps_the_layer_of_a_page_with_a_few_unmapped_glyphs_in_much_text(tmp_path):
+    """One U+FFFD among ~1,700 characters (a card's sum sign): the layer is read, and its
+    warning says what it lost."""
+    src = tmp_path / "src"
+    src.mkdir()
+    unmapped_glyphs_pdf(src / "sum.pdf", glyphs=1, more=20)
+    (rendered,) = _rendered(src / "sum.pdf", "auto")
+    assert rendered["route"] == "textlayer" and rendered["route_reason"] is None
+    out = tmp_path / "out"
+    run_cli("run", str(src), str(out), "-q", "--route", "auto", check=True)
+    (row,) = read_pages(str(out)).collect().to_dicts()
+    assert (row["route"], row["engine"]) == ("textlayer", "textlayer") and row["text"].count("\ufffd") == 1
+    assert row["warning"] == "text layer: 1 glyph the PDF does not map to characters (U+FFFD)"
 
 
 def test_route_reason_says_why_each_page_went_to_the_model(corpus):
