@@ -18,7 +18,7 @@ import layouts
 import realset
 import tools
 from batchocr import read_pages
-from batchocr.layertext import page_markdown
+from batchocr.layertext import document_markdown, page_markdown
 from conftest import run_cli
 from tools import MANUAL, REFCARD
 
@@ -173,3 +173,21 @@ def test_a_run_over_a_ruled_table_prints_nothing_of_pymupdfs_own(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("batchocr: done: 1 document, 1 page"), proc.stdout
     assert "pymupdf_layout" not in proc.stdout + proc.stderr
+
+
+def test_a_numbered_title_is_one_heading_and_headings_nest_across_pages():
+    """"Chapter 1" over "Introduction" is one heading; a document's second page's
+    section is a level under its first page's chapter, not a page's own top level."""
+    doc = pymupdf.open()
+    first = doc.new_page()
+    first.insert_text((72, 80), "Chapter 1", fontsize=20, fontname="hebo")
+    first.insert_text((72, 110), "Introduction", fontsize=24, fontname="hebo")
+    first.insert_textbox(pymupdf.Rect(72, 130, 540, 300), "The pump moves water. " * 20, fontsize=10)
+    second = doc.new_page()
+    second.insert_text((72, 80), "Installation", fontsize=14, fontname="hebo")
+    second.insert_textbox(pymupdf.Rect(72, 100, 540, 300), "Bolt the pump to a level base. " * 20, fontsize=10)
+    doc = pymupdf.open("pdf", doc.tobytes())
+    pages = document_markdown(doc)
+    assert pages[0].startswith("# Chapter 1 Introduction\n\nThe pump moves water.")
+    assert pages[1].startswith("## Installation\n\n")
+    assert page_markdown(doc[1]).startswith("# Installation")  # the page alone: its own top level

@@ -213,3 +213,34 @@ def test_no_text_lost_to_emphasis_or_html(read, doc: Doc):
         held = Counter(c for c in realset.squeeze(text) if c not in BULLETS) & Counter(realset.squeeze(md))
         lost += held - Counter(realset.squeeze(shown))
     assert not lost, f"{doc.name}: {sum(lost.values())} characters not rendered: {lost.most_common(8)}"
+
+
+def test_a_run_exports_real_documents_as_markdown_that_nests_and_keeps_their_text(tmp_path):
+    """Three real documents through `batchocr run --engine textlayer` and `batchocr export
+    --format markdown` (the render workers' DocumentText, the export's file layout):
+    every exported file's headings nest, and every character of the layer that the file
+    holds is shown by markdown-it."""
+    import shutil
+
+    from conftest import run_cli
+
+    src = tmp_path / "src"
+    src.mkdir()
+    picked = [d for d in REALSET if d.name in ("asyRefCard.pdf", "refcard.pdf", "zoo-quickref.pdf")]
+    for doc in picked:
+        pdf = realset.open_doc(doc)
+        pdf.save(src / doc.name) if doc.path.endswith(".gz") else shutil.copy(realset.fetch(doc), src / doc.name)
+    run_cli("run", str(src), str(tmp_path / "out"), "--engine", "textlayer", "-q", check=True)
+    run_cli("export", str(tmp_path / "out"), str(tmp_path / "md"), "--format", "markdown", check=True)
+    files = sorted((tmp_path / "md").glob("*.md"))
+    assert len(files) == len(picked)
+    for path in files:
+        markdown = path.read_text()
+        levels, shown = rendered(markdown)
+        assert levels and not [(a, b) for a, b in zip(levels, levels[1:]) if b > a + 1], path.name
+        doc = next(d for d in picked if path.name.startswith(d.name))
+        pdf = realset.open_doc(doc)
+        text = "".join(realset.content(page) for page in pdf)
+        held = Counter(c for c in text if c not in BULLETS) & Counter(realset.squeeze(markdown))
+        lost = held - Counter(realset.squeeze(shown))
+        assert not lost, f"{path.name}: {lost.most_common(8)}"
