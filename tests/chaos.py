@@ -128,8 +128,16 @@ def assert_same_as_clean(out: str | Path, clean: pl.DataFrame, storage_options: 
 def children(pid: int) -> set[int]:
     try:
         return {int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()}
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone (or going) meanwhile
         return set()
+
+
+def _cmdline(pid: int) -> bytes:
+    """The process's command line; empty for one that ended after it was listed."""
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
 
 
 def descendants(pid: int) -> set[int]:
@@ -144,7 +152,7 @@ def descendants(pid: int) -> set[int]:
 
 def fork_servers(pid: int) -> list[int]:
     """The run `pid`'s fork servers (multiprocessing's: the render workers')."""
-    return [p for p in children(pid) if b"multiprocessing.forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
+    return [p for p in children(pid) if b"multiprocessing.forkserver" in _cmdline(p)]
 
 
 def render_workers(pid: int) -> list[int]:

@@ -348,9 +348,12 @@ def test_the_cpu_engines_warnings_reach_a_log_without_colour_codes(tmp_path):
 
 
 def _cpu_s(pid: int) -> float:
-    """Seconds of CPU a process has used (user and system)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    """Seconds of CPU a process has used (user and system); 0 for one that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
