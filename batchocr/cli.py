@@ -188,8 +188,13 @@ def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard
 @click.argument("source", callback=_not_empty)
 @click.argument("out", callback=_not_empty)
 @click.option("--shards", type=int, required=True, help="number of shards (pods of the Indexed Job)")
-@storage_option("SOURCE and OUT")
-def plan(source, out, shards, storage):
+@click.option("--inventory", metavar="URL",
+              help="plan from this inventory instead of listing SOURCE: an Azure blob inventory's manifest "
+                   "(az://inv/2026/12/05/01-00-00/scans/scans-manifest.json), or a Parquet or CSV manifest "
+                   "(or a folder of them) with the columns Name (relative to SOURCE) and Content-Length, "
+                   "and where present Etag, Last-Modified and AccessTier")
+@storage_option("SOURCE, OUT and the inventory")
+def plan(source, out, shards, inventory, storage):
     """List SOURCE once and freeze which shard each document belongs to.
 
     Writes OUT/_plan/ (uri, size, etag of every document, shards balanced by
@@ -200,13 +205,30 @@ def plan(source, out, shards, storage):
     already stays on the shard that holds them (nothing is redone elsewhere).
 
     \b
+    With --inventory, no listing: the documents are read from Azure Storage's
+    blob inventory (or a manifest of SOURCE's files), in columns, with memory
+    flat in what a document costs in a table. Blobs in the Archive tier are
+    left out (they cannot be read until rehydrated) and counted.
+
+    \b
     Example:
         batchocr plan az://scans/ az://results/run1 --shards 16
+        batchocr plan az://scans/ az://results/run1 --shards 10000 \\
+            --inventory az://inv/2026/12/05/01-00-00/scans/scans-manifest.json
     """
     from batchocr.plan import make_plan
     from batchocr.storage import Store
 
-    info = make_plan(Store(source, storage), Store(out, storage), shards)
+    if inventory is None:
+        info = make_plan(Store(source, storage), Store(out, storage), shards)
+    else:
+        from batchocr.inventory import plan_from_inventory
+
+        planned = plan_from_inventory(Store(source, storage), Store(out, storage), shards, inventory, storage)
+        info = planned.info
+        if planned.archived:
+            click.echo(f"left out {plural(planned.archived, 'document')} in the Archive tier (unreadable until "
+                       "rehydrated; a later plan takes them in)")
     sizes = [s["bytes"] for s in info.per_shard]
     click.echo(f"planned {plural(info.documents, 'document')} ({info.bytes / 1e6:.1f} MB) into "
                f"{plural(info.shards, 'shard')} "

@@ -90,17 +90,14 @@ def output_shards(out: Store) -> dict[str, int]:
     return where
 
 
-def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
-    """List SOURCE once and write the plan. An existing plan is extended: its
-    documents keep their shards (their output is there), new ones are balanced in.
-    A document with rows in OUT already (runs without a plan, or by hash with
-    another count) stays on the shard that holds them: compaction dedupes within a
-    shard, so a page redone on another one would stay twice."""
+def existing_shards(source: Store, out: Store, shards: int) -> tuple[PlanInfo | None, dict[str, int]]:
+    """What a plan of `shards` over SOURCE into OUT must keep: the earlier plan (its shards'
+    documents stay there), and doc_id -> the shard holding its rows (output_shards). One line each (exit
+    2) where no such plan can be made: another shard count, another SOURCE, output beyond."""
     if shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {shards}")
     check_stores(source, out)  # as run's: one line each (exit 2), before anything is listed or written
     old = read_plan(out)
-    keep: dict[str, int] = {}
     if old is not None:
         if old.shards != shards:
             raise ConfigError(
@@ -109,13 +106,22 @@ def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
             )
         if old.source != source.canonical:
             raise ConfigError(f"{out.url} has a plan for {old.source}, not {source.canonical}")
-        for i in range(shards):
-            keep.update((d.uri, i) for d in planned_documents(out, i))
     done = output_shards(out)
     if done and max(done.values()) >= shards:
         raise ConfigError(f"{out.url} has output in shard {max(done.values())}: a plan of {shards} shards would "
                           f"redo its documents on another shard. Use --shards {max(done.values()) + 1} or more, "
                           "or a new OUT.")
+    return old, done
+
+
+def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
+    """List SOURCE once and write the plan. An existing plan is extended: its
+    documents keep their shards (their output is there), new ones are balanced in.
+    A document with rows in OUT already (runs without a plan, or by hash with
+    another count) stays on the shard that holds them: compaction dedupes within a
+    shard, so a page redone on another one would stay twice."""
+    old, done = existing_shards(source, out, shards)
+    keep = {d.uri: i for i in range(shards if old else 0) for d in planned_documents(out, i)}
     docs = list(list_documents(source))
     keep.update((d.uri, done[d.doc_id]) for d in docs if d.uri not in keep and d.doc_id in done)
     assignment = balance(docs, shards, keep)

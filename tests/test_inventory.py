@@ -1,0 +1,171 @@
+"""`batchocr plan --inventory`: a plan from Azure's blob inventory (on Azurite, through
+az://) or a plain manifest writes the rows a listed plan writes for the same files,
+leaves out what is not SOURCE's or cannot be read, keeps planned documents on their
+shards, and refuses a bad inventory in one line."""
+
+import datetime as dt
+import json
+import os
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchocr.inventory import snake
+from azurite import azurite  # noqa: F401 - a fixture
+from conftest import run_cli
+
+
+def plan_rows(out, shards: int) -> dict[int, pl.DataFrame]:
+    return {i: pl.read_parquet(out / "_plan" / f"shard-{i:05d}.parquet") for i in range(shards)}
+
+
+def all_rows(out, shards: int) -> pl.DataFrame:
+    return pl.concat(plan_rows(out, shards).values()).sort("uri")
+
+
+def make_source(folder):
+    """Real small files: documents of several sizes (one in a subfolder, one with `%` in its
+    name, one with an upper-case extension) and one that is not a document."""
+    folder.mkdir()
+    (folder / "sub").mkdir()
+    for i in range(1, 8):
+        (folder / f"doc{i}.pdf").write_bytes(os.urandom(i * 700))
+    (folder / "sub" / "50%.PNG").write_bytes(b"x" * 10)
+    (folder / "notes.txt").write_text("not a document")
+    for i, path in enumerate(sorted(p for p in folder.rglob("*") if p.is_file())):
+        os.utime(path, (1.7e9 + i * 1.25, 1.7e9 + i * 1.25))
+    return folder
+
+
+def manifest_rows(folder):
+    return [{"Name": str(p.relative_to(folder)), "Content-Length": p.stat().st_size,
+             "Last-Modified": p.stat().st_mtime} for p in sorted(folder.rglob("*")) if p.is_file()]
+
+
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+def test_plain_manifest_plans_the_rows_a_listing_plans(tmp_path, form):
+    source = make_source(tmp_path / "src")
+    manifest = tmp_path / f"manifest.{form}"
+    frame = pl.DataFrame(manifest_rows(source))
+    frame.write_csv(manifest) if form == "csv" else frame.write_parquet(manifest)
+    run_cli("plan", str(source), str(tmp_path / "listed"), "--shards", "1", check=True)
+    run_cli("plan", str(source), str(tmp_path / "inv"), "--shards", "1", "--inventory", str(manifest), check=True)
+    listed, planned = plan_rows(tmp_path / "listed", 1)[0], plan_rows(tmp_path / "inv", 1)[0]
+    assert planned.height == 8  # seven PDFs and the PNG, not the text file
+    assert planned.equals(listed)  # same rows, same order, same types
+    assert pq.read_schema(tmp_path / "inv" / "_plan" / "shard-00000.parquet").equals(
+        pq.read_schema(tmp_path / "listed" / "_plan" / "shard-00000.parquet"))
+
+    run_cli("plan", str(source), str(tmp_path / "inv3"), "--shards", "3", "--inventory", str(manifest), check=True)
+    shards = plan_rows(tmp_path / "inv3", 3)
+    assert all(s["uri"].is_sorted() for s in shards.values())
+    assert all_rows(tmp_path / "inv3", 3).equals(listed)
+    info = json.loads((tmp_path / "inv3" / "_plan" / "plan.json").read_text())
+    assert info["documents"] == 8 and info["bytes"] == listed["size"].sum()
+    assert [s["documents"] for s in info["per_shard"]] == [shards[i].height for i in range(3)]
+    loads = [shards[i]["size"].sum() for i in range(3)]
+    assert max(loads) - min(loads) <= listed["size"].max()
+
+    proc = run_cli("status", str(tmp_path / "inv3"))
+    assert proc.returncode == 0 and "0/3 shards done" in proc.stdout, proc.stdout
+
+
+def test_replan_keeps_every_planned_document_on_its_shard(tmp_path):
+    source = make_source(tmp_path / "src")
+    manifest, out = tmp_path / "manifest.parquet", tmp_path / "out"
+    pl.DataFrame(manifest_rows(source)).write_parquet(manifest)
+    run_cli("plan", str(source), str(out), "--shards", "3", "--inventory", str(manifest), check=True)
+    before = {u: i for i, rows in plan_rows(out, 3).items() for u in rows["uri"]}
+    for i in range(8, 20):
+        (source / f"new{i}.pdf").write_bytes(os.urandom(i * 500))
+    pl.DataFrame(manifest_rows(source)).write_parquet(manifest)
+    run_cli("plan", str(source), str(out), "--shards", "3", "--inventory", str(manifest), check=True)
+    after = {u: i for i, rows in plan_rows(out, 3).items() for u in rows["uri"]}
+    assert len(after) == len(before) + 12
+    assert all(after[u] == i for u, i in before.items())
+    proc = run_cli("plan", str(source), str(out), "--shards", "4", "--inventory", str(manifest))
+    assert proc.returncode == 2 and "shard count cannot change" in proc.stderr
+
+
+def test_snake_is_balanced_within_the_largest_document():
+    rng = np.random.default_rng(3)
+    sizes = rng.lognormal(12, 2, 5000).astype(np.int64)
+    for shards in (1, 7, 64):
+        shard = snake(sizes, shards, np.zeros(shards))
+        loads = np.bincount(shard, weights=sizes, minlength=shards)
+        assert sorted(set(shard)) == list(range(shards))
+        assert loads.max() - loads.min() <= sizes.max()
+
+
+def test_bad_inventory_is_one_line_exit_2(tmp_path):
+    source = make_source(tmp_path / "src")
+    no_size = tmp_path / "nosize.csv"
+    no_size.write_text("Name,Etag\ndoc1.pdf,x\n")
+    not_json = tmp_path / "rule-manifest.json"
+    not_json.write_text("{not json")
+    bad_number = tmp_path / "bad.csv"
+    bad_number.write_text("Name,Content-Length\ndoc1.pdf,many\n")
+    cases = {str(no_size): "no column Content-Length", str(not_json): "not an Azure inventory manifest",
+             str(tmp_path / "gone.parquet"): "cannot read it", str(bad_number): "cannot read it",
+             str(tmp_path / "src" / "sub"): "no manifest JSON, Parquet or CSV file there"}
+    for url, what in cases.items():
+        proc = run_cli("plan", str(source), str(tmp_path / "out"), "--shards", "2", "--inventory", url)
+        assert proc.returncode == 2, (url, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and what in lines[0] and "Traceback" not in proc.stderr, (url, proc.stderr)
+    assert not (tmp_path / "out" / "_plan" / "plan.json").exists()
+
+
+def test_azure_inventory_on_azurite(azurite, tmp_path):  # noqa: F811 - the fixture
+    """Azure's layout: a manifest and two Parquet report files in a destination container,
+    names `container/blob`; SOURCE a prefix of the container."""
+    azurite.container("scans")
+    azurite.container("results")
+    blobs = {"batch/a.pdf": 3000, "batch/b.tif": 2000, "batch/deep/c.pdf": 1000, "batch/cold.pdf": 500,
+             "batch/readme.txt": 10, "other/d.pdf": 4000, "batchx/e.pdf": 100}
+    scans = azurite.client().get_container_client("scans")
+    for name, size in blobs.items():
+        scans.upload_blob(name, os.urandom(size))
+    listed = sorted(scans.list_blobs(), key=lambda b: b.name)
+    rows = [{"Name": f"scans/{b.name}", "Content-Length": b.size, "Etag": b.etag.strip('"'),
+             "Last-Modified": b.last_modified.astimezone(dt.UTC).replace(tzinfo=None),
+             "AccessTier": "Archive" if b.name == "batch/cold.pdf" else "Hot"} for b in listed]
+    inv = azurite.container("inventory")
+    run = "2026/12/05/01-00-00/scans-rule"
+    files = []
+    for n, part in enumerate((rows[:4], rows[4:]), 1):
+        table = pa.Table.from_pylist(part).cast(pa.schema([
+            ("Name", pa.string()), ("Content-Length", pa.int64()), ("Etag", pa.string()),
+            ("Last-Modified", pa.timestamp("us", "UTC")), ("AccessTier", pa.string())]))
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        inv.upload_blob(f"{run}/scans-rule_{n}.parquet", sink.getvalue().to_pybytes())
+        files.append({"blob": f"{run}/scans-rule_{n}.parquet", "size": sink.getvalue().size})
+    inv.upload_blob(f"{run}/scans-rule-manifest.json", json.dumps(
+        {"destinationContainer": "inventory", "files": files, "ruleName": "scans-rule", "status": "Succeeded",
+         "summary": {"objectCount": len(rows)}, "version": "1.0"}))
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
+
+    proc = run_cli("plan", "az://scans/batch/", "az://results/inv", "--shards", "2", "--inventory",
+                   f"az://inventory/{run}/scans-rule-manifest.json", env=env, check=True)
+    assert "left out 1 document in the Archive tier" in proc.stdout
+    run_cli("plan", "az://scans/batch/", "az://results/listed", "--shards", "1", env=env, check=True)
+    options = {"connection_string": azurite.connection_string}
+
+    def read(out, shards):
+        return pl.concat([pl.from_arrow(pq.read_table(f"results/{out}/_plan/shard-{i:05d}.parquet",
+                                                        filesystem=_fs(options))) for i in range(shards)]).sort("uri")
+
+    planned, by_listing = read("inv", 2), read("listed", 1)
+    assert planned["uri"].to_list() == ["az://scans/batch/a.pdf", "az://scans/batch/b.tif",
+                                        "az://scans/batch/deep/c.pdf"]  # not cold (archived), readme, other/, batchx/
+    assert planned.equals(by_listing.filter(pl.col("uri") != "az://scans/batch/cold.pdf"))
+
+
+def _fs(options):
+    import adlfs
+
+    return adlfs.AzureBlobFileSystem(**options)
