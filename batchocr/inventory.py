@@ -161,22 +161,43 @@ def _spelled(col: pl.Expr) -> pl.Expr:
 
 
 def documents(inventory: Inventory, source: Store) -> pl.LazyFrame:
-    """SOURCE's documents as plan rows (uri, size, etag, mtime) sorted by uri, and whether
-    each is `archived` (in the Archive tier). A listed plan spells a document's uri as
-    SOURCE's canonical URI, `/`, its name under SOURCE (sources.list_documents)."""
+    """SOURCE's documents in the inventory's order as plan rows, `rel` (the uri after
+    base_uri(source): held once, not in every row), size, etag, mtime, and whether each is
+    `archived` (in the Archive tier). A listed plan spells a document's uri as SOURCE's
+    canonical URI, `/`, its name under SOURCE (sources.list_documents)."""
     under = source.root.rstrip("/") + "/" if inventory.azure else ""
-    base = spell(source.canonical).rstrip("/") + "/"
     rows = scan(inventory).filter(pl.col("name").str.starts_with(under))
     rel = pl.col("name").str.slice(len(under))
     lower = rel.str.to_lowercase()
-    is_doc = pl.any_horizontal([lower.str.ends_with(e) for e in EXTENSIONS])
-    rows = rows.filter(is_doc).with_columns(uri=pl.lit(base) + _spelled(rel))
+    rows = rows.filter(pl.any_horizontal([lower.str.ends_with(e) for e in EXTENSIONS]))
     # a store without ETags: "<size>-<mtime in us>", as sources._etag
     etag = pl.coalesce(pl.col("etag"), pl.format("{}-{}", pl.col("size"),
                                                  (pl.col("mtime") * 1e6).cast(pl.Int64).fill_null(0)))
     archived = pl.col("tier").fill_null("").str.to_lowercase() == "archive"
-    return (rows.select("uri", "size", etag.alias("etag"), "mtime", archived.alias("archived"))
-            .unique("uri", keep="first", maintain_order=False).sort("uri"))
+    return rows.select(_spelled(rel).alias("rel"), "size", etag.alias("etag"), "mtime", archived.alias("archived"))
+
+
+def base_uri(source: Store) -> str:
+    return spell(source.canonical).rstrip("/") + "/"
+
+
+def repeated(rel: pl.Series) -> np.ndarray:
+    """True for a name an earlier row has already (an inventory of several rules, a manifest
+    written twice): by a 64-bit hash, and among the rows whose hash repeats, by the name."""
+    hashes = rel.hash(seed=0).to_numpy()
+    order = np.argsort(hashes, kind="stable")
+    hashes = hashes[order]
+    same = hashes[1:] == hashes[:-1]
+    del hashes
+    maybe = np.zeros(len(rel), dtype=bool)
+    maybe[order[1:][same]] = True
+    maybe[order[:-1][same]] = True
+    del order, same
+    rows = np.flatnonzero(maybe)
+    out = np.zeros(len(rel), dtype=bool)
+    if len(rows):
+        out[rows] = ~rel.gather(rows).is_first_distinct().to_numpy()
+    return out
 
 
 def _reason(exc: BaseException) -> str:
@@ -190,20 +211,21 @@ def _collect(frame: pl.LazyFrame, url: str) -> pl.DataFrame:
         raise ConfigError(f"--inventory {url}: cannot read it ({_reason(exc)})") from None
 
 
-def kept_shards(out: Store, shards: int, docs: pl.DataFrame, done: dict[str, int]) -> np.ndarray:
+def kept_shards(out: Store, shards: int, docs: pl.DataFrame, base: str, done: dict[str, int]) -> np.ndarray:
     """Each document's shard where it must stay (an earlier plan's, or the one holding its
     rows), -1 where it is new."""
-    shard = np.full(docs.height, -1, dtype=np.int64)
+    shard = np.full(docs.height, -1, dtype=np.int32)
     if out.exists(PLAN):
         options, credentials = out.polars_options()
         old = pl.concat([pl.scan_parquet(out.reader_uri(shard_file(i)), glob=False, storage_options=options,
-                                         credential_provider=credentials).select("uri", shard=pl.lit(i, pl.Int64))
+                                         credential_provider=credentials)
+                         .select(pl.col("uri").str.strip_prefix(base).alias("rel"), shard=pl.lit(i, pl.Int32))
                          for i in range(shards)]).collect(engine="streaming")
-        joined = docs.select("uri").join(old, on="uri", how="left", maintain_order="left")["shard"]
-        shard = joined.fill_null(-1).to_numpy().astype(np.int64)
+        joined = docs.select("rel").join(old, on="rel", how="left", maintain_order="left")["shard"]
+        shard = joined.fill_null(-1).cast(pl.Int32).to_numpy()
     if done:
         new = np.flatnonzero(shard < 0)
-        ids = [doc_id(u) for u in docs["uri"].gather(new).to_list()]
+        ids = [doc_id(base + rel) for rel in docs["rel"].gather(new).to_list()]
         shard[new] = [done.get(i, -1) for i in ids]
     return shard
 
@@ -212,41 +234,55 @@ def snake(sizes: np.ndarray, shards: int, load: np.ndarray) -> np.ndarray:
     """Shards for documents of `sizes`, largest first, dealt over the shards lightest first
     and back again (boustrophedon): after each two rounds every shard holds one document of
     each pair of ranks, so two shards differ by at most the largest document beyond the
-    loads they began with. Ties in size keep their order (the caller's: by uri)."""
-    order = np.argsort(-sizes, kind="stable")
-    ranks = np.arange(len(sizes))
-    rounds, place = np.divmod(ranks, shards)
-    place = np.where(rounds % 2 == 0, place, shards - 1 - place)
-    lightest = np.argsort(load, kind="stable")
-    out = np.empty(len(sizes), dtype=np.int64)
-    out[order] = lightest[place]
+    loads they began with. Ties in size keep their order (the inventory's). Few arrays
+    and int32 where they fit: at 10^8 documents each is 400-800 MB."""
+    negated = np.negative(sizes)
+    order = np.argsort(negated, kind="stable")
+    del negated
+    there_and_back = np.concatenate([np.arange(shards), np.arange(shards)[::-1]]).astype(np.int32)
+    lightest = np.argsort(load, kind="stable").astype(np.int32)
+    out = np.empty(len(sizes), dtype=np.int32)
+    out[order] = lightest[np.resize(there_and_back, len(sizes))]
     return out
 
 
-def balance(docs: pl.DataFrame, shards: int, kept: np.ndarray) -> np.ndarray:
-    """A shard for every document: kept ones where they are, new ones dealt by snake()."""
-    sizes = docs["size"].fill_null(0).to_numpy()
-    load = np.bincount(kept[kept >= 0], weights=sizes[kept >= 0], minlength=shards)
-    new = np.flatnonzero(kept < 0)
-    shard = kept.copy()
+def balance(sizes: np.ndarray, shards: int, kept: np.ndarray, planned: np.ndarray) -> np.ndarray:
+    """A shard for every planned document (`shards` for the rest): kept ones where they
+    are, new ones dealt by snake()."""
+    stay = planned & (kept >= 0)
+    load = np.bincount(kept[stay], weights=sizes[stay], minlength=shards)
+    del stay
+    new = np.flatnonzero(planned & (kept < 0))
+    shard = np.where(planned, kept, np.int32(shards))
     shard[new] = snake(sizes[new], shards, load)
     return shard
 
 
-def write_shards(out: Store, docs: pl.DataFrame, shard: np.ndarray, shards: int) -> list[dict]:
-    """Each shard's plan file from its slice of the documents sorted by (shard, uri),
-    READ_THREADS files at a time (each a request to an object store, an fsync on disk)."""
-    order = np.argsort(shard, kind="stable")  # docs are sorted by uri: each shard's stay so
-    docs = docs[order]
-    counts = np.bincount(shard, minlength=shards)
+def write_shards(out: Store, docs: pl.DataFrame, base: str, shard: np.ndarray, shards: int) -> list[dict]:
+    """Each shard's plan file: its rows gathered, sorted by uri, READ_THREADS files at a
+    time (each a request to an object store, an fsync on disk)."""
+    order = np.argsort(shard, kind="stable")
+    counts = np.bincount(shard, minlength=shards + 1)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
 
     def write(i: int) -> dict:
-        rows = docs.slice(int(starts[i]), int(counts[i]))
+        rows = docs[order[starts[i]:starts[i] + counts[i]]].sort("rel")
+        rows = rows.select((pl.lit(base) + pl.col("rel")).alias("uri"), "size", "etag", "mtime")
         out.write_atomic(shard_file(i), to_parquet(rows.to_arrow().cast(DOCS)))
         return {"shard": i, "documents": int(counts[i]), "bytes": int(rows["size"].sum() or 0)}
 
     return each(write, list(range(shards)))
+
+
+def assign(out: Store, shards: int, docs: pl.DataFrame, base: str, done: dict[str, int]) -> tuple[np.ndarray, int]:
+    """(each row's shard, `shards` where it is not planned; how many archived documents are
+    left out). Its arrays are gone once it returns, before the plan files are written."""
+    first = ~repeated(docs["rel"])
+    archived = first & docs["archived"].to_numpy()
+    planned = first & ~archived
+    del first
+    sizes = docs["size"].fill_null(0).to_numpy()
+    return balance(sizes, shards, kept_shards(out, shards, docs, base, done), planned), int(archived.sum())
 
 
 def plan_from_inventory(source: Store, out: Store, shards: int, url: str,
@@ -256,15 +292,13 @@ def plan_from_inventory(source: Store, out: Store, shards: int, url: str,
     _, done = existing_shards(source, out, shards)
     inventory = open_inventory(url, options)
     docs = _collect(documents(inventory, source), url)
-    archived = int(docs["archived"].sum())
-    docs = docs.filter(~pl.col("archived")).drop("archived") if archived else docs.drop("archived")
-    shard = balance(docs, shards, kept_shards(out, shards, docs, done))
-    per_shard = write_shards(out, docs, shard, shards)
+    base = base_uri(source)
+    shard, archived = assign(out, shards, docs, base, done)
+    per_shard = write_shards(out, docs.drop("archived"), base, shard, shards)
     info = PlanInfo(
-        source=source.canonical, shards=shards, documents=docs.height,
+        source=source.canonical, shards=shards, documents=sum(s["documents"] for s in per_shard),
         bytes=sum(s["bytes"] for s in per_shard), created_at=dt.datetime.now(dt.UTC).isoformat(),
         per_shard=tuple(per_shard),
     )
     out.write_json(PLAN, dataclasses.asdict(info))
     return InventoryPlan(info, archived)
-

@@ -74,9 +74,11 @@ def main() -> None:
     source.mkdir(parents=True, exist_ok=True)
     for rows in sorted(args.rows):  # ascending: RUSAGE_CHILDREN's peak is then this run's
         inventory = args.folder / f"inventory-{rows}"
-        if not inventory.exists():
+        if not inventory.exists():  # written under a temp name: a killed generator leaves no partial one
             started = time.perf_counter()
-            write_inventory(inventory, rows)
+            shutil.rmtree(inventory.with_suffix(".tmp"), ignore_errors=True)
+            write_inventory(inventory.with_suffix(".tmp"), rows)
+            inventory.with_suffix(".tmp").rename(inventory)
             print(f"wrote {rows:,} rows in {time.perf_counter() - started:.0f} s", flush=True)
         wall, peak, said = time_plan(source, args.folder / "out", inventory, args.shards)
         size = sum(f.stat().st_size for f in inventory.iterdir())

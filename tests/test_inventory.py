@@ -169,3 +169,13 @@ def _fs(options):
     import adlfs
 
     return adlfs.AzureBlobFileSystem(**options)
+
+
+def test_a_name_twice_is_planned_once(tmp_path):
+    source = make_source(tmp_path / "src")
+    rows = manifest_rows(source)
+    manifest = tmp_path / "manifest.parquet"
+    pl.DataFrame(rows + rows[2:4] + [dict(rows[0], **{"Content-Length": 1})]).write_parquet(manifest)
+    run_cli("plan", str(source), str(tmp_path / "listed"), "--shards", "1", check=True)
+    run_cli("plan", str(source), str(tmp_path / "inv"), "--shards", "2", "--inventory", str(manifest), check=True)
+    assert all_rows(tmp_path / "inv", 2).equals(plan_rows(tmp_path / "listed", 1)[0])  # the first row of each
