@@ -230,31 +230,49 @@ def kept_shards(out: Store, shards: int, docs: pl.DataFrame, base: str, done: di
     return shard
 
 
-def snake(sizes: np.ndarray, shards: int, load: np.ndarray) -> np.ndarray:
-    """Shards for documents of `sizes`, largest first, dealt over the shards lightest first
-    and back again (boustrophedon): after each two rounds every shard holds one document of
-    each pair of ranks, so two shards differ by at most the largest document beyond the
-    loads they began with. Ties in size keep their order (the inventory's). Few arrays
-    and int32 where they fit: at 10^8 documents each is 400-800 MB."""
-    negated = np.negative(sizes)
-    order = np.argsort(negated, kind="stable")
-    del negated
+MAX_ROUNDS = 200_000  # deal()'s rounds in Python; beyond, a shard holds so many documents that snake order is as even
+
+
+def deal(sizes: np.ndarray, shards: int, load: np.ndarray) -> np.ndarray:
+    """Shards for documents of `sizes`, largest first, in rounds of one document a shard:
+    a round's largest onto the lightest shard so far (LPT taken a round at a time: one
+    argsort of the loads a round, not a heap operation a document). From equal loads two
+    shards differ by at most the largest document. Ties in size keep their order (the
+    inventory's)."""
+    order = np.argsort(np.negative(sizes), kind="stable")
+    if -(-len(sizes) // shards) > MAX_ROUNDS:
+        return snake(order, shards, load)
+    load = np.asarray(load, dtype=np.float64).copy()
+    out = np.empty(len(sizes), dtype=np.int32)
+    for start in range(0, len(sizes), shards):
+        docs = order[start:start + shards]
+        lightest = np.argsort(load, kind="stable")[:len(docs)]
+        out[docs] = lightest
+        load[lightest] += sizes[docs]
+    return out
+
+
+def snake(order: np.ndarray, shards: int, load: np.ndarray) -> np.ndarray:
+    """Documents in `order` (largest first) dealt over the shards lightest first and back
+    again (boustrophedon): two shards differ by at most the largest document beyond the
+    loads they began with. int32 and one pattern array: at 10^8 documents each array is
+    400-800 MB."""
     there_and_back = np.concatenate([np.arange(shards), np.arange(shards)[::-1]]).astype(np.int32)
     lightest = np.argsort(load, kind="stable").astype(np.int32)
-    out = np.empty(len(sizes), dtype=np.int32)
-    out[order] = lightest[np.resize(there_and_back, len(sizes))]
+    out = np.empty(len(order), dtype=np.int32)
+    out[order] = lightest[np.resize(there_and_back, len(order))]
     return out
 
 
 def balance(sizes: np.ndarray, shards: int, kept: np.ndarray, planned: np.ndarray) -> np.ndarray:
     """A shard for every planned document (`shards` for the rest): kept ones where they
-    are, new ones dealt by snake()."""
+    are, new ones dealt by deal()."""
     stay = planned & (kept >= 0)
     load = np.bincount(kept[stay], weights=sizes[stay], minlength=shards)
     del stay
     new = np.flatnonzero(planned & (kept < 0))
     shard = np.where(planned, kept, np.int32(shards))
-    shard[new] = snake(sizes[new], shards, load)
+    shard[new] = deal(sizes[new], shards, load)
     return shard
 
 

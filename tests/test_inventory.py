@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchocr.inventory import snake
+from batchocr import inventory
 from azurite import azurite  # noqa: F401 - a fixture
 from conftest import run_cli
 
@@ -90,11 +90,14 @@ def test_replan_keeps_every_planned_document_on_its_shard(tmp_path):
     assert proc.returncode == 2 and "shard count cannot change" in proc.stderr
 
 
-def test_snake_is_balanced_within_the_largest_document():
+@pytest.mark.parametrize("rounds", [True, False])
+def test_dealing_is_balanced_within_the_largest_document(monkeypatch, rounds):
+    """By rounds (LPT a round at a time) or, past MAX_ROUNDS, in snake order."""
+    monkeypatch.setattr(inventory, "MAX_ROUNDS", 10**9 if rounds else 0)
     rng = np.random.default_rng(3)
     sizes = rng.lognormal(12, 2, 5000).astype(np.int64)
     for shards in (1, 7, 64):
-        shard = snake(sizes, shards, np.zeros(shards))
+        shard = inventory.deal(sizes, shards, np.zeros(shards))
         loads = np.bincount(shard, weights=sizes, minlength=shards)
         assert sorted(set(shard)) == list(range(shards))
         assert loads.max() - loads.min() <= sizes.max()
