@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchocr import inventory
+from batchocr.plan import balance
+from batchocr.sources import DocRef
 from azurite import azurite  # noqa: F401 - a fixture
 from conftest import run_cli
 
@@ -90,17 +92,22 @@ def test_replan_keeps_every_planned_document_on_its_shard(tmp_path):
     assert proc.returncode == 2 and "shard count cannot change" in proc.stderr
 
 
-@pytest.mark.parametrize("rounds", [True, False])
-def test_dealing_is_balanced_within_the_largest_document(monkeypatch, rounds):
-    """By rounds (LPT a round at a time) or, past MAX_ROUNDS, in snake order."""
-    monkeypatch.setattr(inventory, "MAX_ROUNDS", 10**9 if rounds else 0)
+def test_dealing_is_balanced_within_the_largest_document(monkeypatch):
+    monkeypatch.setattr(inventory, "CHUNK", 777)  # several steps
     rng = np.random.default_rng(3)
-    sizes = rng.lognormal(12, 2, 5000).astype(np.int64)
+    sizes = rng.lognormal(12, 1, 5000).astype(np.int64)
     for shards in (1, 7, 64):
         shard = inventory.deal(sizes, shards, np.zeros(shards))
         loads = np.bincount(shard, weights=sizes, minlength=shards)
         assert sorted(set(shard)) == list(range(shards))
         assert loads.max() - loads.min() <= sizes.max()
+    # as plan.balance places the same sizes (LPT), from loads a shard already has
+    kept = np.array([5e6, 0, 2e6])
+    docs = [DocRef(uri=f"{i:05d}", size=int(s), etag="") for i, s in enumerate(sizes[:300])]
+    shard = inventory.deal(sizes[:300], 3, kept)
+    listed = balance(docs + [DocRef(uri="k0", size=5_000_000, etag=""), DocRef(uri="k2", size=2_000_000, etag="")],
+                     3, {"k0": 0, "k2": 2})
+    assert all(shard[int(d.uri)] == i for i, ds in listed.items() for d in ds if not d.uri.startswith("k"))
 
 
 def test_bad_inventory_is_one_line_exit_2(tmp_path):
