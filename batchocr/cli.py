@@ -206,9 +206,9 @@ def plan(source, out, shards, inventory, storage):
 
     \b
     With --inventory, no listing: the documents are read from Azure Storage's
-    blob inventory (or a manifest of SOURCE's files), in columns, with memory
-    flat in what a document costs in a table. Blobs in the Archive tier are
-    left out (they cannot be read until rehydrated) and counted.
+    blob inventory (or a manifest of SOURCE's files) in columns, with no Python
+    object a document. Blobs in the Archive tier are left out (they cannot be
+    read until rehydrated) and counted.
 
     \b
     Example:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from batchocr.errors import ConfigError
 from batchocr.layout import PLAN

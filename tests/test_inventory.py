@@ -13,11 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchocr import inventory
+from batchocr import inventory, read_pages
 from batchocr.plan import balance
 from batchocr.sources import DocRef
 from azurite import azurite  # noqa: F401 - a fixture
 from conftest import run_cli
+from corpus import text_corpus
 
 
 def plan_rows(out, shards: int) -> dict[int, pl.DataFrame]:
@@ -189,3 +190,26 @@ def test_a_name_twice_is_planned_once(tmp_path):
     run_cli("plan", str(source), str(tmp_path / "listed"), "--shards", "1", check=True)
     run_cli("plan", str(source), str(tmp_path / "inv"), "--shards", "2", "--inventory", str(manifest), check=True)
     assert all_rows(tmp_path / "inv", 2).equals(plan_rows(tmp_path / "listed", 1)[0])  # the first row of each
+
+
+def test_a_run_off_the_inventory_plan_and_documents_with_rows_stay_on_their_shard(tmp_path):
+    """Documents done by a run without a plan stay on the shard holding their rows; runs of
+    the inventory's plan do the rest, and every page has one row after compaction."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    text_corpus(src, documents=6, pages=2)
+    run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)  # 0/1: all on shard 0
+    text_corpus(src / "new", documents=4, pages=1)
+    manifest = tmp_path / "manifest.csv"
+    pl.DataFrame(manifest_rows(src)).write_csv(manifest)
+    run_cli("plan", str(src), str(out), "--shards", "3", "--inventory", str(manifest), check=True)
+    shards = plan_rows(out, 3)
+    assert set(shards[0]["uri"]) >= {f"file://{src}/doc{i:05d}.pdf" for i in range(6)}
+    assert sum(s.height for s in shards.values()) == 10
+    proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", "0/3", check=True)
+    assert "nothing to do" in proc.stdout or "done:" in proc.stdout
+    for i in (1, 2):
+        run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", "--shard", f"{i}/3", check=True)
+    run_cli("compact", str(out), check=True)
+    pages = read_pages(str(out)).collect()
+    assert pages.height == 6 * 2 + 4 and pages.select("doc_id", "page_index").n_unique() == 16
+    assert "3/3 shards done" in run_cli("status", str(out), check=True).stdout
