@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import heapq
+import itertools
 import json
 import posixpath
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ import polars as pl
 from batchocr.errors import ConfigError
 from batchocr.layout import PLAN
 from batchocr.layout import plan_shard as shard_file
-from batchocr.plan import DOCS, PlanInfo, existing_shards
+from batchocr.plan import DOCS, PlanInfo, existing_shards, lightest
 from batchocr.sink import to_parquet
 from batchocr.sources import EXTENSIONS, doc_id, spell
 from batchocr.storage import Store
@@ -235,23 +235,14 @@ CHUNK = 100_000  # documents a step of deal(): Python ints for these only
 
 
 def deal(sizes: np.ndarray, shards: int, load: np.ndarray) -> np.ndarray:
-    """Shards for documents of `sizes`: largest first onto the lightest shard (LPT, as
-    plan.balance: a heap of (load, shard)), ties in size in the inventory's order. A heap
-    operation a document, ~1 s a million; the documents' sizes come as Python ints CHUNK
-    at a time, never all at once. From equal loads two shards differ by at most the
-    largest document."""
+    """Shards for documents of `sizes`: largest first onto the lightest shard (LPT,
+    plan.lightest), ties in size in the inventory's order. A heap operation a document,
+    ~1 s a million; the documents' sizes come as Python ints CHUNK at a time, never all
+    at once. From equal loads two shards differ by at most the largest document."""
     order = np.argsort(np.negative(sizes), kind="stable")
-    heap = [(float(load[i]), i) for i in range(shards)]
-    heapq.heapify(heap)
+    chunks = (sizes[order[start:start + CHUNK]].tolist() for start in range(0, len(order), CHUNK))
     out = np.empty(len(sizes), dtype=np.int32)
-    for start in range(0, len(order), CHUNK):
-        docs = order[start:start + CHUNK]
-        placed = []
-        for size in sizes[docs].tolist():
-            least, i = heap[0]
-            heapq.heapreplace(heap, (least + size, i))
-            placed.append(i)
-        out[docs] = placed
+    out[order] = np.fromiter(lightest(itertools.chain.from_iterable(chunks), load.tolist()), np.int32, len(order))
     return out
 
 

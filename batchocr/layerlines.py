@@ -18,6 +18,10 @@ FLAGS = pymupdf.TEXT_MEDIABOX_CLIP
 LIGATURES = str.maketrans({"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "\ufb04": "ffl",
                            "\ufb05": "st", "\ufb06": "st"})
 BOLD = 16
+# What opens a list item: a bullet glyph, a dash or a star (a typewriter's line may open
+# with a dash or star; a glyph's does not).
+BULLET_GLYPHS = "•◦▪▫●○■□‣∙·–—"
+BULLET_MARKS = BULLET_GLYPHS + "*-"
 MONOSPACED = 8
 # Typewriter fonts by name: TeX's (CMTT, LMMono, txtt, SFTT), the common system ones.
 # Subset fonts rarely set the descriptor's FixedPitch flag, so the name decides too.

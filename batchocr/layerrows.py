@@ -17,15 +17,16 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from batchocr.layerlines import Line, level
+from batchocr import mdescape
+from batchocr.layerlines import BULLET_GLYPHS, BULLET_MARKS, Line, level
 
 # A row's next cell starts at most this many line heights left of where the one
 # before ends (a ligature's box, a kerned space), else it is on another row.
 OVERLAP = 0.3
 # Cells of one row share a size within this ratio (a title's small print beside it is not its cell).
 SIZES = 1.25
-LONE_BULLET = re.compile(r"^[•◦▪▫●○■□‣∙·–—*-]$")
-GLYPH_BULLET = re.compile(r"^[•◦▪▫●○■□‣∙·–—]\s")
+LONE_BULLET = re.compile(f"^[{BULLET_MARKS}]$")
+GLYPH_BULLET = re.compile(f"^[{BULLET_GLYPHS}]\\s")
 
 
 @dataclass
@@ -113,12 +114,17 @@ def _clear_columns(run: list[Row]) -> bool:
     return all(max(r.cells[k].x1 for r in run) < min(r.cells[k + 1].x0 for r in run) for k in range(n - 1))
 
 
-def markdown(block: Block, escape, escape_cell) -> str:
+def table(rows: list[list[str]]) -> str:
+    """A Markdown table of plain-text cells (escaped here), the first row its header."""
+    lines = ["| " + " | ".join(mdescape.escape(c, cell=True) for c in row) + " |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(rows[0]))
+    return "\n".join(lines)
+
+
+def markdown(block: Block) -> str:
     """A block as Markdown: a table, or its rows' lines in a fence, placed by character."""
     if block.kind == "table":
-        lines = ["| " + " | ".join(escape_cell(c.text) for c in r.cells) + " |" for r in block.rows]
-        lines.insert(1, "|" + "---|" * len(block.rows[0].cells))
-        return "\n".join(lines)
+        return table([[c.text for c in r.cells] for r in block.rows])
     cells = [c for r in block.rows for c in r.cells]
     width = statistics.median((c.x1 - c.x0) / max(len(c.text), 1) for c in cells) or 1.0
     left = min(c.x0 for c in cells)

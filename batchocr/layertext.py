@@ -32,7 +32,7 @@ from typing import Callable
 import pymupdf
 
 from batchocr import layerrows, mdescape, readingorder
-from batchocr.layerlines import LIGATURES, Line, beside, level, page_lines, page_words
+from batchocr.layerlines import BULLET_MARKS, LIGATURES, Line, beside, level, page_lines, page_words
 from batchocr.layerrows import Block, Row
 from batchocr.outline import Outline, sample
 
@@ -46,7 +46,7 @@ RETURNS = 2
 RETURN_SHARE = 0.25
 # A line this long is prose (a key-value list's keys, a card's commands are shorter).
 PROSE = 25
-BULLET = re.compile(r"^[•◦▪▫●○■□‣∙·–—*-]\s+")
+BULLET = re.compile(f"^[{BULLET_MARKS}]\\s+")
 # Producers (or creators) that write a page's text in its reading order.
 READING_ORDER = re.compile(r"\b(la)?tex\b|pdftex|luatex|xetex|dvipdf|dvips|groff|\bptex|context", re.I)
 # A heading that only numbers the next one ("Chapter 1", "2.3", "Part II"): one heading with it.
@@ -114,7 +114,7 @@ def page_markdown(page: pymupdf.Page, document: DocumentText | None = None) -> s
         return ""
     tables = _tables(page, lines)
     if tables:
-        lines = [ln for ln in lines if not any(_inside(ln, box) for box, _ in tables)]
+        lines = [ln for ln in lines if not any(_inside((ln.x0, ln.y0, ln.x1, ln.y1), box) for box, _ in tables)]
     ordered = lines if keeps else reading_order(lines)
     return _markdown(ordered, tables, outline)
 
@@ -147,8 +147,10 @@ def _side_by_side(lines: list[Line]) -> bool:
     return sum(beside(a, b) for a, b in zip(lines, lines[1:])) >= 2
 
 
-def _inside(line: Line, box: pymupdf.Rect) -> bool:
-    cx, cy = (line.x0 + line.x1) / 2, (line.y0 + line.y1) / 2
+def _inside(bbox, box: pymupdf.Rect) -> bool:
+    """The centre of bbox (x0, y0, x1, y1: a line's, a word's) is in box."""
+    x0, y0, x1, y1 = bbox
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
     return box.x0 <= cx <= box.x1 and box.y0 <= cy <= box.y1
 
 
@@ -193,12 +195,8 @@ def _table_markdown(table, words: list[tuple]) -> str:
     "Partno ."; a layer's line may run across cells: a spreadsheet's). A cell is
     read row by row: a cell find_tables merges down several rows (a column whose
     rules it missed) gives each row the words on that row."""
-    rows = []
-    for row, boxes in zip(table.rows, _cell_boxes(table)):
-        cells = [" ".join(w[4] for w in words if box is not None and _inside_box(w, box)) for box in boxes]
-        rows.append("| " + " | ".join(escape_cell(c.translate(LIGATURES)) for c in cells) + " |")
-    rows.insert(1, "|" + "---|" * len(table.rows[0].cells))
-    return "\n".join(rows)
+    return layerrows.table([[" ".join(w[4] for w in words if box is not None and _inside(w[:4], box)).translate(LIGATURES)
+                             for box in boxes] for boxes in _cell_boxes(table)])
 
 
 def _cell_boxes(table) -> list[list[pymupdf.Rect | None]]:
@@ -230,20 +228,6 @@ def _cell_boxes(table) -> list[list[pymupdf.Rect | None]]:
     return out
 
 
-def _inside_box(word: tuple, box: pymupdf.Rect) -> bool:
-    cx, cy = (word[0] + word[2]) / 2, (word[1] + word[3]) / 2
-    return box.x0 <= cx <= box.x1 and box.y0 <= cy <= box.y1
-
-
-def escape(text: str) -> str:
-    """Plain text as Markdown that reads back its characters (the marks are ours)."""
-    return mdescape.escape(text)
-
-
-def escape_cell(text: str) -> str:
-    return mdescape.escape(text, cell=True)
-
-
 def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]], outline: Outline) -> str:
     items = layerrows.blocks(layerrows.rows(lines), outline.body)
     pending = sorted(tables, key=lambda t: (t[0].y0, t[0].x0))
@@ -255,7 +239,7 @@ def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]], outline
     def flush() -> None:
         nonlocal current, heading
         if heading:
-            blocks.append("#" * outline.nest(heading[0]) + " " + escape(" ".join(heading[1])))
+            blocks.append("#" * outline.nest(heading[0]) + " " + mdescape.escape(" ".join(heading[1])))
             heading = None
         if current:
             blocks.append("\n".join(current))
@@ -268,7 +252,7 @@ def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]], outline
             blocks.append(pending.pop(0)[1])
         if isinstance(item, Block):
             flush()
-            blocks.append(layerrows.markdown(item, escape, escape_cell))
+            blocks.append(layerrows.markdown(item))
             previous = item.rows[-1].cells[-1]
             continue
         new_block = previous is None or first.block != previous.block
@@ -284,7 +268,7 @@ def _markdown(lines: list[Line], tables: list[tuple[pymupdf.Rect, str]], outline
             # list items stay one list, whatever blocks the layer put them in
             if heading or (new_block and not (marker and current and current[0].startswith("- "))):
                 flush()
-            current.append("- " + escape(BULLET.sub("", item.text)) if marker else escape(item.text))
+            current.append("- " + mdescape.escape(BULLET.sub("", item.text)) if marker else mdescape.escape(item.text))
         previous = item.cells[-1]
     flush()
     blocks += [markdown for _, markdown in pending]

@@ -13,7 +13,7 @@ import datetime as dt
 import heapq
 import io
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,13 +51,21 @@ def balance(docs: Iterable[DocRef], shards: int, keep: Mapping[str, int] | None 
             load[keep[doc.uri]] += doc.size
         else:
             new.append(doc)
-    heap = [(load[i], i) for i in range(shards)]
-    heapq.heapify(heap)
-    for doc in sorted(new, key=lambda d: (-d.size, d.uri)):
-        size, i = heapq.heappop(heap)
+    new.sort(key=lambda d: (-d.size, d.uri))
+    for doc, i in zip(new, lightest(iter([d.size for d in new]), load)):
         out[i].append(doc)
-        heapq.heappush(heap, (size + doc.size, i))
     return out
+
+
+def lightest(sizes: Iterator[int], load: Sequence[float]) -> Iterator[int]:
+    """The shard for each of `sizes` in turn: the lightest so far (a heap of (load, shard);
+    with sizes largest first, LPT). load: each shard's load before the first."""
+    heap = [(load[i], i) for i in range(len(load))]
+    heapq.heapify(heap)
+    for size in sizes:
+        least, i = heap[0]
+        heapq.heapreplace(heap, (least + size, i))
+        yield i
 
 
 def read_plan(out: Store) -> PlanInfo | None:
