@@ -401,8 +401,10 @@ run() {  # one named run of the suite
     # a command's start (docs/history/GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
+    # UOCR_START_PAGES: fewer pages for a short lease (a command's start does not depend on them)
     uocr-start) PY_TIMEOUT=1700 py uocr-start bench/gpu/processes.py --models "$MODELS" --work /tmp/start \
-                  --pages 3072 --lengths B --timeout 900 --processes 2,2@48,2 --caches seeded ;;
+                  --pages "${UOCR_START_PAGES:-3072}" --lengths B --timeout 900 --processes 2,2@48,2 --caches seeded \
+                  ${START_ARGS:-} ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     # issue 49: the rebuild kept the speed. Each layout at equal work, on the same pages and output
