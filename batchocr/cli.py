@@ -100,13 +100,14 @@ def _not_empty(ctx, param, value):
     """An empty SOURCE, OUT, DEST or --html (an unset shell variable: "$OUT") is refused: it
     named the current folder (plan, export wrote there with exit 0) or nothing (report --html)."""
     if value is not None and value.strip() == "":
-        raise click.BadParameter("is empty (an unset variable?)")
+        hint = f"'{param.human_readable_name}'" if isinstance(param, click.Argument) else None  # run's: not '[OUT]'
+        raise click.BadParameter("is empty (an unset variable?)", param_hint=hint)
     return value
 
 
 @main.command()
-@click.argument("source", required=False)
-@click.argument("out", required=False)
+@click.argument("source", required=False, callback=_not_empty)
+@click.argument("out", required=False, callback=_not_empty)
 @click.option("--engine", type=click.Choice(ENGINES), help="OCR engine [default: rapidocr, or the job spec's]")
 @click.option("--model", help="vllm engine: the model folder (or hub name)")
 @click.option("--preset", help="vllm engine: model preset (prompt, image size, sampling), e.g. unlimited-ocr, olmocr-2")
@@ -156,9 +157,20 @@ def run(source, out, engine, model, preset, prompt, mode, job, route, dpi, max_s
     """
     from batchocr.signals import graceful_stop
 
+    if job is None:
+        _given_or_missing(click.get_current_context())
     with graceful_stop() as stop:  # first: an eviction notice during start-up is honoured too
         _run(source, out, engine, {"model": model, "preset": preset, "prompt": prompt, "mode": mode}, job, dpi, max_side,
              workers, shard, storage, quiet, stop, route, reprocess, processes)
+
+
+def _given_or_missing(ctx: click.Context) -> None:
+    """run's SOURCE and OUT are optional only for a job spec to give them: without one, the first
+    missing is the usage error every subcommand gives for its missing argument (`Error: Missing
+    argument 'OUT'. (see batchocr run --help)`), not the job spec's."""
+    for param in ctx.command.params:
+        if isinstance(param, click.Argument) and ctx.params.get(param.name) is None:
+            raise click.MissingParameter(ctx=ctx, param=param, param_hint=f"'{param.human_readable_name}'")
 
 
 def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard, storage, quiet, stop, route=None,

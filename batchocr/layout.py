@@ -31,6 +31,10 @@ PLAN_DIR = "_plan"
 PLAN = f"{PLAN_DIR}/plan.json"
 PRODUCER = "_producer.json"
 STAGING = "_tmp"  # Store.write_atomic's staging folder for part files
+# Every file batchocr writes under OUT ends in one of these: part files and plans are Parquet, the
+# rest JSON, and a local write's temp (staged or beside its target) `.tmp`. None is a document's
+# extension, so an OUT inside SOURCE is never read as documents (sources.check_stores).
+SUFFIXES = (".parquet", ".json", ".tmp")
 
 _SHARD = re.compile(r"shard-(\d{5,})")
 _PART = re.compile(r"part-(.+)-\d{5,}\.parquet")

@@ -187,7 +187,7 @@ def prepare(spec: JobSpec, *, sharding: bool = True, settings: bool = True) -> S
     remember of the run checked against what it holds; else exit 2."""
     out = Store(spec.out, spec.storage_options)
     source = Store(spec.source, spec.storage_options)
-    check_stores(source, out)  # a missing SOURCE leaves no run record
+    check_stores(source, out, say=sharding)  # a missing SOURCE leaves no run record; a part says nothing twice
     plan = _check_sharding(source, out, spec) if sharding else None
     expected = None
     if settings:

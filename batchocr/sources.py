@@ -7,10 +7,12 @@ import hashlib
 import os
 import posixpath
 import re
+import sys
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+from batchocr import layout
 from batchocr.errors import ConfigError
 from batchocr.storage import Store, public_url
 
@@ -80,16 +82,40 @@ def not_a_document(store: Store) -> ConfigError:
                        f"expected a folder or a {', '.join(e.lstrip('.') for e in EXTENSIONS)} file")
 
 
-def check_stores(source: Store, out: Store) -> None:
+def check_stores(source: Store, out: Store, say: bool = True) -> None:
     """SOURCE exists (a single file: one batchocr reads) and OUT can be written, in one line
     each (exit 2) if not: before anything is listed, the engine built or OUT written (run,
     plan). Not when the listing reaches a file SOURCE: after the engine's build and OUT's first
-    files (its settings, a run record), which would then hold OUT to that run's settings."""
+    files (its settings, a run record), which would then hold OUT to that run's settings.
+
+    An OUT inside SOURCE (or SOURCE itself) is listed with it: allowed, with one line on stderr
+    (`say`), since none of OUT's files is a document (layout.SUFFIXES); refused (exit 2) if one
+    could be, before OUT is made."""
     if not source.exists():
         raise ConfigError(f"SOURCE {source.url} does not exist")
     if source.is_known_file() and not is_document(source.root):
         raise not_a_document(source)
+    inside = not source.is_known_file() and _within(out, source)
+    if inside:
+        read = [s for s in layout.SUFFIXES if is_document(f"x{s}")]
+        if read:
+            raise ConfigError(f"OUT {out.url} is inside SOURCE {source.url}: its {', '.join(read)} files would be "
+                              "read as documents; give an OUT outside SOURCE")
     out.check_writable_root("OUT")
+    if inside and say:
+        where = "is SOURCE itself" if _within(source, out) else f"is inside SOURCE {source.url}"
+        print(f"batchocr: OUT {out.url} {where}: allowed, since none of OUT's files "
+              f"({', '.join(f'*{s}' for s in layout.SUFFIXES)}) is a document, but every listing of SOURCE "
+              "walks them too", file=sys.stderr)
+
+
+def _within(inner: Store, outer: Store) -> bool:
+    """inner's root is outer's or under it: as URIs, and on local disk as real paths (a
+    symbolic link, `..`, a second spelling of one folder)."""
+    a, b = inner.canonical.rstrip("/"), outer.canonical.rstrip("/")
+    if a.startswith("file://") and b.startswith("file://"):
+        a, b = os.path.realpath(inner.root).rstrip("/"), os.path.realpath(outer.root).rstrip("/")
+    return a == b or a.startswith(f"{b}/")
 
 
 def list_documents(store: Store) -> Iterator[DocRef]:

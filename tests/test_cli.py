@@ -2,6 +2,7 @@
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -31,7 +32,7 @@ def test_every_command_has_help_with_an_example(path):
     (["run", "--job", "{tmp}/bad.yaml"], "not valid YAML"),
     (["run", str(SAMPLES), "{tmp}/out", "--shard", "5/4"], "0 <= I < N"),
     (["run", str(SAMPLES), "{tmp}/out", "--dpi", "0"], "render.dpi: got 0, expected greater than 0"),
-    (["run"], "no SOURCE given"),
+    (["run"], "Missing argument 'SOURCE'. (see batchocr run --help)"),
     (["eval", "{tmp}", "--truth", str(SAMPLES / "truth")], "no page table under"),
     (["eval", "{tmp}", "--truth", str(SAMPLES / "truth"), "--max-cer", "nan"], "'nan' is not a finite number"),
     (["report", "{tmp}", "--gpu-hourly-usd", "inf"], "'inf' is not a finite number"),
@@ -331,3 +332,66 @@ def test_an_empty_location_is_exit_2_naming_it(tmp_path, monkeypatch, args):
     proc = run_cli(*args)
     assert proc.returncode == 2 and "is empty" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert not list(here.iterdir())
+
+
+def _source_with_one_document(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(SAMPLES / "report.pdf", src / "report.pdf")
+    return src
+
+
+def _replaced_names(monkeypatch) -> list[str]:
+    """The temp names local disk's atomic writes rename into place (every staged file OUT holds)."""
+    names, real = [], os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b, **kw: names.append(os.fspath(a)) or real(a, b, **kw))
+    return names
+
+
+@pytest.mark.parametrize("out", ["src/out", "src", "src/./deep/../out"], ids=["under", "same", "spelled-apart"])
+def test_an_out_inside_source_runs_with_one_warning_and_is_never_read(tmp_path, monkeypatch, out):
+    """`batchocr run src src/out` and `batchocr run src src`: OUT's files are listed with SOURCE,
+    and none is a document (layout.SUFFIXES): the run goes on, says so in one line, and a rerun,
+    a compaction and a plan of the same SOURCE find the one document still."""
+    from batchocr import layout
+    from batchocr.sources import is_document
+
+    src, out = _source_with_one_document(tmp_path), str(tmp_path / out)
+    temps = _replaced_names(monkeypatch)
+    first = run_cli("run", str(src), out, "--engine", "textlayer", "-q")
+    assert first.returncode == 0, first.stderr
+    assert "done: 1 document, 3 pages" in first.stdout
+    (line,) = first.stderr.splitlines()
+    assert line.startswith(f"batchocr: OUT {out} is ") and "SOURCE" in line and "*.parquet, *.json, *.tmp" in line
+    again = run_cli("run", str(src), out, "--engine", "textlayer", "-q", check=True)
+    assert "nothing to do (1 document already done)" in again.stdout and len(again.stderr.splitlines()) == 1
+    run_cli("compact", out, check=True)
+    planned = run_cli("plan", str(src), str(src / "planned"), "--shards", "2", check=True)
+    assert planned.stdout.startswith("planned 1 document ") and "is inside SOURCE" in planned.stderr
+    written = [p for p in src.rglob("*") if p.is_file() and p.name != "report.pdf"]
+    assert written and temps, "OUT's files, and the temps renamed into place"
+    for name in [str(p) for p in written] + temps:
+        assert name.endswith(layout.SUFFIXES) and not is_document(name), name
+    assert read_table(Path(os.path.normpath(out))).num_rows == 3
+
+
+def test_an_out_beside_source_whose_name_starts_alike_is_not_inside(tmp_path):
+    src = _source_with_one_document(tmp_path)
+    proc = run_cli("run", str(src), str(tmp_path / "src2" / "out"), "--engine", "textlayer", "-q", check=True)
+    assert proc.stderr == ""
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_an_out_inside_source_whose_files_could_be_documents_is_refused(tmp_path, monkeypatch, command):
+    """Where one of OUT's suffixes were a document's extension (here: JSON read as documents),
+    OUT inside SOURCE is exit 2 in one line, before OUT is made."""
+    from batchocr import sources
+
+    monkeypatch.setattr(sources, "EXTENSIONS", (*sources.EXTENSIONS, ".json"))
+    src = _source_with_one_document(tmp_path)
+    extra = ["--engine", "textlayer", "-q"] if command == "run" else ["--shards", "2"]
+    proc = run_cli(command, str(src), str(src / "out"), *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"Error: OUT {src / 'out'} is inside SOURCE {src}: its .json files would be read as "
+                           "documents; give an OUT outside SOURCE\n")
+    assert not (src / "out").exists()

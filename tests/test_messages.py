@@ -76,3 +76,31 @@ def test_the_run_summary_line_says_one_of_everything_in_the_singular():
     idle = RunSummary("r3", "0/1", "out", documents_skipped=1).line()
     assert "nothing to do (1 document already done)" in idle
     assert not re.search(r"\b1 (pages|documents|errors)\b", one + idle)
+
+
+def _commands():
+    from batchocr.cli import main
+
+    return sorted(main.commands.items())
+
+
+@pytest.mark.parametrize("name, command", _commands(), ids=[n for n, _ in _commands()])
+def test_every_subcommand_without_its_arguments_names_the_first_in_one_style(name, command):
+    """One style for a missing argument, whichever subcommand: click's, `Error: Missing argument
+    'X'. (see batchocr NAME --help)`, exit 2, one line, no usage banner, no traceback (run's
+    SOURCE and OUT are optional for a job spec's sake, and still said so)."""
+    import click
+
+    first = next(p for p in command.params if isinstance(p, click.Argument))
+    proc = run_cli(name)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == f"Error: Missing argument '{first.human_readable_name}'. (see batchocr {name} --help)\n"
+
+
+@pytest.mark.parametrize("args", [["run", "{tmp}"], ["plan", "{tmp}"], ["export", "{tmp}"], ["plan", "{tmp}", "{tmp}/o"],
+                                  ["eval", "{tmp}"]], ids=lambda a: " ".join(a))
+def test_a_later_missing_argument_or_option_is_said_the_same_way(tmp_path, args):
+    proc = run_cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert re.fullmatch(rf"Error: Missing (argument '[A-Z]+'|option '--[a-z]+')\. \(see batchocr {args[0]} --help\)\n",
+                        proc.stderr), proc.stderr
