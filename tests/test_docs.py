@@ -65,3 +65,29 @@ def test_example_job_spec_names_every_key():
         assert set(raw[section]) == {f.name for f in dataclasses.fields(cls)}, section
     for name, cls in (("rapidocr", RapidOCROptions), ("textlayer", TextLayerOptions), ("vllm", VLLMOptions)):
         assert set(raw["engines"][name]) == {f.name for f in dataclasses.fields(cls)}, name
+
+
+def test_the_synopsis_of_run_names_every_option_run_takes():
+    """README's "Using it" gives run's whole synopsis: each option `batchocr run --help` lists."""
+    import click
+
+    from batchocr.cli import main
+
+    synopsis = re.search(r"## Using it\n\n```sh\n(batchocr run .+?)\nbatchocr plan ", README, re.S).group(1)
+    options = [p.opts[0] for p in main.commands["run"].params if isinstance(p, click.Option)]
+    assert len(options) > 10
+    assert [o for o in options if not re.search(rf"\[{re.escape(o)}[ \]]", synopsis)] == []
+
+
+def test_readme_tables_every_vllm_option_with_its_default():
+    """The vLLM options table: a row for every key `engines: vllm:` takes, and nothing else."""
+    from batchocr.engines.vllm import VLLMOptions
+
+    table = re.search(r"#### Options \(`engines: vllm:` in the job spec\)\n.+?\n(\| option \| default .+?)\n\n", README,
+                      re.S).group(1)
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| [^|]+ \| [^|]+ \|$", table, re.M)
+    assert sorted(name for name, _ in rows) == sorted(f.name for f in dataclasses.fields(VLLMOptions))
+    defaults = {f.name: f.default for f in dataclasses.fields(VLLMOptions) if f.default is not dataclasses.MISSING}
+    for name, default in rows:  # a plain default is given as it is
+        if isinstance(defaults.get(name), (int, float)) and not isinstance(defaults[name], bool) and defaults[name]:
+            assert re.match(rf"`?{defaults[name]}\b", default.strip()), (name, default)
