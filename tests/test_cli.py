@@ -395,3 +395,13 @@ def test_an_out_inside_source_whose_files_could_be_documents_is_refused(tmp_path
     assert proc.stderr == (f"Error: OUT {src / 'out'} is inside SOURCE {src}: its .json files would be read as "
                            "documents; give an OUT outside SOURCE\n")
     assert not (src / "out").exists()
+
+
+def test_an_out_inside_source_is_said_once_by_a_run_of_parts(tmp_path):
+    """--processes 2: the parent says it; the parts, which check SOURCE and OUT again, do not."""
+    src = _source_with_one_document(tmp_path)
+    shutil.copy(SAMPLES / "report.pdf", src / "copy.pdf")
+    proc = run_cli("run", str(src), str(src / "out"), "--engine", "textlayer", "-q", "--processes", "2", check=True,
+                   subprocess=True)  # the parts' stderr is the command's
+    assert "done: 2 documents, 6 pages" in proc.stdout
+    assert [line for line in proc.stderr.splitlines() if "is inside SOURCE" in line] == [proc.stderr.strip()]
