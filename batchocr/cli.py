@@ -202,7 +202,9 @@ def _run(source, out, engine, engine_options, job, dpi, max_side, workers, shard
 @click.option("--shards", type=int, required=True, help="number of shards (pods of the Indexed Job)")
 @click.option("--inventory", metavar="URL",
               help="plan from this inventory instead of listing SOURCE: an Azure blob inventory's manifest "
-                   "(az://inv/2026/12/05/01-00-00/scans/scans-manifest.json), or a Parquet or CSV manifest "
+                   "(az://inv/2026/12/05/01-00-00/scans/scans-manifest.json), its destination (az://inv/: the "
+                   "newest Succeeded run of its one rule) or one rule's runs there (az://inv/scans), or a "
+                   "Parquet or CSV manifest "
                    "(or a folder of them) with the columns Name (relative to SOURCE) and Content-Length, "
                    "and where present Etag, Last-Modified and AccessTier")
 @storage_option("SOURCE, OUT and the inventory")
@@ -227,6 +229,7 @@ def plan(source, out, shards, inventory, storage):
         batchocr plan az://scans/ az://results/run1 --shards 16
         batchocr plan az://scans/ az://results/run1 --shards 10000 \\
             --inventory az://inv/2026/12/05/01-00-00/scans/scans-manifest.json
+        batchocr plan az://scans/ az://results/run1 --shards 10000 --inventory az://inv/scans
     """
     from batchocr.plan import make_plan
     from batchocr.storage import Store
@@ -234,9 +237,15 @@ def plan(source, out, shards, inventory, storage):
     if inventory is None:
         info = make_plan(Store(source, storage), Store(out, storage), shards)
     else:
-        from batchocr.inventory import plan_from_inventory
+        from batchocr.inventory import newest_manifest, plan_from_inventory
+        from batchocr.replan import record
+        from batchocr.storage import public_url
 
-        planned = plan_from_inventory(Store(source, storage), Store(out, storage), shards, inventory, storage)
+        manifest = newest_manifest(inventory, storage)
+        if manifest != inventory:
+            click.echo(f"inventory: {public_url(manifest)} (the newest Succeeded run under {public_url(inventory)})")
+        planned = plan_from_inventory(Store(source, storage), Store(out, storage), shards, manifest, storage)
+        record(Store(out, storage), manifest)
         info = planned.info
         if planned.archived:
             click.echo(f"left out {plural(planned.archived, 'document')} in the Archive tier (unreadable until "

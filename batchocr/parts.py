@@ -68,7 +68,7 @@ _STOP_EXITS = {-s for s in signals.STOP}  # a part's exit code when a stop signa
 def run_parts(spec: JobSpec, progress: bool, stop: threading.Event) -> RunSummary:
     """Run the shard of `spec` as spec.processes parts; the combined RunSummary."""
     started = time.monotonic()
-    shard = prepare(spec)  # exit 2 before any part starts
+    shard = prepare(spec, stop=stop)  # exit 2 before any part starts
     # Only documents with pages to do are dealt: a CronJob's rerun over a mostly done shard
     # balances the new work, not the listing.
     todo, finished = shard.pending()

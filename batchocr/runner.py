@@ -38,7 +38,7 @@ def run_shard(spec: JobSpec, progress: bool, engine: Engine | None, stop: thread
     spec's, built here, after its turn where it is a part's)."""
     started = time.monotonic()
     started_at = dt.datetime.now(dt.UTC)
-    shard = prepare(spec, sharding=part is None, settings=engine is None)  # before the engine loads
+    shard = prepare(spec, sharding=part is None, settings=engine is None, stop=stop)  # before the engine loads
     start = {"turn_wait_s": 0.0, "engine_start_s": 0.0}  # the run's start: a part's turn, the engine's build
     if engine is None:
         if part is None and engines.kind(spec.engine).slow_to_build:

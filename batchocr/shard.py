@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,12 +21,14 @@ from batchocr.compact import kept_counts
 from batchocr.errors import ConfigError, Interrupted
 from batchocr.layout import done_marker, shard_dir
 from batchocr.plan import PlanInfo, planned_documents, read_plan
+from batchocr.replan import replan
 from batchocr.sharding import shard_of
 from batchocr.sink import Resume, committed_keys, completed
 from batchocr.sources import DocRef, check_stores, list_documents, located
 from batchocr.spec import JobSpec, RenderSpec
+from batchocr.spec import Shard as ShardSpec
 from batchocr.status import check_shard_count
-from batchocr.storage import Store
+from batchocr.storage import Store, public_url
 from batchocr.words import plural
 
 
@@ -100,6 +103,7 @@ class Shard:
     out: Store
     plan: PlanInfo | None
     settings: dict[str, Any] | None
+    warned: bool = False  # the listing's warning (no plan, several shards) is said
 
     @property
     def index(self) -> int:
@@ -109,8 +113,21 @@ class Shard:
         """This shard's documents: from OUT's plan if it has one, else the listing."""
         shard = self.spec.shard
         if self.plan is None:
-            return (d for d in list_documents(self.source) if shard_of(d.uri, shard.count) == shard.index)
+            return self._listed()
         return located(planned_documents(self.out, shard.index), self.source)
+
+    def _listed(self) -> Iterator[DocRef]:
+        """The listing's documents of this shard (by hash). With several shards and no plan
+        every pod lists all of SOURCE: said once a process, when a listing ends."""
+        shard = self.spec.shard
+        listed = 0
+        for doc in list_documents(self.source):
+            listed += 1
+            if shard_of(doc.uri, shard.count) == shard.index:
+                yield doc
+        if shard.count > 1 and not self.warned:
+            self.warned = True
+            print(unplanned_warning(shard, listed, self.spec), file=sys.stderr, flush=True)
 
     def committed(self, settings: dict[str, Any] | None = None) -> pa.Table:
         """The keys of the shard's committed rows, less those made with other settings (before
@@ -181,19 +198,35 @@ class Shard:
         return summary
 
 
-def prepare(spec: JobSpec, *, sharding: bool = True, settings: bool = True) -> Shard:
-    """Before any engine loads, writing nothing: SOURCE and OUT checked, OUT's plan read and
-    checked against this run (`sharding`: a part's parent did it), and (`settings`) what OUT is to
-    remember of the run checked against what it holds; else exit 2."""
+def prepare(spec: JobSpec, *, sharding: bool = True, settings: bool = True,
+            stop: threading.Event | None = None) -> Shard:
+    """Before any engine loads: SOURCE and OUT checked, OUT's plan (re-planned first from the
+    newest inventory where the job spec names one: batchocr/replan.py, the only write here)
+    read and checked against this run (`sharding`: a part's parent did it), and (`settings`)
+    what OUT is to remember of the run checked against what it holds; else exit 2. `stop`
+    ends a wait for another pod's re-plan."""
     out = Store(spec.out, spec.storage_options)
     source = Store(spec.source, spec.storage_options)
     check_stores(source, out, say=sharding)  # a missing SOURCE leaves no run record; a part says nothing twice
+    if sharding and spec.inventory:
+        replan(source, out, spec.shard.count, spec.inventory, dict(spec.storage_options),
+               stop or threading.Event(), lambda line: print(line, file=sys.stderr, flush=True))
     plan = _check_sharding(source, out, spec) if sharding else None
     expected = None
     if settings:
         expected = producer_settings(spec)
         producer.check(out, expected, spec.reprocess, spec.out)  # OUT's settings, or exit 2 naming both
     return Shard(spec, source, out, plan, expected)
+
+
+def unplanned_warning(shard: ShardSpec, listed: int, spec: JobSpec) -> str:
+    """One line: every shard of a run without a plan lists the whole of SOURCE (N pods, N
+    listings of it), and the command that plans it once."""
+    source, out = public_url(spec.source), public_url(spec.out)  # a SAS token's signature is not shown
+    return (f"batchocr: warning: shard {shard}: no plan in {out}, so every one of the {shard.count} shards "
+            f"lists all of SOURCE (this one listed {plural(listed, 'document')} to keep its share); plan once: "
+            f"batchocr plan {source} {out} --shards {shard.count} (add --inventory URL where the "
+            "container has an Azure blob inventory, or the job spec's `inventory:` key to re-plan each run)")
 
 
 def committed_pages(done: dict, doc: DocRef) -> int | None:

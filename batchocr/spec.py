@@ -141,6 +141,10 @@ class JobSpec:
     # part files) over a share of its documents; vllm: each with 1/N of the GPU's memory
     # (batchocr/parts.py says why: one process is host-bound before the GPU is).
     processes: Annotated[int, Ge(1), Le(8)] = 1
+    # Azure's blob inventory for SOURCE (its destination folder, or one rule's in it): each
+    # run re-plans OUT from its newest Succeeded manifest first, once for all pods, keeping
+    # every planned document on its shard (batchocr/replan.py). None: OUT's plan as it is.
+    inventory: str | None = None
 
     def __post_init__(self):
         if self.route not in ROUTES:
@@ -164,6 +168,7 @@ class JobSpec:
         d = dataclasses.asdict(self)
         d["storage_options"] = sorted(self.storage_options)
         d["source"], d["out"] = public_url(self.source), public_url(self.out)
+        d["inventory"] = public_url(self.inventory) if self.inventory else None
         return d
 
 
