@@ -340,6 +340,20 @@ def test_the_pods_job_spec_loads_and_names_the_model_cache(renders, tmp_path):
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
+@pytest.mark.parametrize("folder", ["k8s/cronjob", "k8s/overlays/aks-spot-cronjob"])
+def test_the_nightly_pods_replan_from_an_inventory_and_list_nothing(renders, folder, tmp_path):
+    """The CronJob's job spec names the blob inventory: each night re-plans from its newest run
+    (batchocr/replan.py) instead of every pod listing SOURCE."""
+    objects = renders[folder][1]
+    ((_, pod),) = list(_pod_specs(objects))
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    data = _one(objects, "ConfigMap")["data"]
+    (tmp_path / "spec.yaml").write_text(data[f"{env['BATCHOCR_JOB']}.yaml"])
+    spec = load_job(tmp_path / "spec.yaml")
+    assert spec.inventory and spec.inventory.startswith("az://") and spec.shard.count == 1  # the count: from the Job
+    assert not spec.inventory.rstrip("/").endswith((".json", ".parquet", ".csv"))  # a folder: its newest run
+
+
 def test_checkov_passes_with_justified_waivers(renders, tmp_path):
     scan = tmp_path / "scan"
     scan.mkdir()
