@@ -192,19 +192,26 @@ def planned(tmp_path, monkeypatch):
     return Store(str(src)), Store(str(tmp_path / "out")), str(inv), made
 
 
-def _race(src, out, url, pods: int) -> list[bool]:
+def _race(src, out, url, pods: int, options: dict | None = None) -> list[bool]:
+    """replan() in `pods` threads let go at once: what each returned (an error is raised)."""
     start = threading.Barrier(pods)
     results: list = [None] * pods
 
     def pod(i: int) -> None:
         start.wait()
-        results[i] = replan.replan(src, out, SHARDS, url, None, threading.Event(), lambda line: None)
+        try:
+            results[i] = replan.replan(src, out, SHARDS, url, options, threading.Event(), lambda line: None)
+        except Exception as exc:  # noqa: BLE001 - raised in the test's thread below
+            results[i] = exc
 
     threads = [threading.Thread(target=pod, args=(i,)) for i in range(pods)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
     return results
 
 
@@ -242,3 +249,23 @@ def test_a_vanished_holders_lock_is_taken_over_a_live_one_is_not(planned, monkey
     assert replan.replan(src, out, SHARDS, url, None, stop, lambda line: None) is False
     beating.join()
     assert made == []
+
+
+def test_pods_racing_on_azurite_plan_once(azurite, monkeypatch):  # noqa: F811 - the fixture
+    """The lock on Azure: a create with If-None-Match, of which one pod's succeeds."""
+    scans = azurite.container("scans")
+    azurite.container("results")
+    inv = azurite.container("inventory")
+    rows = []
+    for i in range(6):
+        scans.upload_blob(f"doc{i}.pdf", os.urandom(500 + 300 * i))
+        rows.append({"Name": f"scans/doc{i}.pdf", "Content-Length": 500 + 300 * i, "Last-Modified": 1.7e9})
+    for rel, data in report_files("2026/12/05/01-00-00", "scans", rows).items():
+        inv.upload_blob(rel, data)
+    monkeypatch.setattr(replan, "POLL_S", 0.05)
+    src, out = Store("az://scans/", azurite.options()), Store("az://results/azure-race", azurite.options())
+    assert sorted(_race(src, out, "az://inventory/scans", 3, azurite.options())) == [False, False, True]
+    assert replan.planned_from(out) == "az://inventory/2026/12/05/01-00-00/scans/scans-manifest.json"
+    planned = [out.read_parquet(f"_plan/shard-{i:05d}.parquet", ["uri"]).column("uri").to_pylist() for i in range(SHARDS)]
+    assert sorted(u for shard in planned for u in shard) == [f"az://scans/doc{i}.pdf" for i in range(6)]
+    assert not [n for n in out.find("_plan") if "replan-" in n]
