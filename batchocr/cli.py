@@ -237,7 +237,8 @@ def plan(source, out, shards, inventory, storage):
     if inventory is None:
         info = make_plan(Store(source, storage), Store(out, storage), shards)
     else:
-        from batchocr.inventory import newest_manifest, plan_from_inventory
+        from batchocr.inventory import plan_from_inventory
+        from batchocr.inventoryruns import newest_manifest
         from batchocr.replan import record
         from batchocr.storage import public_url
 

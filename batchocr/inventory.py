@@ -24,13 +24,13 @@ import datetime as dt
 import itertools
 import json
 import posixpath
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
 from batchocr.errors import ConfigError
+from batchocr.inventoryruns import REPORTS, newest_manifest
 from batchocr.layout import PLAN
 from batchocr.layout import plan_shard as shard_file
 from batchocr.plan import DOCS, PlanInfo, existing_shards, lightest
@@ -39,7 +39,6 @@ from batchocr.sources import EXTENSIONS, doc_id, spell
 from batchocr.storage import Store
 from batchocr.storage.store import each
 
-REPORTS = (".parquet", ".csv")
 LAST_MODIFIED = ("Last-Modified", "LastModified")
 
 
@@ -58,8 +57,8 @@ class InventoryPlan:
 
 def open_inventory(url: str, options: dict | None = None) -> Inventory:
     """The report files URL names: a manifest JSON, a Parquet or CSV file, or a folder of
-    them (one holding `*-manifest.json` files is read through the newest Succeeded one:
-    newest_manifest)."""
+    them; a folder of Azure's manifests or dated runs is read through its newest Succeeded
+    manifest (inventoryruns.newest_manifest)."""
     url = newest_manifest(url, options)
     if url.lower().endswith(".json"):
         return _from_manifest(url, options)
@@ -70,74 +69,6 @@ def open_inventory(url: str, options: dict | None = None) -> Inventory:
     if not reports:
         raise ConfigError(f"--inventory {url}: no manifest JSON, Parquet or CSV file there")
     return Inventory(url, tuple((folder, n) for n in reports), azure=False)
-
-
-def newest_manifest(url: str, options: dict | None = None) -> str:
-    """The one inventory URL names: a file is itself; a folder holding Azure's manifests
-    (`YYYY/MM/DD/HH-MM-SS/<rule>/<rule>-manifest.json`, a run a day or a week) is the
-    newest of its rule whose status is Succeeded (a newer run still running or failed is
-    passed over); `<folder>/<rule>`, where no such folder exists, is that rule's newest
-    under the folder. A folder of several rules is refused: name one. A folder of no
-    manifest (report files alone) is itself."""
-    if url.lower().endswith((".json", *REPORTS)):
-        return url
-    folder = Store(url, options)
-    names = _files(folder)
-    manifests = [n for n in names if n.endswith(MANIFEST)]
-    if not names and (parent := _destination(url, options)) is not None:  # `<destination>/<rule>`
-        rule = posixpath.basename(url.rstrip("/"))
-        folder, manifests = parent, [n for n in _files(parent) if posixpath.basename(n) == rule + MANIFEST]
-    if not manifests:
-        return url
-    rules = sorted({posixpath.basename(n)[:-len(MANIFEST)] for n in manifests})
-    if len(rules) > 1:
-        raise ConfigError(f"--inventory {url}: holds the manifests of {len(rules)} inventory rules "
-                          f"({', '.join(rules[:4])}{', ...' if len(rules) > 4 else ''}): name one rule's folder, "
-                          f"e.g. {url.rstrip('/')}/{rules[0]} (its newest Succeeded run is read)")
-    passed = []
-    for name in sorted(manifests, key=_run_time, reverse=True):
-        status = _status(folder, name)
-        if status == "Succeeded":
-            return folder.uri(folder.path(name))
-        passed.append(f"{name}: {status}")
-    raise ConfigError(f"--inventory {url}: no inventory run of rule {rules[0]} has status Succeeded "
-                      f"({'; '.join(passed[:3])})")
-
-
-MANIFEST = "-manifest.json"
-_RUN = re.compile(r"(\d{4})/(\d{2})/(\d{2})/(\d{2})-(\d{2})-(\d{2})/")
-
-
-def _run_time(name: str) -> tuple[str, str]:
-    """A manifest's run, as Azure names its folder (YYYY/MM/DD/HH-MM-SS), for sorting; then the name."""
-    found = _RUN.search(name)
-    return ("".join(found.groups()) if found else "", name)
-
-
-def _status(folder: Store, name: str) -> str:
-    """A manifest's `status` (a manifest without one: Succeeded, as _from_manifest reads it)."""
-    try:
-        raw = json.loads(folder.read_bytes(name))
-        return str(raw.get("status", "Succeeded")) if isinstance(raw, dict) else "not a manifest"
-    except FileNotFoundError:
-        return "gone"
-    except ValueError:
-        return "not JSON"
-
-
-def _destination(url: str, options: dict | None) -> Store | None:
-    """The folder above URL where it holds Azure's dated runs (a YYYY folder): an inventory's
-    destination, of which URL names a rule. Anything else is not listed (a typo's parent may
-    be a container of millions)."""
-    path = url.rstrip("/").partition("://")[2] or url.rstrip("/")
-    if "/" not in path.strip("/"):
-        return None
-    parent = Store(_folder(url), options)
-    try:
-        years = [f for f in parent.subfolders("") if re.fullmatch(r"\d{4}", posixpath.basename(f.rstrip("/")))]
-    except FileNotFoundError:
-        return None
-    return parent if years else None
 
 
 def _files(folder: Store) -> list[str]:

@@ -37,7 +37,8 @@ import time
 from typing import Callable, Iterator
 
 from batchocr.errors import Interrupted
-from batchocr.inventory import newest_manifest, plan_from_inventory
+from batchocr.inventory import plan_from_inventory
+from batchocr.inventoryruns import newest_manifest
 from batchocr.layout import PLAN_DIR
 from batchocr.storage import Store, public_url
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchocr import inventory, read_pages, replan
+from batchocr import inventoryruns, read_pages, replan
 from batchocr.storage import Store
 from azurite import azurite  # noqa: F401 - a fixture
 from conftest import run_cli
@@ -114,13 +114,20 @@ def test_the_newest_succeeded_run_on_azurite(azurite, tmp_path):  # noqa: F811 -
     assert "2026/12/05/01-00-00/scans/scans-manifest.json" in proc.stdout and "planned 3 documents" in proc.stdout
 
 
-def test_no_succeeded_run_is_one_line(tmp_path):
+def test_runs_not_succeeded_are_passed_over_and_none_is_one_line(tmp_path):
     src = tmp_path / "src"
     text_corpus(src, documents=2, pages=1)
     write_local(tmp_path / "inv", report_files("2026/12/06/01-00-00", "scans", local_rows(src), status="Failed"))
+    under_way = report_files("2026/12/07/01-00-00", "scans", local_rows(src))  # its manifest comes last
+    write_local(tmp_path / "inv", {k: v for k, v in under_way.items() if not k.endswith("-manifest.json")})
     proc = run_cli("plan", str(src), str(tmp_path / "out"), "--shards", "2", "--inventory", str(tmp_path / "inv"))
     assert proc.returncode == 2 and "no inventory run of rule scans has status Succeeded" in proc.stderr
+    assert "07/01-00-00/scans/scans-manifest.json: no manifest yet; 2026/12/06" in proc.stderr, proc.stderr
     assert "Failed" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    write_local(tmp_path / "inv", report_files("2026/12/05/01-00-00", "scans", local_rows(src)))
+    proc = run_cli("plan", str(src), str(tmp_path / "out"), "--shards", "2", "--inventory", str(tmp_path / "inv"),
+                   check=True)
+    assert "inventory: file://" in proc.stdout and "2026/12/05/01-00-00/scans/scans-manifest.json" in proc.stdout
 
 
 def _pods(job, shards: int) -> list[subprocess.Popen]:
@@ -241,7 +248,7 @@ def test_a_vanished_holders_lock_is_taken_over_a_live_one_is_not(planned, monkey
         for beat in range(1, 30):
             time.sleep(0.1)
             out.write_atomic("_plan/replan-000003.json", json.dumps({"beat": beat}).encode())
-        replan.record(out, inventory.newest_manifest(url))
+        replan.record(out, inventoryruns.newest_manifest(url))
         out.remove("_plan/replan-000003.json")
 
     beating = threading.Thread(target=holder)
