@@ -45,7 +45,7 @@ from batchocr.storage import Store, public_url
 STAMP = f"{PLAN_DIR}/inventory.json"
 _LOCK = re.compile(r"replan-(\d{6})\.json")
 HEARTBEAT_S = 10.0
-STALE_S = 300.0
+STALE_S = 600.0  # sixty missed beats: beyond the storage client's back-off for one write (2 min)
 POLL_S = 2.0
 
 
