@@ -11,6 +11,7 @@ runs may be there (several: name one, `<destination>/<rule>`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import posixpath
 import re
@@ -56,7 +57,7 @@ def _newest(url: str, folder: Store, manifests: Iterator[str]) -> str:
     if not rules:
         raise ConfigError(f"--inventory {url}: no inventory run there")
     passed = []
-    for name in (*first, *manifests):
+    for name in itertools.chain(first, manifests):  # lazily: the runs after the one taken are never listed
         status = _status(folder, name)
         if status == "Succeeded":
             return folder.uri(folder.path(name))

@@ -276,3 +276,21 @@ def test_pods_racing_on_azurite_plan_once(azurite, monkeypatch):  # noqa: F811 -
     planned = [out.read_parquet(f"_plan/shard-{i:05d}.parquet", ["uri"]).column("uri").to_pylist() for i in range(SHARDS)]
     assert sorted(u for shard in planned for u in shard) == [f"az://scans/doc{i}.pdf" for i in range(6)]
     assert not [n for n in out.find("_plan") if "replan-" in n]
+
+
+def test_the_newest_run_is_found_without_listing_the_older_ones(tmp_path, monkeypatch):
+    """A destination of 60 daily runs: the dated folders are listed a level at a time, newest
+    first, and only as far back as the rules are counted (RULES_LOOKED_AT runs)."""
+    src = tmp_path / "src"
+    text_corpus(src, documents=1, pages=1)
+    for day in range(60):
+        run = f"2026/{10 + day // 30:02d}/{1 + day % 30:02d}/01-00-00"
+        write_local(tmp_path / "inv", report_files(run, "scans", local_rows(src), "Failed" if day == 59 else "Succeeded"))
+    listed = []
+    real = Store.subfolders
+    monkeypatch.setattr(Store, "subfolders", lambda self, rel: listed.append(rel) or real(self, rel))
+    monkeypatch.setattr(Store, "find", lambda self, rel, suffix="": pytest.fail(f"listed {rel!r} whole"))
+    url = inventoryruns.newest_manifest(str(tmp_path / "inv"))
+    assert url.endswith("2026/11/29/01-00-00/scans/scans-manifest.json")  # the newest, 11/30, failed
+    runs = {rel for rel in listed if rel.count("/") == 3}  # a run's folder, listed for its rules
+    assert len(runs) == inventoryruns.RULES_LOOKED_AT and "2026/10/01/01-00-00" not in runs
