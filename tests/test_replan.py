@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchocr import inventoryruns, read_pages, replan
+from batchocr.errors import Interrupted
 from batchocr.storage import Store
 from azurite import azurite  # noqa: F401 - a fixture
 from conftest import run_cli
@@ -294,3 +295,14 @@ def test_the_newest_run_is_found_without_listing_the_older_ones(tmp_path, monkey
     assert url.endswith("2026/11/29/01-00-00/scans/scans-manifest.json")  # the newest, 11/30, failed
     runs = {rel for rel in listed if rel.count("/") == 3}  # a run's folder, listed for its rules
     assert len(runs) == inventoryruns.RULES_LOOKED_AT and "2026/10/01/01-00-00" not in runs
+
+
+def test_sigterm_ends_a_wait_for_the_replan(planned):
+    """A pod waiting for another's re-plan stops at its stop flag (exit 75: Kubernetes retries it)."""
+    src, out, url, made = planned
+    out.write_atomic("_plan/replan-000000.json", b'{"beat": 0}')  # held, fresh
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    with pytest.raises(Interrupted, match="waiting for the re-plan"):
+        replan.replan(src, out, SHARDS, url, None, stop, lambda line: None)
+    assert made == [] and Interrupted.exit_code == 75
