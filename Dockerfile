@@ -1,6 +1,7 @@
 # The image the Kubernetes pods run (k8s/): vLLM's CUDA image, pinned, plus batchocr.
 #   docker build -t myregistry.azurecr.io/batchocr:0.1.0 . && docker push myregistry.azurecr.io/batchocr:0.1.0
-# vLLM 0.26.0 is the version the GPU engine is tested with (../shared/gpu/README.md there).
+# vLLM 0.26.0 is the version the GPU engine is tested with, the one pyproject's `vllm` extra pins
+# (vllm==0.26.0) and batchocr's patches are written for (tests/test_vllm_version.py checks all three).
 FROM vllm/vllm-openai:v0.26.0
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -24,7 +25,7 @@ COPY pyproject.toml README.md ./
 COPY batchocr ./batchocr
 
 # vLLM, torch and CUDA come from the base image: the constraints (the base image's own
-# versions) make the build fail rather than let pip replace any of them. The image's
+# versions) make the build fail rather than let pip replace any of them (the extra's pin too). The image's
 # Python is its only one, so pip may install into it even where the distribution marks
 # it externally managed (PEP 668).
 RUN python3 -m pip list --format=freeze > /tmp/base-image.txt \

@@ -29,7 +29,7 @@ PLACEHOLDERS = {"qwen2.5-vl": "<|image_pad|>", "qwen3-vl": "<|image_pad|>", "olm
 
 
 def test_without_vllm_installed_the_error_says_what_to_install():
-    with pytest.raises(ConfigError, match=r"pip install 'batchocr\[vllm\]'"):
+    with pytest.raises(ConfigError, match=r"pip install '\.\[vllm\]' in batchocr's clone"):
         create("vllm", {"model": "/models/x"})
 
 

@@ -34,7 +34,9 @@ from batchocr.engines.vllm.request import Page, Request, retry
 from batchocr.errors import ConfigError
 from batchocr.words import plural
 
-INSTALL_HINT = "pip install 'batchocr[vllm]' (on a machine with an NVIDIA GPU)"
+# batchocr is installed from its clone (it is on no package index), or comes in the image.
+INSTALL_HINT = ("pip install '.[vllm]' in batchocr's clone, on a machine with an NVIDIA GPU (or run the image "
+                "its Dockerfile builds)")
 log = logging.getLogger(__name__)
 
 
