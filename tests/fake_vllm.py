@@ -326,3 +326,40 @@ def model_module(monkeypatch, name: str, **classes) -> types.ModuleType:
 def install_modules() -> None:
     """The same for a whole process (bench/gpu/throughput.py --fake: a dry run on the CPU)."""
     sys.modules.update(_modules())
+
+
+DATA = Path(__file__).parent / "data" / "vllm"
+
+
+def vllm_tree(root: Path, version: str = "0.26.0", edit: dict[str, tuple[str, str]] | None = None) -> Path:
+    """An installed vLLM under `root` (put it first on PYTHONPATH): this stand-in as its API, a
+    `vllm-VERSION.dist-info` as pip leaves one, and as its internals the code batchocr's patches
+    rewrite, vLLM 0.26.0's (tests/data/vllm/), laid out in vLLM's files. `edit` changes that code
+    as a later vLLM might: {path in vllm/: (old text, new text)}."""
+    package = root / "vllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"from fake_vllm import EngineArgs, LLM, SamplingParams\n"
+                                         f"__version__ = {version!r}\n")
+    (package / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
+    info = root / f"vllm-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    files = {"v1/attention/ops/triton_unified_attention.py": (DATA / "triton_unified_attention-0.26.0.py.txt").read_text()}
+    for path, code in json.loads((DATA / "targets-0.26.0.json").read_text()).items():
+        if path.startswith("_"):
+            continue
+        classes: dict[str, list[str]] = {}
+        for name, segment in code.items():  # a method's lines after its first keep the class's indent
+            owner, _, _ = name.rpartition(".")
+            classes.setdefault(owner, []).append(segment)
+        parts = classes.pop("", []) + [f"class {owner}:\n    " + "\n\n    ".join(methods)
+                                       for owner, methods in classes.items()]
+        files[path] = "\n\n\n".join(parts) + "\n"
+    for path, (old, new) in (edit or {}).items():
+        if old not in files[path]:
+            raise ValueError(f"{path} has no {old!r}")
+        files[path] = files[path].replace(old, new)
+    for path, text in files.items():
+        (package / path).parent.mkdir(parents=True, exist_ok=True)
+        (package / path).write_text(text)
+    return root

@@ -108,7 +108,10 @@ def test_rswa_tiles_unset_is_the_preset_s_in_both_modes_and_only_with_the_kernel
         tmp_path, monkeypatch, caplog):
     """Unset: on for unlimited-ocr in both modes (each won on the H200 at equal work, docs/history/GPU.md:
     page mode in the seventh lease, document mode in the tenth). A vLLM whose kernel moved runs its own kernel
-    with one warning: a default never stops a run; asked for, it is exit 2 (the test above)."""
+    with one warning, once a run: a default never stops a run; asked for, it is exit 2 (the test above)."""
+    from batchocr.engines.vllm import options
+
+    monkeypatch.setenv(options.WARNED_ENV, "")  # nothing said yet in this run
     p = get_preset("unlimited-ocr")
 
     def ext(**kw):
@@ -130,15 +133,25 @@ def test_rswa_tiles_unset_is_the_preset_s_in_both_modes_and_only_with_the_kernel
     assert ext() == deepencoder.EXTENSION  # vLLM's own kernel, the batched encoder still
     with caplog.at_level("WARNING", logger="batchocr.engines.vllm"):
         VLLMOptions(model="/m", preset="unlimited-ocr").check_patches()  # no ConfigError
-        VLLMOptions(model="/m", preset="unlimited-ocr", mode="document").check_patches()  # its default too
         VLLMOptions(model="/m", preset="unlimited-ocr", rswa_tiles=False).check_patches()  # off: no word
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("engines.vllm.rswa_tiles: the preset's default is off for this vLLM (vLLM's unified "
+                           "attention kernel is not the one") and "engines.vllm.rswa_tiles: false" in said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="batchocr.engines.vllm"):
+        VLLMOptions(model="/m", preset="unlimited-ocr", mode="document").check_patches()  # its default too ...
+    assert caplog.records == []  # ... said once a run (the engines of instances, the parts)
+    monkeypatch.setenv(options.WARNED_ENV, "")
+    with caplog.at_level("WARNING", logger="batchocr.engines.vllm"):
+        VLLMOptions(model="/m", preset="unlimited-ocr", mode="document").check_patches()
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
-        "engines.vllm.rswa_tiles: the preset's default is off for this vLLM"] * 2
+        "engines.vllm.rswa_tiles: the preset's default is off for this vLLM"]
 
 
 def test_the_kernel_is_found_where_vllm_keeps_it(tmp_path):
-    """kernel_file finds the module as vLLM's package holds it (a package tree of vLLM's layout with
-    the 0.26.0 kernel file; in a process of its own, away from the stand-in vLLM other tests install)."""
+    """kernel_file finds the module as the installed vLLM's package holds it (a package tree of vLLM's
+    layout with the 0.26.0 kernel file, and its dist-info; in a process of its own, away from the
+    stand-in vLLM other tests install)."""
     import subprocess
     import sys
 
@@ -147,8 +160,15 @@ def test_the_kernel_is_found_where_vllm_keeps_it(tmp_path):
     for d in (tmp_path / "vllm", ops.parents[1], ops.parent, ops):
         (d / "__init__.py").write_text("")
     (ops / "triton_unified_attention.py").write_text(KERNEL.read_text())
+    (tmp_path / "vllm-0.26.0.dist-info").mkdir()
+    (tmp_path / "vllm-0.26.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
     code = "from batchocr.engines.vllm.patches import rswa_tiles; p = rswa_tiles.kernel_file(); rswa_tiles.check_source(); print(p)"
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": f"{tmp_path}:{root}", "PATH": "/usr/bin:/bin"}).stdout.strip()
     assert out == str(ops / "triton_unified_attention.py")
+    (ops / "triton_unified_attention.py").unlink()  # a vLLM that moved the module: refused, not passed over
+    fails = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={"PYTHONPATH": f"{tmp_path}:{root}", "PATH": "/usr/bin:/bin"})
+    assert fails.returncode == 1 and "ValueError: this vLLM has no vllm.v1.attention.ops.triton_unified_attention" \
+        in fails.stderr

@@ -42,8 +42,10 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
     """One of n processes on the GPU (a shard's parts): gpu_memory_utilization / n of it,
-    and kv_cache_gib / n where it is set."""
+    and kv_cache_gib / n where it is set. Asked before the parts start: this vLLM and the patches
+    are checked here, once for all of them (their own checks then say nothing again)."""
     o = parse_options(VLLMOptions, options, "vllm")
+    o.check_patches()
     out = {**options, "gpu_memory_utilization": round(o.gpu_memory_utilization / n, 4)}
     if o.kv_cache_gib is not None:
         out["kv_cache_gib"] = o.kv_cache_gib / n

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Mapping
 
 from annotated_types import Ge, Gt, Le
 
 from batchocr.config import FORBID
+from batchocr.engines.vllm import patches
 from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, rswa_tiles, vitpad, workerext
 from batchocr.engines.vllm.presets import Preset, document_presets, get_preset
 from batchocr.errors import ConfigError
@@ -20,6 +22,10 @@ CHECK_EVERY = 32  # tokens between two looks for runaway repetition
 # Document mode: pages a group may hold at most (Unlimited-OCR was trained on 2-50 page documents).
 MAX_GROUP_PAGES = 50
 DOCUMENT_PROMPT_TOKENS = 16  # a group's prompt beyond its images (BOS, the instruction)
+# The patches that change only speed, by their key (each the same key in a preset, its default).
+SPEED = {"rswa_tiles": rswa_tiles, "batch_encoder": deepencoder, "vit_pad": vitpad}
+# What this process (and the processes it starts: a shard's parts) has warned of: each once a run.
+WARNED_ENV = "BATCHOCR_VLLM_WARNED"
 
 
 @dataclass(frozen=True)
@@ -153,30 +159,25 @@ class VLLMOptions:
         return min(self.group_pages or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
 
     def encoder_batched(self, preset: Preset) -> bool:
-        """batch_encoder as the engine uses it: where unset, the preset's."""
-        return preset.batch_encoder if self.batch_encoder is None else self.batch_encoder
+        """batch_encoder as the engine uses it (speed_on)."""
+        return self.speed_on("batch_encoder", preset)
 
     def mlps_padded(self, preset: Preset) -> bool:
-        """vit_pad as the engine uses it: where unset, the preset's."""
-        return preset.vit_pad if self.vit_pad is None else self.vit_pad
-
-    def _tiles_by_default(self, preset: Preset) -> bool:
-        """rswa_tiles unset, and the preset's on (in both modes)."""
-        return self.rswa_tiles is None and preset.rswa_tiles
+        """vit_pad as the engine uses it (speed_on)."""
+        return self.speed_on("vit_pad", preset)
 
     def tiles_on(self, preset: Preset) -> bool:
-        """rswa_tiles as the engine uses it: where unset, the preset's, and only with the kernel
-        the rewrite knows (vLLM 0.26.0's): a default must not stop a run on another vLLM, which
-        then attends with its own kernel."""
-        if self.rswa_tiles is not None:
-            return self.rswa_tiles
-        if not self._tiles_by_default(preset):
-            return False
-        try:
-            rswa_tiles.check_source()
-        except ValueError:
-            return False
-        return True
+        """rswa_tiles as the engine uses it (speed_on)."""
+        return self.speed_on("rswa_tiles", preset)
+
+    def speed_on(self, key: str, preset: Preset) -> bool:
+        """A speed patch (SPEED) as the engine uses it: as set; unset, the preset's, and only where
+        this vLLM has the code the patch rewrites: a default must not stop a run on another vLLM,
+        which then runs its own code (check_patches warns once)."""
+        asked = getattr(self, key)
+        if asked is not None:
+            return asked
+        return getattr(preset, key) and _moved(SPEED[key]) is None
 
     def admit_size(self, preset: Preset) -> int:
         """admit_pages as the engine uses it: where unset, the preset's in page mode (measured
@@ -205,17 +206,29 @@ class VLLMOptions:
                 raise ConfigError(f"engines.vllm.ngram_bans: sampler: {exc}") from None
 
     def check_patches(self) -> None:
-        """Before vLLM is built: the vLLM here has what the asked patches rewrite (ConfigError
-        naming the key where not); a preset's default that this vLLM cannot take is a warning."""
-        asked = self.rswa_tiles is True
-        if asked or self._tiles_by_default(get_preset(self.preset)):
-            try:
-                rswa_tiles.check_source()
-            except ValueError as exc:
-                if asked:
-                    raise ConfigError(f"engines.vllm.rswa_tiles: {exc}; set it false for this vLLM") from None
-                log.warning("engines.vllm.rswa_tiles: the preset's default is off for this vLLM (%s): "
-                            "vLLM's own attention kernel runs, the same output, slower", exc)
+        """Before vLLM is built: another vLLM than the one tested is said once; each patch these
+        options use finds the vLLM code it rewrites (patches/__init__.py). Where it moved, missing
+        n-gram bans would change the output: ConfigError naming the key; a speed patch asked for is
+        a ConfigError naming the key, one the preset chose is off with one warning naming it."""
+        warn_once("version", patches.untested(patches.version()))
+        preset = get_preset(self.preset)
+        processors = {**preset.engine_args, **self.engine_args}.get("logits_processors") or ()
+        bans = ngram.FQCN in (preset.engine_args.get("logits_processors") or ())
+        why = (_moved(ngram_sampler) if bans and self.ngram_bans == "sampler"
+               else ngram.moved() if ngram.FQCN in processors else None)
+        if why is not None:
+            raise ConfigError(f"engines.vllm.ngram_bans: {self.ngram_bans}: {why}; without these no-repeat "
+                              f"n-gram bans {preset.name}'s output would change: install vLLM "
+                              f"{patches.TESTED} (pip install '.[vllm]' from the clone)")
+        for key, patch in SPEED.items():
+            asked = getattr(self, key)
+            why = _moved(patch) if asked or (asked is None and getattr(preset, key)) else None
+            if why is not None and asked:
+                raise ConfigError(f"engines.vllm.{key}: {why}; set it false for this vLLM")
+            if why is not None:
+                warn_once(key, f"engines.vllm.{key}: the preset's default is off for this vLLM ({why}): "
+                               f"vLLM's own code runs, the same output, slower; engines.vllm.{key}: false "
+                               "turns it off without this warning")
 
     def llm_args(self, preset: Preset) -> dict[str, Any]:
         """vllm.LLM's arguments: these options', the preset's, the worker extension of the patches
@@ -270,6 +283,21 @@ class VLLMOptions:
         if self.encoder_batched(preset):
             return deepencoder.WITH_SAMPLER if sampler else deepencoder.EXTENSION
         return ngram_sampler.EXTENSION if sampler else None
+
+
+def _moved(patch: Any) -> str | None:
+    """Why a patch that rides on a worker extension cannot install in this vLLM (None: it can)."""
+    return workerext.moved() or patch.moved()
+
+
+def warn_once(key: str, message: str | None) -> None:
+    """`message` as one warning line, once a run: not again in this process, nor in the processes it
+    starts afterwards (a shard's parts inherit the environment). None: nothing to say."""
+    warned = set(filter(None, os.environ.get(WARNED_ENV, "").split(",")))
+    if message is None or key in warned:
+        return
+    log.warning("%s", message)
+    os.environ[WARNED_ENV] = ",".join(sorted(warned | {key}))
 
 
 def _check_patches_fit(o: VLLMOptions, preset: Preset) -> None:

@@ -25,6 +25,7 @@ embeddings) and times both.
 
 from __future__ import annotations
 
+from batchocr.engines.vllm.patches import moved as _moved
 from batchocr.engines.vllm.patches import workerext
 
 EXTENSION = f"{__name__}.BatchedEncoderExtension"
@@ -36,6 +37,19 @@ PRESETS = ("unlimited-ocr", "deepseek-ocr")
 # (12 x 4096^2 in bf16, ~0.4 GB, for a 1024-pixel view; 12 x 1600^2, ~61 MB, for a 640 crop).
 GLOBAL_CHUNK = 8
 LOCAL_CHUNK = 48
+
+# The vLLM code the batched method stands for (its steps, as vLLM 0.26.0 writes them).
+TARGETS = {
+    "model_executor/models/deepseek_ocr.py:DeepseekOCRForCausalLM._pixel_values_to_embedding": "2e5d195f9c7038fe",
+    "model_executor/models/deepseek_ocr.py:DeepseekOCRForCausalLM._encode_global_features": "8ea44069de0aed98",
+    "model_executor/models/deepseek_ocr.py:DeepseekOCRForCausalLM._encode_local_features": "a06d16ba2adbe83e",
+    "model_executor/models/deepseek_ocr.py:DeepseekOCRForCausalLM._assemble_patch_grid": "710b73dcd646619a",
+}
+
+
+def moved() -> str | None:
+    """Why this vLLM's encoder is not the one the batched method copies (None: it is, or no vLLM here)."""
+    return _moved("deepencoder", TARGETS)
 
 
 def chunks(n: int, size: int) -> list[tuple[int, int]]:

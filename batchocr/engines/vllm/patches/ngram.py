@@ -27,7 +27,20 @@ import functools
 from collections import deque
 from collections.abc import Iterable
 
+from batchocr.engines.vllm.patches import moved as _moved
+
 FQCN = f"{__name__}:NoRepeatNGramLogitsProcessor"
+# The logits-processor interface the processor implements, and the helper it keeps its state with.
+TARGETS = {
+    "v1/sample/logits_processor/interface.py:LogitsProcessor": "6870402a79d0fbb3",
+    "v1/sample/logits_processor/builtin.py:process_dict_updates": "bf79e08b8ad953c9",
+}
+
+
+def moved() -> str | None:
+    """Why this vLLM's logits-processor interface is not the one the processor implements (None: it
+    is, or no vLLM here)."""
+    return _moved("ngram", TARGETS)
 
 
 class NGramBan:

@@ -28,11 +28,29 @@ that its tests run where torch is absent, against vLLM's state replaced by array
 
 from __future__ import annotations
 
+from batchocr.engines.vllm.patches import moved as _moved
 from batchocr.engines.vllm.patches import workerext
 from batchocr.engines.vllm.patches.ngram import check_params
 
 MAX_WHITELIST = 16  # tokens exempt from the bans, a request (DeepSeek-OCR's recipe exempts 2)
 EXTENSION = f"{__name__}.NGramSamplerExtension"
+# The V2 runner's code that install() wraps or reads (vLLM 0.26.0's): the sampler's methods, the
+# attention metadata padded and its call site, the request state and its buffers.
+TARGETS = {
+    "v1/worker/gpu/sample/sampler.py:Sampler.__init__": "c5fd0eaef6e27369",
+    "v1/worker/gpu/sample/sampler.py:Sampler.add_request": "72047678e746f28b",
+    "v1/worker/gpu/sample/sampler.py:Sampler.apply_staged_writes": "705583a39ec283d1",
+    "v1/worker/gpu/sample/sampler.py:Sampler.apply_sampling_params": "ccbb409b205ec1c6",
+    "v1/worker/gpu/attn_utils.py:build_attn_metadata": "08f9976687ec9c2d",
+    "v1/worker/gpu/model_states/default.py:DefaultModelState.prepare_attn": "d78826d61916e758",
+    "v1/worker/gpu/buffer_utils.py:UvaBackedTensor": "7c1d8907267c499d",
+    "v1/worker/gpu/states.py:RequestState.__init__": "e7ffdd49c93e0230",
+}
+
+
+def moved() -> str | None:
+    """Why this vLLM's V2 sampler is not the one the bans are added to (None: it is, or no vLLM here)."""
+    return _moved("ngram_sampler", TARGETS)
 
 
 def _torch(a) -> bool:

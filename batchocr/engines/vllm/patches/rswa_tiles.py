@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from batchocr.engines.vllm.patches import workerext
+from batchocr.engines.vllm.patches import TESTED, vllm_root, workerext
 
 MODULE = "vllm.v1.attention.ops.triton_unified_attention"
 PATCHED = MODULE + "_batchocr_rswa"
@@ -68,21 +68,32 @@ def patch_source(src: str) -> str:
 
 
 def kernel_file() -> Path | None:
-    """Where this process's vLLM keeps the kernel's module (None: no vLLM that has it here)."""
-    try:
-        spec = importlib.util.find_spec(MODULE)
-    except (ImportError, AttributeError, ValueError):  # no vLLM, or a stand-in without the module
-        return None
-    return Path(spec.origin) if spec is not None and spec.origin else None
+    """Where this process's vLLM keeps the kernel's module, found without importing vLLM (None: no
+    vLLM with files here, or a stand-in of the tests)."""
+    root = vllm_root()
+    return root / "v1" / "attention" / "ops" / "triton_unified_attention.py" if root is not None else None
 
 
 def check_source(path: Path | None = None) -> None:
     """Before vLLM is built: ValueError where its kernel (at `path`, or where this process's vLLM
-    has it) is not the one the rewrite was written against, so that the run stops with the key
-    named rather than inside vLLM's engine core."""
+    has it) is missing or not the one the rewrite was written against, so that the run stops with
+    the key named, or leaves the rewrite off, rather than failing inside vLLM's engine core."""
     path = path or kernel_file()
-    if path is not None:
-        patch_source(path.read_text())
+    if path is None:
+        return
+    if not path.is_file():
+        raise ValueError(f"this vLLM has no {MODULE}, which batchocr's rswa_tiles patch rewrites "
+                         f"(written for vLLM {TESTED})")
+    patch_source(path.read_text())
+
+
+def moved() -> str | None:
+    """Why this vLLM's kernel is not the one the rewrite knows, in a phrase (None: it is, or no vLLM here)."""
+    try:
+        check_source()
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def patched_module(original):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 
+from batchocr.engines.vllm.patches import moved as _moved
 from batchocr.engines.vllm.patches import workerext
 
 EXTENSION = f"{__name__}.VisionMlpPadExtension"
@@ -40,6 +41,16 @@ MULTIPLE = 64
 # The weights' dtypes padded (torch's or numpy's names): FP8 and integer weights are a quantized
 # layer's, with scales and layouts of their own.
 PLAIN = ("bfloat16", "float16", "float32", "float64")
+# The vision MLP padded, and the loader's method that calls the hook wrapped (vLLM 0.26.0's).
+TARGETS = {
+    "model_executor/models/qwen2_5_vl.py:Qwen2_5_VisionMLP": "58d23ac2ee809d27",
+    "model_executor/model_loader/base_loader.py:BaseModelLoader.load_model": "b9db7fb642baace4",
+}
+
+
+def moved() -> str | None:
+    """Why this vLLM's vision MLP or loader is not what the padding rewrites (None: it is, or no vLLM here)."""
+    return _moved("vitpad", TARGETS)
 
 
 def padded(size: int, multiple: int = MULTIPLE) -> int:

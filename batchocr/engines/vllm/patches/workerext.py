@@ -24,7 +24,21 @@ import importlib
 import importlib.util
 from typing import Any, Callable, Mapping, Sequence
 
+from batchocr.engines.vllm.patches import moved as _moved
+
 KEY = "batchocr_worker_extension"  # in vLLM's additional_config
+# How vLLM mixes an extension into its worker, and the config hash that keys its compile cache
+# (additional_config in it), as vLLM 0.26.0 writes them.
+TARGETS = {
+    "v1/worker/worker_base.py:WorkerWrapperBase.init_worker": "af1a7abb243d61b3",
+    "config/vllm.py:VllmConfig.compute_hash": "0dc9a299322778f9",
+}
+
+
+def moved() -> str | None:
+    """Why this vLLM's worker extensions are not what batchocr's patches ride on (None: they are, or
+    no vLLM here): every patch that needs an extension is then off."""
+    return _moved("workerext", TARGETS)
 
 
 class Extension:
