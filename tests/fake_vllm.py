@@ -344,7 +344,8 @@ def vllm_tree(root: Path, version: str = "0.26.0", edit: dict[str, tuple[str, st
     info = root / f"vllm-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    files = {"v1/attention/ops/triton_unified_attention.py": (DATA / "triton_unified_attention-0.26.0.py.txt").read_text()}
+    kernel = (DATA / "triton_unified_attention-0.26.0.py.txt").read_text()
+    files = {"v1/attention/ops/triton_unified_attention.py": kernel}
     for path, code in json.loads((DATA / "targets-0.26.0.json").read_text()).items():
         if path.startswith("_"):
             continue

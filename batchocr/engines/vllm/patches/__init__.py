@@ -30,6 +30,7 @@ warning is said once a run: once in a process, and not again by the parts it sta
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
 from pathlib import Path
@@ -73,17 +74,42 @@ def untested(found: str | None) -> str | None:
             f"checks the vLLM code it rewrites (pip install '.[vllm]' from the clone installs {TESTED})")
 
 
-def source_of(src: str, qualname: str) -> str | None:
-    """The source of `qualname` (a function or class, or Class.method) in a module's source, its
-    whitespace collapsed (formatting aside, the code); None where the module has none by that name."""
-    nodes, node = ast.parse(src).body, None
+def source_of(src: str, qualname: str, tree: ast.Module | None = None) -> str | None:
+    """The source of `qualname` (a function or class, or Class.method) in a module's source (and its
+    parsed `tree`, where given), its whitespace collapsed (formatting aside, the code); None where
+    the module has none by that name."""
+    nodes, node = (tree or ast.parse(src)).body, None
     for part in qualname.split("."):
         node = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                      and n.name == part), None)
         if node is None:
             return None
         nodes = node.body
-    return " ".join(ast.get_source_segment(src, node).split())
+    lines = src.splitlines(keepends=True)[node.lineno - 1:node.end_lineno]  # as ast.get_source_segment
+    if len(lines) == 1:  # cuts them (its offsets count UTF-8 bytes), without its slow line split
+        lines[0] = lines[0].encode()[node.col_offset:node.end_col_offset].decode()
+    else:
+        lines[0] = lines[0].encode()[node.col_offset:].decode()
+        lines[-1] = lines[-1].encode()[:node.end_col_offset].decode()
+    return " ".join("".join(lines).split())
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(path: Path, stamp: tuple[int, int]) -> tuple[str, ast.Module]:
+    """A file of vLLM's, read and parsed once while it is unchanged (`stamp`: its mtime and size):
+    the options ask for the engine's arguments several times a run."""
+    src = path.read_text()
+    return src, ast.parse(src)
+
+
+def _code(path: Path, qualname: str) -> str | None:
+    """`source_of` qualname in the file at path; None where the file or the name is missing."""
+    try:
+        stat = path.stat()
+        src, tree = _parsed(path, (stat.st_mtime_ns, stat.st_size))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    return source_of(src, qualname, tree)
 
 
 def digest(code: str) -> str:
@@ -99,12 +125,10 @@ def moved(patch: str, targets: Mapping[str, str], root: Path | None = None) -> s
         return None
     for target, want in targets.items():
         path, _, name = target.partition(":")
-        try:
-            code = source_of((root / path).read_text(), name)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            code = None
+        code = _code(root / path, name)
+        rewrites = f"which batchocr's {patch} patch rewrites"
         if code is None:
-            return f"this vLLM has no {name} in vllm/{path}, which batchocr's {patch} patch rewrites (written for vLLM {TESTED})"
+            return f"this vLLM has no {name} in vllm/{path}, {rewrites} (written for vLLM {TESTED})"
         if digest(code) != want:
-            return f"this vLLM's {name} (vllm/{path}) is not vLLM {TESTED}'s, which batchocr's {patch} patch rewrites"
+            return f"this vLLM's {name} (vllm/{path}) is not vLLM {TESTED}'s, {rewrites}"
     return None
