@@ -259,7 +259,7 @@ class SlowTextLayer(TextLayerEngine):
 
 def test_a_run_not_on_a_terminal_logs_a_line_an_interval(tmp_path, monkeypatch, capsys):
     """The pipeline drives it: 60 pages at 25 ms, a line every 0.3 s (30 s in a real
-    run: docs/progress-log.txt holds one), pages and documents of their totals."""
+    run: docs/progress-pod-log.txt holds one), pages and documents of their totals."""
     text_corpus(tmp_path / "src", documents=6, pages=10)
     monkeypatch.setattr(progress, "LOG_INTERVAL_S", 0.3)
     spec = load_job(None, source=str(tmp_path / "src"), out=str(tmp_path / "out"), engine="textlayer",
