@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import shlex
 import shutil
 import subprocess
@@ -94,7 +95,8 @@ def main() -> None:
     args = ap.parse_args()
     head = (f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, python bench/progress_log.py: "
             f"`batchocr run SRC OUT` over {{pages}} pages of 15 local documents ({len(DEBIAN)} Debian "
-            f"documentation PDFs; samples/{', '.join(SAMPLES)}), default engine (rapidocr, CPU)")
+            f"documentation PDFs; samples/{', '.join(SAMPLES)}), default engine (rapidocr, CPU), "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
         pages = documents(src)

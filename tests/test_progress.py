@@ -61,6 +61,24 @@ def test_local_pdfs_and_tiffs_are_counted_ahead_and_the_total_is_exact_before_an
     p.close()
 
 
+def test_a_document_not_counted_in_time_is_left_to_its_render(tmp_path, monkeypatch):
+    """A count that takes longer than COUNT_TIMEOUT_S (a hostile file's hang; here no time at
+    all, shorter than the counting process takes to start) kills the counting process: that
+    document's pages are known as it opens, and the total is exact once it has."""
+    shutil.copy(SAMPLES / "report.pdf", tmp_path / "report.pdf")
+    monkeypatch.setattr(progress, "COUNT_TIMEOUT_S", 0.0)
+    counter = progress.Counter()
+    assert counter.count(local_docs(tmp_path)[0]) is None and counter.proc is None  # killed and reaped
+    p = Progress("t", enabled=True, file=io.StringIO(), interval=60)
+    docs = local_docs(tmp_path)
+    p.count_documents(iter(docs), lambda d: 0).join()
+    assert p.documents_total == 1 and p.estimated_pages() is None
+    p.started(docs[0])
+    p.opened(docs[0].doc_id, 3)
+    assert p.estimated_pages() == (3, True)
+    p.close()
+
+
 def test_an_estimate_is_off_by_no_more_than_the_documents_not_yet_counted_and_exact_once_all_are():
     """Documents of 1 to 40 pages opening one by one (the issue's run: 15 files, 122 pages).
     At each step the estimate is the known pages exactly plus a guess for the rest: its
