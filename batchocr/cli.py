@@ -221,8 +221,8 @@ def plan(source, out, shards, inventory, storage):
     \b
     With --inventory, no listing: the documents are read from Azure Storage's
     blob inventory (or a manifest of SOURCE's files) in columns, with no Python
-    object a document. Blobs in the Archive tier are left out (they cannot be
-    read until rehydrated) and counted.
+    object a document. Blobs in the Archive tier are planned and counted: a run
+    gives each an unreadable row until it is rehydrated.
 
     \b
     Example:
@@ -249,8 +249,8 @@ def plan(source, out, shards, inventory, storage):
         record(Store(out, storage), manifest)
         info = planned.info
         if planned.archived:
-            click.echo(f"left out {plural(planned.archived, 'document')} in the Archive tier (unreadable until "
-                       "rehydrated; a later plan takes them in)")
+            click.echo(f"{plural(planned.archived, 'document')} in the Archive tier: planned, each gets an unreadable "
+                       "row until rehydrated (set its tier to Hot or Cool, then run its shard again)")
     sizes = [s["bytes"] for s in info.per_shard]
     click.echo(f"planned {plural(info.documents, 'document')} ({info.bytes / 1e6:.1f} MB) into "
                f"{plural(info.shards, 'shard')} "

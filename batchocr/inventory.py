@@ -2,11 +2,9 @@
 manifest JSON naming Parquet or CSV report files) or a plain manifest of SOURCE's files.
 
 The inventory is scanned by polars (columns, not a Python object a document), filtered
-to SOURCE and the document extensions, balanced by size from numpy arrays (a heap over
-the shards, no object a document), and each shard's
-plan file is written from one slice of the sorted table: the same files, rows and
-plan.json as `make_plan` writes for a listing, so runs, `status` and `compact` read it
-as any plan.
+to SOURCE and the document extensions, and streamed in batches into the planning engine
+that `make_plan` feeds a listing into (batchocr/planner.py): the same files, rows and
+plan.json, so runs, `status` and `compact` read it as any plan.
 
     Azure's manifest   <rule>-manifest.json: {"files": [{"blob": ".../<rule>_1.parquet"}, ...]}
                        beside its report files; a report's `Name` is `container/blob`
@@ -14,30 +12,25 @@ as any plan.
 
 Columns: `Name`, `Content-Length`, and where present `Etag`, `Last-Modified` (or
 `LastModified`) and `AccessTier`. A blob in the Archive tier cannot be read until it is
-rehydrated: it is left out of the plan and counted (a later plan takes it in).
+rehydrated: it is planned as any other (as a listing plans it), and counted; the run gives
+it its `unreadable` row, naming the tier.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
-import itertools
 import json
 import posixpath
 from dataclasses import dataclass
+from typing import Iterator
 
-import numpy as np
 import polars as pl
 
 from batchocr.errors import ConfigError
 from batchocr.inventoryruns import REPORTS, newest_manifest
-from batchocr.layout import PLAN
-from batchocr.layout import plan_shard as shard_file
-from batchocr.plan import DOCS, PlanInfo, existing_shards, lightest
-from batchocr.sink import to_parquet
-from batchocr.sources import EXTENSIONS, doc_id, spell
+from batchocr.plan import PlanInfo, base_uri, existing_shards, kept_rows, write_info
+from batchocr.planner import BATCH_ROWS, write_plan
+from batchocr.sources import EXTENSIONS
 from batchocr.storage import Store
-from batchocr.storage.store import each
 
 LAST_MODIFIED = ("Last-Modified", "LastModified")
 
@@ -52,7 +45,7 @@ class Inventory:
 @dataclass(frozen=True)
 class InventoryPlan:
     info: PlanInfo
-    archived: int  # documents under SOURCE in the Archive tier, left out
+    archived: int  # documents under SOURCE in the Archive tier (planned: a run gives each its unreadable row)
 
 
 def open_inventory(url: str, options: dict | None = None) -> Inventory:
@@ -177,127 +170,26 @@ def documents(inventory: Inventory, source: Store) -> pl.LazyFrame:
     return rows.select(_spelled(rel).alias("rel"), "size", etag.alias("etag"), "mtime", archived.alias("archived"))
 
 
-def base_uri(source: Store) -> str:
-    return spell(source.canonical).rstrip("/") + "/"
-
-
-def repeated(rel: pl.Series) -> np.ndarray:
-    """True for a name an earlier row has already (an inventory of several rules, a manifest
-    written twice): by a 64-bit hash, and among the rows whose hash repeats, by the name."""
-    hashes = rel.hash(seed=0).to_numpy()
-    order = np.argsort(hashes, kind="stable")
-    hashes = hashes[order]
-    same = hashes[1:] == hashes[:-1]
-    del hashes
-    maybe = np.zeros(len(rel), dtype=bool)
-    maybe[order[1:][same]] = True
-    maybe[order[:-1][same]] = True
-    del order, same
-    rows = np.flatnonzero(maybe)
-    out = np.zeros(len(rel), dtype=bool)
-    if len(rows):
-        out[rows] = ~rel.gather(rows).is_first_distinct().to_numpy()
-    return out
-
-
 def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
 
 
-def _collect(frame: pl.LazyFrame, url: str) -> pl.DataFrame:
+def batches(frame: pl.LazyFrame, url: str) -> Iterator[pl.DataFrame]:
+    """The inventory's rows, streamed (polars' streaming engine) BATCH_ROWS at a time."""
     try:
-        return frame.collect(engine="streaming")
+        yield from frame.collect_batches(chunk_size=BATCH_ROWS, engine="streaming")
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise ConfigError(f"--inventory {url}: cannot read it ({_reason(exc)})") from None
 
 
-def kept_shards(out: Store, shards: int, docs: pl.DataFrame, base: str, done: dict[str, int]) -> np.ndarray:
-    """Each document's shard where it must stay (an earlier plan's, or the one holding its
-    rows), -1 where it is new."""
-    shard = np.full(docs.height, -1, dtype=np.int32)
-    if out.exists(PLAN):
-        options, credentials = out.polars_options()
-        old = pl.concat([pl.scan_parquet(out.reader_uri(shard_file(i)), glob=False, storage_options=options,
-                                         credential_provider=credentials)
-                         .select(pl.col("uri").str.strip_prefix(base).alias("rel"), shard=pl.lit(i, pl.Int32))
-                         for i in range(shards)]).collect(engine="streaming")
-        joined = docs.select("rel").join(old, on="rel", how="left", maintain_order="left")["shard"]
-        shard = joined.fill_null(-1).cast(pl.Int32).to_numpy(writable=True)  # documents with rows are set below
-    if done:
-        new = np.flatnonzero(shard < 0)
-        ids = [doc_id(base + rel) for rel in docs["rel"].gather(new).to_list()]
-        shard[new] = [done.get(i, -1) for i in ids]
-    return shard
-
-
-CHUNK = 100_000  # documents a step of deal(): Python ints for these only
-
-
-def deal(sizes: np.ndarray, shards: int, load: np.ndarray) -> np.ndarray:
-    """Shards for documents of `sizes`: largest first onto the lightest shard (LPT,
-    plan.lightest), ties in size in the inventory's order. A heap operation a document,
-    ~1 s a million; the documents' sizes come as Python ints CHUNK at a time, never all
-    at once. From equal loads two shards differ by at most the largest document."""
-    order = np.argsort(np.negative(sizes), kind="stable")
-    chunks = (sizes[order[start:start + CHUNK]].tolist() for start in range(0, len(order), CHUNK))
-    out = np.empty(len(sizes), dtype=np.int32)
-    out[order] = np.fromiter(lightest(itertools.chain.from_iterable(chunks), load.tolist()), np.int32, len(order))
-    return out
-
-
-def balance(sizes: np.ndarray, shards: int, kept: np.ndarray, planned: np.ndarray) -> np.ndarray:
-    """A shard for every planned document (`shards` for the rest): kept ones where they
-    are, new ones dealt by deal()."""
-    stay = planned & (kept >= 0)
-    load = np.bincount(kept[stay], weights=sizes[stay], minlength=shards)
-    del stay
-    new = np.flatnonzero(planned & (kept < 0))
-    shard = np.where(planned, kept, np.int32(shards))
-    shard[new] = deal(sizes[new], shards, load)
-    return shard
-
-
-def write_shards(out: Store, docs: pl.DataFrame, base: str, shard: np.ndarray, shards: int) -> list[dict]:
-    """Each shard's plan file: its rows gathered, sorted by uri, READ_THREADS files at a
-    time (each a request to an object store, an fsync on disk)."""
-    order = np.argsort(shard, kind="stable")
-    counts = np.bincount(shard, minlength=shards + 1)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-
-    def write(i: int) -> dict:
-        rows = docs[order[starts[i]:starts[i] + counts[i]]].sort("rel")
-        rows = rows.select((pl.lit(base) + pl.col("rel")).alias("uri"), "size", "etag", "mtime")
-        out.write_atomic(shard_file(i), to_parquet(rows.to_arrow().cast(DOCS)))
-        return {"shard": i, "documents": int(counts[i]), "bytes": int(rows["size"].sum() or 0)}
-
-    return each(write, list(range(shards)))
-
-
-def assign(out: Store, shards: int, docs: pl.DataFrame, base: str, done: dict[str, int]) -> tuple[np.ndarray, int]:
-    """(each row's shard, `shards` where it is not planned; how many archived documents are
-    left out). Its arrays are gone once it returns, before the plan files are written."""
-    first = ~repeated(docs["rel"])
-    archived = first & docs["archived"].to_numpy()
-    planned = first & ~archived
-    del first
-    sizes = docs["size"].fill_null(0).to_numpy()
-    return balance(sizes, shards, kept_shards(out, shards, docs, base, done), planned), int(archived.sum())
-
-
 def plan_from_inventory(source: Store, out: Store, shards: int, url: str,
                         options: dict | None = None) -> InventoryPlan:
-    """make_plan's plan from the inventory at `url` instead of a listing: an earlier plan's
-    documents keep their shards, as do documents with rows in OUT; plan.json is written last."""
+    """make_plan's plan from the inventory at `url` instead of a listing, by the same engine
+    (planner.write_plan): an earlier plan's documents keep their shards, as do documents
+    with rows in OUT; plan.json is written last."""
     _, done = existing_shards(source, out, shards)
     inventory = open_inventory(url, options)
-    docs = _collect(documents(inventory, source), url)
     base = base_uri(source)
-    shard, archived = assign(out, shards, docs, base, done)
-    per_shard = write_shards(out, docs.drop("archived"), base, shard, shards)
-    info = PlanInfo(
-        source=source.canonical, shards=shards, documents=sum(s["documents"] for s in per_shard),
-        bytes=sum(s["bytes"] for s in per_shard), created_at=dt.datetime.now(dt.UTC).isoformat(),
-        per_shard=tuple(per_shard),
-    )
-    out.write_json(PLAN, dataclasses.asdict(info))
-    return InventoryPlan(info, archived)
+    rows = batches(documents(inventory, source), url)
+    planned = write_plan(out, shards, rows, kept_rows(out, shards, base), base, done)
+    return InventoryPlan(write_info(out, source, shards, planned), planned.archived)

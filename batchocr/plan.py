@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import heapq
 import io
+import itertools
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterator
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchocr.errors import ConfigError
 from batchocr.layout import PLAN
 from batchocr.layout import plan_shard as shard_file
-from batchocr.sink import committed_keys, shards_present, to_parquet
-from batchocr.sources import DocRef, check_stores, list_documents
+from batchocr.planner import BATCH_ROWS, ROWS, Planned, write_plan
+from batchocr.sink import committed_keys, shards_present
+from batchocr.sources import DocRef, check_stores, list_documents, spell
 from batchocr.storage import Store
-
-DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string()), ("mtime", pa.float64())])
+from batchocr.storage.store import READ_THREADS, each
 
 
 @dataclass(frozen=True)
@@ -36,36 +37,6 @@ class PlanInfo:
     bytes: int
     created_at: str
     per_shard: tuple[dict, ...] = ()  # {"shard", "documents", "bytes"} of each shard
-
-
-def balance(docs: Iterable[DocRef], shards: int, keep: Mapping[str, int] | None = None) -> dict[int, list[DocRef]]:
-    """Largest documents first onto the lightest shard (LPT). Documents in `keep`
-    (an earlier plan) stay on their shard; only new ones are placed."""
-    keep = keep or {}
-    out: dict[int, list[DocRef]] = {i: [] for i in range(shards)}
-    load = [0] * shards
-    new = []
-    for doc in docs:
-        if doc.uri in keep:
-            out[keep[doc.uri]].append(doc)
-            load[keep[doc.uri]] += doc.size
-        else:
-            new.append(doc)
-    new.sort(key=lambda d: (-d.size, d.uri))
-    for doc, i in zip(new, lightest(iter([d.size for d in new]), load)):
-        out[i].append(doc)
-    return out
-
-
-def lightest(sizes: Iterator[int], load: Sequence[float]) -> Iterator[int]:
-    """The shard for each of `sizes` in turn: the lightest so far (a heap of (load, shard);
-    with sizes largest first, LPT). load: each shard's load before the first."""
-    heap = [(load[i], i) for i in range(len(load))]
-    heapq.heapify(heap)
-    for size in sizes:
-        least, i = heap[0]
-        heapq.heapreplace(heap, (least + size, i))
-        yield i
 
 
 def read_plan(out: Store) -> PlanInfo | None:
@@ -79,14 +50,17 @@ def read_plan(out: Store) -> PlanInfo | None:
 
 
 def planned_documents(out: Store, shard: int) -> Iterator[DocRef]:
+    for row in planned_table(out, shard).to_pylist():
+        yield DocRef(uri=row["uri"], size=row["size"], etag=row["etag"], mtime=row["mtime"])
+
+
+def planned_table(out: Store, shard: int) -> pa.Table:
     try:
-        table = pq.read_table(io.BytesIO(out.read_bytes(shard_file(shard))))
+        return pq.read_table(io.BytesIO(out.read_bytes(shard_file(shard))))
     except pa.ArrowException as exc:  # damaged, or not batchocr's: OUT's fault, named (as read_json's)
         raise out.not_batchocrs(shard_file(shard), type(exc).__name__) from None
     except FileNotFoundError:  # plan.json names the shard, its file is gone: as damaged
         raise out.not_batchocrs(shard_file(shard), "missing, though plan.json names the shard") from None
-    for row in table.to_pylist():
-        yield DocRef(uri=row["uri"], size=row["size"], etag=row["etag"], mtime=row["mtime"])
 
 
 def output_shards(out: Store) -> dict[str, int]:
@@ -122,29 +96,56 @@ def existing_shards(source: Store, out: Store, shards: int) -> tuple[PlanInfo | 
     return old, done
 
 
+def base_uri(source: Store) -> str:
+    """What every planned uri starts with: SOURCE's canonical URI and `/` (a plan's rows
+    are spelled as sources.list_documents spells them)."""
+    return spell(source.canonical).rstrip("/") + "/"
+
+
+def kept_rows(out: Store, shards: int, base: str) -> Iterator[pl.DataFrame]:
+    """(rel, shard) of every document of OUT's plan of `shards` shards (none if it has
+    no plan), READ_THREADS shard files at a time."""
+    if read_plan(out) is None:
+        return
+
+    def read(i: int) -> pl.DataFrame:
+        uris = planned_table(out, i).column("uri")
+        return pl.DataFrame({"rel": pl.Series(uris).str.strip_prefix(base), "shard": pl.repeat(i, len(uris), eager=True,
+                                                                                             dtype=pl.Int32)})
+
+    for start in range(0, shards, 4 * READ_THREADS):
+        yield pl.concat(each(read, list(range(start, min(shards, start + 4 * READ_THREADS)))))
+
+
+def listed_rows(docs: Iterator[DocRef], base: str) -> Iterator[pl.DataFrame]:
+    """A listing as planner rows, BATCH_ROWS documents a frame: never a list of them all."""
+    while batch := list(itertools.islice(docs, BATCH_ROWS)):
+        yield pl.DataFrame({"rel": [d.uri[len(base):] for d in batch], "size": [d.size for d in batch],
+                            "etag": [d.etag for d in batch], "mtime": [d.mtime for d in batch],
+                            "archived": [False] * len(batch)}, schema=ROWS)
+
+
 def make_plan(source: Store, out: Store, shards: int) -> PlanInfo:
-    """List SOURCE once and write the plan. An existing plan is extended: its
-    documents keep their shards (their output is there), new ones are balanced in.
-    A document with rows in OUT already (runs without a plan, or by hash with
-    another count) stays on the shard that holds them: compaction dedupes within a
-    shard, so a page redone on another one would stay twice."""
-    old, done = existing_shards(source, out, shards)
-    keep = {d.uri: i for i in range(shards if old else 0) for d in planned_documents(out, i)}
-    docs = list(list_documents(source))
-    keep.update((d.uri, done[d.doc_id]) for d in docs if d.uri not in keep and d.doc_id in done)
-    assignment = balance(docs, shards, keep)
-    for i, docs in assignment.items():
-        rows = [{"uri": d.uri, "size": d.size, "etag": d.etag, "mtime": d.mtime} for d in sorted(docs, key=lambda d: d.uri)]
-        out.write_atomic(shard_file(i), to_parquet(pa.Table.from_pylist(rows, schema=DOCS)))
-    info = PlanInfo(
-        source=source.canonical,
-        shards=shards,
-        documents=sum(len(d) for d in assignment.values()),
-        bytes=sum(d.size for docs in assignment.values() for d in docs),
-        created_at=dt.datetime.now(dt.UTC).isoformat(),
-        per_shard=tuple(
-            {"shard": i, "documents": len(docs), "bytes": sum(d.size for d in docs)} for i, docs in assignment.items()
-        ),
-    )
+    """List SOURCE once and write the plan (planner.write_plan: memory bounded, whatever
+    the number of documents). An existing plan is extended: its documents keep their
+    shards (their output is there), new ones are balanced in. A document with rows in
+    OUT already (runs without a plan, or by hash with another count) stays on the shard
+    that holds them: compaction dedupes within a shard, so a page redone on another one
+    would stay twice."""
+    _, done = existing_shards(source, out, shards)
+    docs = iter(list_documents(source))
+    first = next(docs, None)
+    base = base_uri(source)
+    if first is not None and not first.uri.startswith(base):  # SOURCE is that one document
+        base = ""
+    listed = listed_rows(itertools.chain([first] if first else [], docs), base)
+    planned = write_plan(out, shards, listed, kept_rows(out, shards, base), base, done)
+    return write_info(out, source, shards, planned)
+
+
+def write_info(out: Store, source: Store, shards: int, planned: Planned) -> PlanInfo:
+    """plan.json, written last: a plan is there once its every shard file is."""
+    info = PlanInfo(source=source.canonical, shards=shards, documents=planned.documents, bytes=planned.bytes,
+                    created_at=dt.datetime.now(dt.UTC).isoformat(), per_shard=tuple(planned.per_shard))
     out.write_json(PLAN, dataclasses.asdict(info))
     return info

@@ -13,9 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchocr import inventory, read_pages
-from batchocr.plan import balance
-from batchocr.sources import DocRef
+from batchocr import planner, read_pages
 from azurite import azurite  # noqa: F401 - a fixture
 from conftest import run_cli
 from corpus import text_corpus
@@ -94,21 +92,21 @@ def test_replan_keeps_every_planned_document_on_its_shard(tmp_path):
 
 
 def test_dealing_is_balanced_within_the_largest_document(monkeypatch):
-    monkeypatch.setattr(inventory, "CHUNK", 777)  # several steps
+    """LPT onto one load array: from equal loads, two shards differ by at most the largest
+    document, in one step or in steps of any sizes (the engine's buckets)."""
+    monkeypatch.setattr(planner, "CHUNK", 777)  # several chunks a step
     rng = np.random.default_rng(3)
     sizes = rng.lognormal(12, 1, 5000).astype(np.int64)
     for shards in (1, 7, 64):
-        shard = inventory.deal(sizes, shards, np.zeros(shards))
-        loads = np.bincount(shard, weights=sizes, minlength=shards)
+        load = np.zeros(shards)
+        shard = planner.deal(np.sort(sizes)[::-1], load)
         assert sorted(set(shard)) == list(range(shards))
-        assert loads.max() - loads.min() <= sizes.max()
-    # as plan.balance places the same sizes (LPT), from loads a shard already has
-    kept = np.array([5e6, 0, 2e6])
-    docs = [DocRef(uri=f"{i:05d}", size=int(s), etag="") for i, s in enumerate(sizes[:300])]
-    shard = inventory.deal(sizes[:300], 3, kept)
-    listed = balance(docs + [DocRef(uri="k0", size=5_000_000, etag=""), DocRef(uri="k2", size=2_000_000, etag="")],
-                     3, {"k0": 0, "k2": 2})
-    assert all(shard[int(d.uri)] == i for i, ds in listed.items() for d in ds if not d.uri.startswith("k"))
+        assert np.array_equal(load, np.bincount(shard, weights=np.sort(sizes)[::-1], minlength=shards))
+        assert load.max() - load.min() <= sizes.max()
+        load = np.zeros(shards)
+        for part in np.array_split(rng.permutation(sizes), 9):
+            planner.deal(np.sort(part)[::-1], load)
+        assert load.sum() == sizes.sum() and load.max() - load.min() <= sizes.max()
 
 
 def test_bad_inventory_is_one_line_exit_2(tmp_path):
@@ -140,6 +138,7 @@ def test_azure_inventory_on_azurite(azurite, tmp_path):  # noqa: F811 - the fixt
     scans = azurite.client().get_container_client("scans")
     for name, size in blobs.items():
         scans.upload_blob(name, os.urandom(size))
+    scans.get_blob_client("batch/cold.pdf").set_standard_blob_tier("Archive")  # Azurite answers reads BlobArchived
     listed = sorted(scans.list_blobs(), key=lambda b: b.name)
     rows = [{"Name": f"scans/{b.name}", "Content-Length": b.size, "Etag": b.etag.strip('"'),
              "Last-Modified": b.last_modified.astimezone(dt.UTC).replace(tzinfo=None),
@@ -162,7 +161,7 @@ def test_azure_inventory_on_azurite(azurite, tmp_path):  # noqa: F811 - the fixt
 
     proc = run_cli("plan", "az://scans/batch/", "az://results/inv", "--shards", "2", "--inventory",
                    f"az://inventory/{run}/scans-rule-manifest.json", env=env, check=True)
-    assert "left out 1 document in the Archive tier" in proc.stdout
+    assert "1 document in the Archive tier: planned, each gets an unreadable row until rehydrated" in proc.stdout
     run_cli("plan", "az://scans/batch/", "az://results/listed", "--shards", "1", env=env, check=True)
     options = {"connection_string": azurite.connection_string}
 
@@ -172,8 +171,18 @@ def test_azure_inventory_on_azurite(azurite, tmp_path):  # noqa: F811 - the fixt
 
     planned, by_listing = read("inv", 2), read("listed", 1)
     assert planned["uri"].to_list() == ["az://scans/batch/a.pdf", "az://scans/batch/b.tif",
-                                        "az://scans/batch/deep/c.pdf"]  # not cold (archived), readme, other/, batchx/
-    assert planned.equals(by_listing.filter(pl.col("uri") != "az://scans/batch/cold.pdf"))
+                                        "az://scans/batch/cold.pdf", "az://scans/batch/deep/c.pdf"]  # not readme,
+    assert planned.equals(by_listing)  # other/, batchx/; the archived blob as a listing plans it
+
+    # The runs of the plan: the archived blob gets exactly one row, an error naming the tier.
+    for i in range(2):
+        run_cli("run", "az://scans/batch/", "az://results/inv", "--engine", "textlayer", "-q", "--shard", f"{i}/2",
+                env=env)
+    pages = read_pages("az://results/inv", options).collect()
+    cold = pages.filter(pl.col("source_uri") == "az://scans/batch/cold.pdf")
+    assert cold.height == 1 and cold["error_type"][0] == "unreadable", cold
+    assert "Archive tier" in cold["error_message"][0] and "rehydrate" in cold["error_message"][0]
+    assert pages["source_uri"].n_unique() == 4  # every planned document has its rows
 
 
 def _fs(options):

@@ -2,15 +2,18 @@
 status and compact read back what runs left."""
 
 import json
+import random
 import shutil
 
+import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchocr import read_pages
+from batchocr import planner, read_pages
 from batchocr.errors import ConfigError
-from batchocr.plan import balance, make_plan, planned_documents, read_plan
+from batchocr.plan import make_plan, planned_documents, read_plan
 from batchocr.sources import DocRef
 from batchocr.status import status
 from batchocr.storage import Store
@@ -21,6 +24,23 @@ docs_strategy = st.lists(
     st.builds(DocRef, uri=st.text(min_size=1, max_size=20), size=st.integers(0, 10**9), etag=st.just("e")),
     unique_by=lambda d: d.uri, max_size=150,
 )
+
+
+def balance(docs: list[DocRef], shards: int, keep: dict[str, int] | None = None,
+            batch: int = 1000) -> dict[int, list[DocRef]]:
+    """The planning engine's placing (planner.assign) of `docs`, `batch` rows a frame, as
+    {shard: its documents}."""
+    frames = [pl.DataFrame({"rel": [d.uri for d in docs[i:i + batch]], "size": [d.size for d in docs[i:i + batch]],
+                            "etag": [d.etag for d in docs[i:i + batch]], "mtime": [None] * len(docs[i:i + batch]),
+                            "archived": [False] * len(docs[i:i + batch])}, schema=planner.ROWS)
+              for i in range(0, len(docs), batch)]
+    kept = [pl.DataFrame({"rel": list(keep), "shard": list(keep.values())}, schema=planner.KEPT)] if keep else []
+    placed = planner.assign(frames, shards, kept)
+    by_uri = {d.uri: d for d in docs}
+    out: dict[int, list[DocRef]] = {i: [] for i in range(shards)}
+    for rel, shard in zip(placed["rel"].to_list(), placed["shard"].to_list()):
+        out[shard].append(by_uri[rel])
+    return out
 
 
 @settings(max_examples=200)
@@ -47,6 +67,36 @@ def test_extending_a_plan_keeps_every_planned_document_on_its_shard(old, new, n)
     keep = {d.uri: i for i, shard in first.items() for d in shard}
     second = balance(old + [d for d in new if d.uri not in keep], n, keep)
     assert {d.uri: i for i, shard in second.items() for d in shard if d.uri in keep} == keep
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_a_plan_that_spills_is_balanced_partitioned_and_independent_of_the_order(monkeypatch, spill):
+    """Past STEP_ROWS rows the engine spills to hash buckets and deals a step at a time onto
+    one load array: still every document once, two shards within the largest document, kept
+    documents where they were, and the same plan whatever order the documents came in."""
+    if spill:
+        monkeypatch.setattr(planner, "STEP_ROWS", 300)
+        monkeypatch.setattr(planner, "BUCKETS", 16)
+    tmp_spills = []
+    write = planner.Spool._write
+    monkeypatch.setattr(planner.Spool, "_write", lambda self, *a: tmp_spills.append(1) or write(self, *a))
+    rng = np.random.default_rng(5)
+    docs = [DocRef(uri=f"d/{i:05d}.pdf", size=int(s), etag="e") for i, s in enumerate(rng.lognormal(12, 1, 3000))]
+    plan = balance(docs, 7, batch=250)
+    assert sorted(d.uri for ds in plan.values() for d in ds) == sorted(d.uri for d in docs)
+    loads = [sum(d.size for d in plan[i]) for i in range(7)]
+    assert max(loads) - min(loads) <= max(d.size for d in docs)
+    shuffled = docs[:]
+    random.Random(1).shuffle(shuffled)
+    twice = shuffled + shuffled[:500]  # names given twice: planned once
+    assert {i: sorted(d.uri for d in ds) for i, ds in balance(twice, 7, batch=333).items()} == \
+        {i: sorted(d.uri for d in ds) for i, ds in plan.items()}
+    assert bool(list(tmp_spills)) == spill  # the rows went to disk, or stayed in memory
+    keep = {d.uri: i for i, ds in plan.items() for d in ds[:50]}
+    more = docs + [DocRef(uri=f"n/{i:05d}.pdf", size=int(s), etag="e") for i, s in enumerate(rng.lognormal(12, 1, 900))]
+    again = balance(more, 7, keep, batch=400)
+    assert {d.uri: i for i, ds in again.items() for d in ds if d.uri in keep} == keep
+    assert sum(map(len, again.values())) == len(more)
 
 
 def test_a_run_of_other_shards_than_the_plan_is_refused_before_it_writes(tmp_path):
