@@ -4,15 +4,18 @@ an inventory's) to a plan's shard files, the same for both.
     rows     rel (the name after the plan's base URI), size, etag, mtime, archived
     kept     rel, shard: an earlier plan's documents, which stay on their shard
 
-Rows stay in memory while they fit one step (STEP_ROWS); past that they spill to a temp
-folder in hash buckets of the name (a name given twice lands in one bucket), kept rows
-into the same buckets. Buckets are read back in a fixed order and gathered into steps
-of at most STEP_ROWS distinct names; in each step repeated names are dropped (the first
-row stays), kept documents take their shard, and new ones are dealt largest first (ties
-by name) onto the lightest shard of one load array for the whole plan. A plan thus
-depends on the set of documents, never on the order they came in: one step of a plan
-that fits is one LPT over all of it. Dealt rows go to spool files of contiguous shard
-ranges, each then sorted by (shard, name) and written as the shard files.
+A plan that fits one step (STEP_ROWS rows) is made in memory: repeated names dropped (the
+first row stays), kept documents on their shard, new ones dealt largest first (ties by
+name) onto the lightest shard (LPT). Past that, rows spill to a temp folder in hash
+buckets of the name (a name given twice lands in one bucket), kept rows into the same
+buckets. Each bucket in turn: repeated names dropped, kept documents placed (their load
+counted), new ones appended to size bands (a band an eighth of an octave, in the order
+of the buckets and then of the name). The bands are then dealt from the largest down, a
+step at a time, each step sorted by size and name, onto one load array: the LPT of a
+plan that fits one step, the same order but for an eighth of an octave beyond. A plan
+depends on the set of documents, never on the order they came in. Placed rows go to
+spool files of contiguous shard ranges, each then sorted by (shard, name) and written as
+the shard files.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ from batchocr.storage.store import each
 DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string()), ("mtime", pa.float64())])
 ROWS = {"rel": pl.String, "size": pl.Int64, "etag": pl.String, "mtime": pl.Float64, "archived": pl.Boolean}
 KEPT = {"rel": pl.String, "shard": pl.Int32}
+PLACED = ROWS | KEPT
 STEP_ROWS = 250_000  # rows one in-memory step holds; past them rows spill to disk
 BATCH_ROWS = 50_000  # rows a batch of a listing
 BUCKETS = 256  # hash buckets of the name on disk
+BANDS_AN_OCTAVE = 8  # size bands: documents of one band differ in size by at most 9%
 CHUNK = 100_000  # documents a step of dealing: Python ints for these only
 
 
@@ -71,8 +76,8 @@ def lightest(sizes: Iterator[int], load: Sequence[float]) -> Iterator[int]:
 
 def deal(sizes: np.ndarray, load: np.ndarray) -> np.ndarray:
     """Shards for documents of `sizes`, given largest first: each onto the lightest shard
-    (plan.lightest), `load` updated. Sizes come as Python ints CHUNK at a time. From equal
-    loads two shards differ by at most the largest document, whatever order steps come in."""
+    (lightest()), `load` updated. Sizes come as Python ints CHUNK at a time. From equal
+    loads two shards differ by at most the largest document, in whatever steps they come."""
     chunks = (sizes[start:start + CHUNK].tolist() for start in range(0, len(sizes), CHUNK))
     out = np.fromiter(lightest(itertools.chain.from_iterable(chunks), load.tolist()), np.int32, len(sizes))
     load += np.bincount(out, weights=sizes, minlength=len(load))
@@ -80,85 +85,98 @@ def deal(sizes: np.ndarray, load: np.ndarray) -> np.ndarray:
 
 
 @dataclass
+class Files:
+    """Frames appended to Arrow IPC files under `folder`, one a key (`prefix-KEY.arrow`), in
+    the order they came."""
+    folder: Path
+    prefix: str
+    schema: dict
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = field(default_factory=dict)
+
+    def append(self, frame: pl.DataFrame, key: pl.Expr) -> None:
+        for (k,), part in frame.with_columns(key.alias("_k")).partition_by("_k", as_dict=True,
+                                                                           include_key=False).items():
+            table = part.to_arrow()
+            if k not in self.writers:
+                self.writers[k] = pa.ipc.new_file(str(self._path(k)), table.schema)
+            self.writers[k].write_table(table)
+
+    def close(self) -> list[int]:
+        """The keys written, in order; nothing can be appended after."""
+        for writer in self.writers.values():
+            writer.close()
+        keys, self.writers = sorted(self.writers), {}
+        return keys
+
+    def read(self, k: int, rows: int | None = None) -> Iterator[pl.DataFrame]:
+        """Key k's rows: all in one frame, or frames of about `rows` rows."""
+        if not self._path(k).exists():
+            yield pl.DataFrame(schema=self.schema)
+            return
+        with pa.memory_map(str(self._path(k))) as source:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            while held := list(_up_to(batches, rows)):
+                yield pl.from_arrow(pa.Table.from_batches(held, reader.schema)).cast(self.schema)
+
+    def _path(self, k: int) -> Path:
+        return self.folder / f"{self.prefix}-{k:05d}.arrow"
+
+
+def _up_to(batches: Iterator[pa.RecordBatch], rows: int | None) -> Iterator[pa.RecordBatch]:
+    count = 0
+    for batch in batches:
+        yield batch
+        count += batch.num_rows
+        if rows is not None and count >= rows:
+            return
+
+
+@dataclass
 class Spool:
     """Rows and kept rows, in memory until they pass STEP_ROWS, then in hash buckets of
-    the name under `folder`, one Arrow IPC file a bucket and kind, in the order they came."""
+    the name under `folder`."""
     folder: Path
     held: dict[str, list[pl.DataFrame]] = field(default_factory=lambda: {"rows": [], "kept": []})
-    writers: dict[tuple[str, int], pa.ipc.RecordBatchFileWriter] = field(default_factory=dict)
     rows: int = 0
-    kept: int = 0  # kept rows among them
     spilled: bool = False
 
+    def __post_init__(self):
+        self.files = {"rows": Files(self.folder, "rows", ROWS), "kept": Files(self.folder, "kept", KEPT)}
+
     def add(self, kind: str, frame: pl.DataFrame) -> None:
-        frame = frame.select(list(ROWS if kind == "rows" else KEPT)).cast(ROWS if kind == "rows" else KEPT)
+        frame = frame.select(list(self.files[kind].schema)).cast(self.files[kind].schema)
         if kind == "rows":
             frame = frame.with_columns(pl.col("size").fill_null(0), pl.col("archived").fill_null(False))
         self.rows += frame.height
-        self.kept += frame.height if kind == "kept" else 0
-        if self.spilled:
-            self._write(kind, frame)
-            return
         self.held[kind].append(frame)
-        if self.rows > STEP_ROWS:
+        if self.spilled or self.rows > STEP_ROWS:
             self.spilled = True
             for name, frames in self.held.items():
                 for held in frames:
-                    self._write(name, held)
+                    self.files[name].append(held, pl.col("rel").hash(seed=0) % BUCKETS)
             self.held = {"rows": [], "kept": []}
-
-    def _write(self, kind: str, frame: pl.DataFrame) -> None:
-        bucket = frame.select((pl.col("rel").hash(seed=0) % BUCKETS).cast(pl.Int32).alias("b"))["b"]
-        for (b,), part in frame.with_columns(bucket).partition_by("b", as_dict=True, include_key=False).items():
-            table = part.to_arrow()
-            if (kind, b) not in self.writers:
-                self.writers[kind, b] = pa.ipc.new_file(str(self.folder / f"{kind}-{b:03d}.arrow"), table.schema)
-            self.writers[kind, b].write_table(table)
 
     def buckets(self) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
         """(rows, kept) of each bucket in bucket order; all of them as one where nothing spilled."""
         if not self.spilled:
             yield _concat(self.held["rows"], ROWS), _concat(self.held["kept"], KEPT)
             return
-        for writer in self.writers.values():
-            writer.close()
-        self.writers = {}
+        for files in self.files.values():
+            files.close()
         for b in range(BUCKETS):
-            yield self._read("rows", b, ROWS), self._read("kept", b, KEPT)
-
-    def _read(self, kind: str, b: int, schema: dict) -> pl.DataFrame:
-        path = self.folder / f"{kind}-{b:03d}.arrow"
-        if not path.exists():
-            return pl.DataFrame(schema=schema)
-        with pa.memory_map(str(path)) as source:
-            return pl.from_arrow(pa.ipc.open_file(source).read_all()).cast(schema)
+            yield next(self.files["rows"].read(b)), next(self.files["kept"].read(b))
 
 
 def _concat(frames: list[pl.DataFrame], schema: dict) -> pl.DataFrame:
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
 
 
-def steps(spool: Spool) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
-    """(rows, kept) of consecutive buckets, repeated names dropped, at most STEP_ROWS rows
-    a step (or one bucket): a step's bounds depend on the distinct names alone."""
-    held: list[tuple[pl.DataFrame, pl.DataFrame]] = []
-    count = 0
-    for rows, kept in spool.buckets():
-        rows = rows.unique("rel", keep="first", maintain_order=True)
-        if held and count + rows.height > STEP_ROWS:
-            yield pl.concat([r for r, _ in held]), pl.concat([k for _, k in held])
-            held, count = [], 0
-        held.append((rows, kept))
-        count += rows.height
-    if held:
-        yield pl.concat([r for r, _ in held]), pl.concat([k for _, k in held])
-
-
 def resolve(rows: pl.DataFrame, kept: pl.DataFrame, base: str, done: Mapping[str, int]) -> pl.DataFrame:
-    """The step's rows with `shard`: the kept one (an earlier plan's, else the shard holding
-    the document's rows in OUT), null for a new document."""
-    kept = kept.unique("rel", keep="first")
-    rows = rows.join(kept, on="rel", how="left", maintain_order="left")
+    """The rows, repeated names dropped (the first stays), with `shard`: the kept one (an
+    earlier plan's, else the shard holding the document's rows in OUT), null for a new one."""
+    rows = rows.unique("rel", keep="first", maintain_order=True)
+    rows = rows.join(kept.unique("rel", keep="first"), on="rel", how="left", maintain_order="left")
     if done:
         new = rows["shard"].is_null().to_numpy()
         shard = rows["shard"].fill_null(-1).to_numpy().copy()
@@ -170,29 +188,22 @@ def resolve(rows: pl.DataFrame, kept: pl.DataFrame, base: str, done: Mapping[str
 
 @dataclass
 class Sink:
-    """Dealt rows, held (a plan that fits one step) or in spool files of contiguous shard
-    ranges under `folder`, then written as shard files."""
-    folder: Path
+    """Placed rows, held (a plan that fits one step) or in spool files of contiguous shard
+    ranges, then written as shard files."""
+    files: Files
     shards: int
     groups: int
     held: list[pl.DataFrame] = field(default_factory=list)
-    writers: dict[int, pa.ipc.RecordBatchFileWriter] = field(default_factory=dict)
 
     def add(self, rows: pl.DataFrame) -> None:
         if self.groups == 1:
             self.held.append(rows)
-            return
-        group = (pl.col("shard").cast(pl.Int64) * self.groups // self.shards).cast(pl.Int32).alias("g")
-        for (g,), part in rows.with_columns(group).partition_by("g", as_dict=True, include_key=False).items():
-            table = part.to_arrow()
-            if g not in self.writers:
-                self.writers[g] = pa.ipc.new_file(str(self.folder / f"out-{g:05d}.arrow"), table.schema)
-            self.writers[g].write_table(table)
+        else:
+            self.files.append(rows, (pl.col("shard").cast(pl.Int64) * self.groups // self.shards).cast(pl.Int32))
 
     def write(self, out: Store, base: str) -> list[dict]:
         """Each shard's plan file, sorted by name, a group at a time."""
-        for writer in self.writers.values():
-            writer.close()
+        self.files.close()
         per_shard = []
         for g in range(self.groups):
             first, end = -(-g * self.shards // self.groups), -(-(g + 1) * self.shards // self.groups)
@@ -200,14 +211,7 @@ class Sink:
         return per_shard
 
     def group(self, g: int) -> pl.DataFrame:
-        schema = ROWS | KEPT
-        if self.groups == 1:
-            return _concat(self.held, schema)
-        path = self.folder / f"out-{g:05d}.arrow"
-        if not path.exists():
-            return pl.DataFrame(schema=schema)
-        with pa.memory_map(str(path)) as source:
-            return pl.from_arrow(pa.ipc.open_file(source).read_all()).cast(schema)
+        return _concat(self.held, PLACED) if self.groups == 1 else next(self.files.read(g))
 
 
 def _write_group(out: Store, base: str, rows: pl.DataFrame, first: int, end: int) -> list[dict]:
@@ -245,8 +249,8 @@ def write_plan(out: Store, shards: int, rows: Iterable[pl.DataFrame], kept: Iter
     rows in OUT. Both keep their documents where they are; only new ones are dealt."""
     with spooled(rows, kept) as spool:
         groups = min(shards, max(1, -(-spool.rows // STEP_ROWS))) if spool.spilled else 1
-        sink = Sink(spool.folder, shards, groups)
-        archived = sum(step.height for step in place(spool, shards, base, done, sink))
+        sink = Sink(Files(spool.folder, "out", PLACED), shards, groups)
+        archived = place(spool, shards, base, done, sink)
         return Planned(sink.write(out, base), archived)
 
 
@@ -255,28 +259,37 @@ def assign(rows: Iterable[pl.DataFrame], shards: int, kept: Iterable[pl.DataFram
     """write_plan's placing without the files: rel, size, etag, mtime, archived, shard of
     every planned document."""
     with spooled(rows, kept) as spool:
-        sink = Sink(spool.folder, shards, 1)
-        for _ in place(spool, shards, base, done or {}, sink):
-            pass
+        sink = Sink(Files(spool.folder, "out", PLACED), shards, 1)
+        place(spool, shards, base, done or {}, sink)
         return sink.group(0)
 
 
-def place(spool: Spool, shards: int, base: str, done: Mapping[str, int], sink: Sink) -> Iterator[pl.DataFrame]:
-    """Every step's rows to `sink` with their shard; yields each step's archived rows. The
-    kept documents' load is counted over all steps before the first new one is dealt."""
+def place(spool: Spool, shards: int, base: str, done: Mapping[str, int], sink: Sink) -> int:
+    """Every document to `sink` with its shard: kept ones first (all their load counted),
+    then new ones largest first, by size band where the rows spilled. Returns how many
+    are archived."""
     load = np.zeros(shards, dtype=np.float64)
-    if spool.spilled and (done or spool.kept):
-        for rows, kept in steps(spool):
-            if kept.height or done:
-                stay = resolve(rows, kept, base, done).filter(pl.col("shard").is_not_null())
-                load += np.bincount(stay["shard"].to_numpy(), weights=stay["size"].to_numpy(), minlength=shards)
-    for rows, kept in steps(spool):
+    bands = Files(spool.folder, "band", ROWS | KEPT)
+    archived = 0
+    for rows, kept in spool.buckets():
         rows = resolve(rows, kept, base, done)
+        archived += int(rows["archived"].sum())
         stay = rows.filter(pl.col("shard").is_not_null())
-        if not spool.spilled:
-            load += np.bincount(stay["shard"].to_numpy(), weights=stay["size"].to_numpy(), minlength=shards)
-        new = rows.filter(pl.col("shard").is_null()).sort("size", "rel", descending=[True, False])
-        new = new.with_columns(pl.Series("shard", deal(new["size"].to_numpy(), load), dtype=pl.Int32))
+        load += np.bincount(stay["shard"].to_numpy(), weights=stay["size"].to_numpy(), minlength=shards)
         sink.add(stay)
-        sink.add(new)
-        yield rows.filter(pl.col("archived"))
+        new = rows.filter(pl.col("shard").is_null())
+        if not spool.spilled:
+            sink.add(_dealt(new, load))
+            return archived
+        band = (pl.col("size").clip(1).cast(pl.Float64).log(2) * BANDS_AN_OCTAVE).floor().cast(pl.Int32)
+        bands.append(new.sort("rel"), band)
+    for k in reversed(bands.close()):
+        for step in bands.read(k, STEP_ROWS):
+            sink.add(_dealt(step, load))
+    return archived
+
+
+def _dealt(rows: pl.DataFrame, load: np.ndarray) -> pl.DataFrame:
+    """New documents with their shards: largest first (ties by name) onto the lightest."""
+    rows = rows.sort("size", "rel", descending=[True, False])
+    return rows.with_columns(pl.Series("shard", deal(rows["size"].to_numpy(), load), dtype=pl.Int32))

@@ -13,7 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchocr import planner, read_pages
+from batchocr import inventory, planner, read_pages
+from batchocr.plan import make_plan
+from batchocr.storage import Store
 from azurite import azurite  # noqa: F401 - a fixture
 from conftest import run_cli
 from corpus import text_corpus
@@ -222,3 +224,40 @@ def test_a_run_off_the_inventory_plan_and_documents_with_rows_stay_on_their_shar
     pages = read_pages(str(out)).collect()
     assert pages.height == 6 * 2 + 4 and pages.select("doc_id", "page_index").n_unique() == 16
     assert "3/3 shards done" in run_cli("status", str(out), check=True).stdout
+
+
+def test_a_plan_that_spills_to_disk_is_a_listing_s_and_an_inventory_s_alike(tmp_path, monkeypatch):
+    """Past STEP_ROWS rows both plans spill to hash buckets and write shard files from spool
+    files of shard ranges: the listed and the inventory plan of the same files stay identical,
+    every shard file sorted, each document once; a re-plan (its kept rows spilled too) keeps
+    every planned document on its shard and places the new ones."""
+    monkeypatch.setattr(planner, "STEP_ROWS", 60)
+    monkeypatch.setattr(planner, "BUCKETS", 8)
+    spills = []
+    append = planner.Files.append
+    monkeypatch.setattr(planner.Files, "append", lambda self, *a: spills.append(self.prefix) or append(self, *a))
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(400):
+        (source / f"d{i:04d}.pdf").write_bytes(b"x" * ((i * 37) % 1000))
+    manifest = tmp_path / "manifest.parquet"
+    pl.DataFrame(manifest_rows(source)).write_parquet(manifest)
+    src, listed, inv = Store(str(source)), tmp_path / "listed", tmp_path / "inv"
+    info = make_plan(src, Store(str(listed)), 5)
+    assert spills  # the rows went to disk
+    inventory.plan_from_inventory(src, Store(str(inv)), 5, str(manifest))
+    for i in range(5):
+        assert plan_rows(inv, 5)[i].equals(plan_rows(listed, 5)[i])
+    shards = plan_rows(listed, 5)
+    assert all(s["uri"].is_sorted() for s in shards.values()) and info.documents == 400
+    assert all_rows(listed, 5)["uri"].to_list() == sorted(f"file://{source}/d{i:04d}.pdf" for i in range(400))
+    assert [s["documents"] for s in info.per_shard] == [shards[i].height for i in range(5)]
+    loads = [shards[i]["size"].sum() for i in range(5)]
+    assert max(loads) - min(loads) <= 999
+
+    before = {u: i for i, rows in shards.items() for u in rows["uri"]}
+    for i in range(400, 700):
+        (source / f"d{i:04d}.pdf").write_bytes(b"y" * ((i * 53) % 2000))
+    assert make_plan(src, Store(str(listed)), 5).documents == 700
+    after = {u: i for i, rows in plan_rows(listed, 5).items() for u in rows["uri"]}
+    assert len(after) == 700 and all(after[u] == i for u, i in before.items())
