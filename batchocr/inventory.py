@@ -18,6 +18,7 @@ it its `unreadable` row, naming the tier.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 from dataclasses import dataclass
@@ -135,14 +136,20 @@ def _normal(frame: pl.LazyFrame, where: str) -> pl.LazyFrame:
 
 
 def _seconds(col: pl.Expr, dtype: pl.DataType) -> pl.Expr:
-    """Last-Modified as seconds since the epoch: a number, a timestamp, or ISO 8601 text."""
+    """Last-Modified as seconds since the epoch: a number as it is; a timestamp or ISO 8601
+    text as os.stat's float of that time (whole seconds + nanoseconds * 1e-9, as CPython
+    adds them), so that a listing's mtime of the file, and the etag made of it, agree."""
     if dtype.is_numeric():
         return col.cast(pl.Float64)
     if isinstance(dtype, pl.Datetime):
-        return col.dt.epoch("us").cast(pl.Float64) / 1e6
+        return _stat_float(col.dt.epoch("us"))
     text = col.cast(pl.String)
-    parsed = text.str.to_datetime(strict=False, time_unit="us", time_zone="UTC").dt.epoch("us").cast(pl.Float64) / 1e6
+    parsed = _stat_float(text.str.to_datetime(strict=False, time_unit="us", time_zone="UTC").dt.epoch("us"))
     return pl.coalesce(text.cast(pl.Float64, strict=False), parsed)
+
+
+def _stat_float(us: pl.Expr) -> pl.Expr:
+    return (us // 1_000_000).cast(pl.Float64) + ((us % 1_000_000) * 1000).cast(pl.Float64) * 1e-9
 
 
 def _spelled(col: pl.Expr) -> pl.Expr:
@@ -163,6 +170,8 @@ def documents(inventory: Inventory, source: Store) -> pl.LazyFrame:
     rel = pl.col("name").str.slice(len(under))
     lower = rel.str.to_lowercase()
     rows = rows.filter(pl.any_horizontal([lower.str.ends_with(e) for e in EXTENSIONS]))
+    if inventory.azure:  # Azure's listing has Last-Modified in whole seconds (an HTTP date); a report may have more
+        rows = rows.with_columns(pl.col("mtime").floor())
     # a store without ETags: "<size>-<mtime in us>", as sources._etag
     etag = pl.coalesce(pl.col("etag"), pl.format("{}-{}", pl.col("size"),
                                                  (pl.col("mtime") * 1e6).cast(pl.Int64).fill_null(0)))
@@ -174,12 +183,16 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
 
 
-def batches(frame: pl.LazyFrame, url: str) -> Iterator[pl.DataFrame]:
-    """The inventory's rows, streamed (polars' streaming engine) BATCH_ROWS at a time."""
-    try:
-        yield from frame.collect_batches(chunk_size=BATCH_ROWS, engine="streaming")
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise ConfigError(f"--inventory {url}: cannot read it ({_reason(exc)})") from None
+def batches(inventory: Inventory, source: Store) -> Iterator[pl.DataFrame]:
+    """SOURCE's documents in the inventory (documents()), streamed by polars BATCH_ROWS at a
+    time, one report file after another: the streaming engine runs ahead of its reader, so a
+    file at a time bounds what it holds by the largest report file, not by the inventory."""
+    for file in inventory.files:
+        try:
+            yield from documents(dataclasses.replace(inventory, files=(file,)), source).collect_batches(
+                chunk_size=BATCH_ROWS, engine="streaming")
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            raise ConfigError(f"--inventory {inventory.url}: cannot read it ({_reason(exc)})") from None
 
 
 def plan_from_inventory(source: Store, out: Store, shards: int, url: str,
@@ -190,6 +203,6 @@ def plan_from_inventory(source: Store, out: Store, shards: int, url: str,
     _, done = existing_shards(source, out, shards)
     inventory = open_inventory(url, options)
     base = base_uri(source)
-    rows = batches(documents(inventory, source), url)
+    rows = batches(inventory, source)
     planned = write_plan(out, shards, rows, kept_rows(out, shards, base), base, done)
     return InventoryPlan(write_info(out, source, shards, planned), planned.archived)

@@ -142,9 +142,11 @@ def test_azure_inventory_on_azurite(azurite, tmp_path):  # noqa: F811 - the fixt
         scans.upload_blob(name, os.urandom(size))
     scans.get_blob_client("batch/cold.pdf").set_standard_blob_tier("Archive")  # Azurite answers reads BlobArchived
     listed = sorted(scans.list_blobs(), key=lambda b: b.name)
+    assert all(b.last_modified.microsecond == 0 for b in listed)  # the listing's Last-Modified: whole seconds
+    finer = [dt.timedelta(microseconds=i * 123457) for i in range(len(listed))]  # a report's may be finer
     rows = [{"Name": f"scans/{b.name}", "Content-Length": b.size, "Etag": b.etag.strip('"'),
-             "Last-Modified": b.last_modified.astimezone(dt.UTC).replace(tzinfo=None),
-             "AccessTier": "Archive" if b.name == "batch/cold.pdf" else "Hot"} for b in listed]
+             "Last-Modified": b.last_modified.astimezone(dt.UTC).replace(tzinfo=None) + finer[i],
+             "AccessTier": "Archive" if b.name == "batch/cold.pdf" else "Hot"} for i, b in enumerate(listed)]
     inv = azurite.container("inventory")
     run = "2026/12/05/01-00-00/scans-rule"
     files = []
@@ -261,3 +263,31 @@ def test_a_plan_that_spills_to_disk_is_a_listing_s_and_an_inventory_s_alike(tmp_
     assert make_plan(src, Store(str(listed)), 5).documents == 700
     after = {u: i for i, rows in plan_rows(listed, 5).items() for u in rows["uri"]}
     assert len(after) == 700 and all(after[u] == i for u, i in before.items())
+
+
+def test_sub_second_last_modified_reads_as_a_listing_reads_it(tmp_path):
+    """A file's mtime in microseconds, given as an inventory's timestamp (Parquet) or ISO
+    text (CSV), is the listing's: the same mtime (os.stat's float) and, with no Etag, the same
+    etag `<size>-<mtime in us>`, so the plans agree."""
+    source = tmp_path / "src"
+    source.mkdir()
+    rng = np.random.default_rng(11)
+    stamps = {}
+    for i, us in enumerate(rng.integers(0, 10**6, 300).tolist()):
+        path = source / f"d{i:03d}.pdf"
+        path.write_bytes(b"x" * i)
+        stamps[path.name] = (1_733_400_000 + i) * 10**6 + us
+        os.utime(path, ns=(stamps[path.name] * 1000, stamps[path.name] * 1000))
+    when = [dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=us) for us in stamps.values()]
+    frame = pl.DataFrame({"Name": list(stamps), "Content-Length": [i for i in range(300)],
+                          "Last-Modified": pl.Series(when, dtype=pl.Datetime("us", "UTC"))})
+    frame.write_parquet(tmp_path / "m.parquet")
+    frame.with_columns(pl.col("Last-Modified").dt.strftime("%Y-%m-%dT%H:%M:%S.%6fZ")).write_csv(tmp_path / "m.csv")
+    run_cli("plan", str(source), str(tmp_path / "listed"), "--shards", "1", check=True)
+    listed = plan_rows(tmp_path / "listed", 1)[0]
+    for form in ("parquet", "csv"):
+        run_cli("plan", str(source), str(tmp_path / form), "--shards", "1", "--inventory", str(tmp_path / f"m.{form}"),
+                check=True)
+        planned = plan_rows(tmp_path / form, 1)[0]
+        assert planned["mtime"].to_list() == listed["mtime"].to_list(), form
+        assert planned["etag"].to_list() == listed["etag"].to_list(), form
