@@ -94,12 +94,17 @@ class Files:
     writers: dict[int, pa.ipc.RecordBatchFileWriter] = field(default_factory=dict)
 
     def append(self, frame: pl.DataFrame, key: pl.Expr) -> None:
-        for (k,), part in frame.with_columns(key.alias("_k")).partition_by("_k", as_dict=True,
-                                                                           include_key=False).items():
-            table = part.to_arrow()
+        """Each row to the file of its `key`: the frame sorted by key (keeping the rows' order
+        within a key) and written as slices of one Arrow table."""
+        frame = frame.with_columns(key.cast(pl.Int64).alias("_k")).sort("_k", maintain_order=True)
+        keys = frame["_k"].to_numpy()
+        table = frame.drop("_k").to_arrow()
+        starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]])) if len(keys) else []
+        for start, end in zip(starts, [*starts[1:], len(keys)]):
+            k = int(keys[start])
             if k not in self.writers:
                 self.writers[k] = pa.ipc.new_file(str(self._path(k)), table.schema)
-            self.writers[k].write_table(table)
+            self.writers[k].write_table(table.slice(start, end - start))
 
     def close(self) -> list[int]:
         """The keys written, in order; nothing can be appended after."""
