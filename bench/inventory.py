@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,17 +51,21 @@ def write_inventory(folder: Path, rows: int, seed: int = 0) -> None:
 
 
 def time_plan(source: Path, out: Path, inventory: Path, shards: int) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in bytes, stdout) of `batchocr plan --inventory`."""
+    """(wall seconds, peak RSS in bytes, stdout) of `batchocr plan --inventory`: the child's
+    own rusage (wait4), not the largest child's so far."""
     if out.exists():
         shutil.rmtree(out)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "plan", str(source), str(out), "--shards",
-                           str(shards), "--inventory", str(inventory)], capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if proc.returncode:
-        raise SystemExit(f"plan failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the largest child so far
-    return wall, peak, proc.stdout.strip()
+    with tempfile.TemporaryFile("w+") as said, tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "plan", str(source), str(out), "--shards",
+                                 str(shards), "--inventory", str(inventory)], stdout=said, stderr=errors, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        said.seek(0)
+        errors.seek(0)
+        if os.waitstatus_to_exitcode(status):
+            raise SystemExit(f"plan failed ({os.waitstatus_to_exitcode(status)}): {errors.read()[-2000:]}")
+        return wall, usage.ru_maxrss * 1024, said.read().strip()
 
 
 def main() -> None:
@@ -72,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     source = args.folder / "scans"
     source.mkdir(parents=True, exist_ok=True)
-    for rows in sorted(args.rows):  # ascending: RUSAGE_CHILDREN's peak is then this run's
+    for rows in args.rows:
         inventory = args.folder / f"inventory-{rows}"
         if not inventory.exists():  # written under a temp name: a killed generator leaves no partial one
             started = time.perf_counter()
@@ -80,10 +84,12 @@ def main() -> None:
             write_inventory(inventory.with_suffix(".tmp"), rows)
             inventory.with_suffix(".tmp").rename(inventory)
             print(f"wrote {rows:,} rows in {time.perf_counter() - started:.0f} s", flush=True)
+        load = os.getloadavg()[0]
         wall, peak, said = time_plan(source, args.folder / "out", inventory, args.shards)
         size = sum(f.stat().st_size for f in inventory.iterdir())
         print(f"rows={rows:,} shards={args.shards} inventory={size / 1e6:.0f} MB wall={wall:.1f} s "
-              f"peak_rss={peak / 1e6:.0f} MB cpus={os.cpu_count()} | {said}", flush=True)
+              f"peak_rss={peak / 1e6:.0f} MB cpus={os.cpu_count()} load={load:.1f}-{os.getloadavg()[0]:.1f} | "
+              f"{said}", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,12 @@ def make_files(folder: Path, count: int) -> None:
     for start in range(0, count, PER_FOLDER):
         sub = folder / f"f{start // PER_FOLDER:04d}"
         sub.mkdir(parents=True, exist_ok=True)
-        for i in range(start, min(count, start + PER_FOLDER)):
-            os.close(os.open(sub / f"d{i:07d}.pdf", os.O_CREAT | os.O_WRONLY, 0o644))
+        fd = os.open(sub, os.O_RDONLY)
+        try:
+            for i in range(start, min(count, start + PER_FOLDER)):
+                os.close(os.open(f"d{i:07d}.pdf", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+        finally:
+            os.close(fd)
 
 
 def time_plan(source: Path, out: Path, shards: int) -> tuple[float, int, str]:
@@ -61,9 +65,10 @@ def main() -> None:
                 make_files(source.with_suffix(".tmp"), count)
                 source.with_suffix(".tmp").rename(source)
                 print(f"made {count:,} files in {time.perf_counter() - started:.0f} s", flush=True)
+            load = os.getloadavg()[0]
             wall, peak, said = time_plan(source, args.folder / "out", args.shards)
             print(f"files={count:,} shards={args.shards} wall={wall:.1f} s peak_rss={peak / 1e6:.0f} MB "
-                  f"load={os.getloadavg()[0]:.1f} | {said}", flush=True)
+                  f"load={load:.1f}-{os.getloadavg()[0]:.1f} | {said}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(args.folder, ignore_errors=True)
