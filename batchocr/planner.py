@@ -42,7 +42,7 @@ DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string
 ROWS = {"rel": pl.String, "size": pl.Int64, "etag": pl.String, "mtime": pl.Float64, "archived": pl.Boolean}
 KEPT = {"rel": pl.String, "shard": pl.Int32}
 PLACED = ROWS | KEPT
-STEP_ROWS = 250_000  # rows one in-memory step holds; past them rows spill to disk
+STEP_ROWS = 100_000  # rows one in-memory step holds; past them rows spill to disk
 BATCH_ROWS = 50_000  # rows a batch of a listing
 BUCKETS = 256  # hash buckets of the name on disk
 BANDS_AN_OCTAVE = 8  # size bands: documents of one band differ in size by at most 9%
@@ -63,24 +63,29 @@ class Planned:
         return sum(s["bytes"] for s in self.per_shard)
 
 
-def lightest(sizes: Iterator[int], load: Sequence[float]) -> Iterator[int]:
-    """The shard for each of `sizes` in turn: the lightest so far (a heap of (load, shard);
-    with sizes largest first, LPT). load: each shard's load before the first."""
-    heap = [(load[i], i) for i in range(len(load))]
+def lightest(sizes: Iterator[int], load: Sequence[float], counts: Sequence[int] | None = None) -> Iterator[int]:
+    """The shard for each of `sizes` in turn: the lightest so far, of equal loads the one of
+    fewest documents (a heap of (load, documents, shard); with sizes largest first, LPT; empty
+    documents spread, not piled on one shard). load, counts: each shard's before the first."""
+    counts = counts if counts is not None else [0] * len(load)
+    heap = [(load[i], counts[i], i) for i in range(len(load))]
     heapq.heapify(heap)
     for size in sizes:
-        least, i = heap[0]
-        heapq.heapreplace(heap, (least + size, i))
+        least, count, i = heap[0]
+        heapq.heapreplace(heap, (least + size, count + 1, i))
         yield i
 
 
-def deal(sizes: np.ndarray, load: np.ndarray) -> np.ndarray:
+def deal(sizes: np.ndarray, load: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
     """Shards for documents of `sizes`, given largest first: each onto the lightest shard
-    (lightest()), `load` updated. Sizes come as Python ints CHUNK at a time. From equal
-    loads two shards differ by at most the largest document, in whatever steps they come."""
+    (lightest()), `load` and `counts` updated. Sizes come as Python ints CHUNK at a time. From
+    equal loads two shards differ by at most the largest document, in whatever steps they come."""
+    counts = counts if counts is not None else np.zeros(len(load), dtype=np.int64)
     chunks = (sizes[start:start + CHUNK].tolist() for start in range(0, len(sizes), CHUNK))
-    out = np.fromiter(lightest(itertools.chain.from_iterable(chunks), load.tolist()), np.int32, len(sizes))
+    out = np.fromiter(lightest(itertools.chain.from_iterable(chunks), load.tolist(), counts.tolist()), np.int32,
+                      len(sizes))
     load += np.bincount(out, weights=sizes, minlength=len(load))
+    counts += np.bincount(out, minlength=len(load))
     return out
 
 
@@ -118,7 +123,7 @@ class Files:
         if not self._path(k).exists():
             yield pl.DataFrame(schema=self.schema)
             return
-        with pa.memory_map(str(self._path(k))) as source:
+        with pa.OSFile(str(self._path(k))) as source:
             reader = pa.ipc.open_file(source)
             batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
             while held := list(_up_to(batches, rows)):
@@ -213,6 +218,7 @@ class Sink:
         for g in range(self.groups):
             first, end = -(-g * self.shards // self.groups), -(-(g + 1) * self.shards // self.groups)
             per_shard += _write_group(out, base, self.group(g), first, end)
+            pa.default_memory_pool().release_unused()  # Arrow's allocator keeps what a group's writes freed
         return per_shard
 
     def group(self, g: int) -> pl.DataFrame:
@@ -273,7 +279,7 @@ def place(spool: Spool, shards: int, base: str, done: Mapping[str, int], sink: S
     """Every document to `sink` with its shard: kept ones first (all their load counted),
     then new ones largest first, by size band where the rows spilled. Returns how many
     are archived."""
-    load = np.zeros(shards, dtype=np.float64)
+    load, counts = np.zeros(shards, dtype=np.float64), np.zeros(shards, dtype=np.int64)
     bands = Files(spool.folder, "band", ROWS | KEPT)
     archived = 0
     for rows, kept in spool.buckets():
@@ -281,20 +287,23 @@ def place(spool: Spool, shards: int, base: str, done: Mapping[str, int], sink: S
         archived += int(rows["archived"].sum())
         stay = rows.filter(pl.col("shard").is_not_null())
         load += np.bincount(stay["shard"].to_numpy(), weights=stay["size"].to_numpy(), minlength=shards)
+        counts += np.bincount(stay["shard"].to_numpy(), minlength=shards)
         sink.add(stay)
         new = rows.filter(pl.col("shard").is_null())
         if not spool.spilled:
-            sink.add(_dealt(new, load))
+            sink.add(_dealt(new, load, counts))
             return archived
         band = (pl.col("size").clip(1).cast(pl.Float64).log(2) * BANDS_AN_OCTAVE).floor().cast(pl.Int32)
         bands.append(new.sort("rel"), band)
+    pa.default_memory_pool().release_unused()
     for k in reversed(bands.close()):
         for step in bands.read(k, STEP_ROWS):
-            sink.add(_dealt(step, load))
+            sink.add(_dealt(step, load, counts))
+    pa.default_memory_pool().release_unused()
     return archived
 
 
-def _dealt(rows: pl.DataFrame, load: np.ndarray) -> pl.DataFrame:
+def _dealt(rows: pl.DataFrame, load: np.ndarray, counts: np.ndarray) -> pl.DataFrame:
     """New documents with their shards: largest first (ties by name) onto the lightest."""
     rows = rows.sort("size", "rel", descending=[True, False])
-    return rows.with_columns(pl.Series("shard", deal(rows["size"].to_numpy(), load), dtype=pl.Int32))
+    return rows.with_columns(pl.Series("shard", deal(rows["size"].to_numpy(), load, counts), dtype=pl.Int32))
