@@ -100,6 +100,13 @@ def test_a_plan_that_spills_is_balanced_partitioned_and_independent_of_the_order
     assert sum(map(len, again.values())) == len(more)
 
 
+def test_empty_documents_are_spread_not_piled_on_one_shard():
+    """Of equal loads the shard of fewest documents: 1,000 empty files over 10 shards are 100 a
+    shard (by load alone every one went to shard 0)."""
+    plan = balance([DocRef(uri=f"{i:04d}.pdf", size=0, etag="e") for i in range(1000)], 10)
+    assert [len(plan[i]) for i in range(10)] == [100] * 10
+
+
 def test_a_run_of_other_shards_than_the_plan_is_refused_before_it_writes(tmp_path):
     """A plan of 2 shards and `run --shard 0/3`: exit 2 naming the plan's count, from
     the configuration alone: no _producer.json and no run record left in OUT."""
