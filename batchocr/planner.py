@@ -218,7 +218,6 @@ class Sink:
         for g in range(self.groups):
             first, end = -(-g * self.shards // self.groups), -(-(g + 1) * self.shards // self.groups)
             per_shard += _write_group(out, base, self.group(g), first, end)
-            pa.default_memory_pool().release_unused()  # Arrow's allocator keeps what a group's writes freed
         return per_shard
 
     def group(self, g: int) -> pl.DataFrame:
@@ -295,11 +294,9 @@ def place(spool: Spool, shards: int, base: str, done: Mapping[str, int], sink: S
             return archived
         band = (pl.col("size").clip(1).cast(pl.Float64).log(2) * BANDS_AN_OCTAVE).floor().cast(pl.Int32)
         bands.append(new.sort("rel"), band)
-    pa.default_memory_pool().release_unused()
     for k in reversed(bands.close()):
         for step in bands.read(k, STEP_ROWS):
             sink.add(_dealt(step, load, counts))
-    pa.default_memory_pool().release_unused()
     return archived
 
 
