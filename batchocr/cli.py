@@ -343,7 +343,7 @@ def eval_(out, truth, max_cer, storage):
     from batchocr import producer
     from batchocr.evaluate import evaluate_output, page_line
     from batchocr.storage import Store
-    from batchocr.table import read_pages, reading
+    from batchocr.table import read_pages, reading, shard_groups
 
     pages = read_pages(out, storage)
     with reading(out, storage):
@@ -427,7 +427,7 @@ def export(out, dest, fmt, storage):
     from batchocr import producer
     from batchocr.export import export as export_documents
     from batchocr.storage import Store
-    from batchocr.table import read_pages, reading
+    from batchocr.table import read_pages, reading, shard_groups
 
     pages = read_pages(out, storage)
     source, target = Store(out, storage), Store(dest, storage)
@@ -436,9 +436,10 @@ def export(out, dest, fmt, storage):
         raise ConfigError(f"DEST {dest} is inside OUT's page table ({layout.PAGES}/): its files would break "
                           "every reader of the table; export to a folder outside it")
     target.check_writable_root("DEST")  # one line now, not a traceback at the first file
-    unread = _planned_without_rows(source, pages)  # a damaged plan stops it before any file
     with reading(out, storage):
-        done = export_documents(pages, target, fmt, producer.stale_in(source))
+        unread = _planned_without_rows(source, out, storage)  # a damaged plan stops it before any file
+        groups = (group for _, group in shard_groups(out, storage))
+        done = export_documents(pages, target, fmt, producer.stale_in(source), groups)
     click.echo(f"exported {plural(done.documents, 'document')}, {plural(done.pages, 'page')} ({done.marked:,} marked) "
                f"into {plural(done.files, 'file')} -> {dest}")
     if unread:  # a missing page is marked in its document; a document of no row has no file to mark it in
@@ -446,15 +447,23 @@ def export(out, dest, fmt, storage):
                    f"yet, so no file (batchocr status {out} says which shards are not done)", err=True)
 
 
-def _planned_without_rows(out, pages) -> int:
-    """How many documents OUT's plan gives its shards that no row names (0 without a plan)."""
+def _planned_without_rows(out, url: str, storage) -> int:
+    """How many documents OUT's plan gives its shards that no row names (0 without a plan):
+    a shard at a time, its planned documents against the doc_ids of its own rows (a plan
+    keeps a document on the shard that holds its rows), so no set of every document."""
     from batchocr.plan import planned_documents, read_plan
+    from batchocr.table import shard_groups
 
     plan = read_plan(out)
     if plan is None:
         return 0
-    planned = {d.doc_id for shard in range(plan.shards) for d in planned_documents(out, shard)}
-    return len(planned - set(pages.select("doc_id").unique().collect()["doc_id"].to_list()))
+    unread, seen = 0, set()
+    for shards, group in shard_groups(url, storage):
+        have = set(group.select("doc_id").unique().collect()["doc_id"].to_list())
+        for shard in (s for s in shards if 0 <= s < plan.shards):
+            seen.add(shard)
+            unread += sum(d.doc_id not in have for d in planned_documents(out, shard))
+    return unread + sum(1 for shard in range(plan.shards) if shard not in seen for _ in planned_documents(out, shard))
 
 
 def entry(argv: list[str] | None = None) -> None:

@@ -21,7 +21,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import polars as pl
 import pyarrow as pa
@@ -75,6 +75,21 @@ def kept_counts(keys: pa.Table) -> tuple[int, int]:
     key columns (sink.KEY_COLUMNS) are `keys`: the done-marker's counts."""
     kept = dedupe(pl.from_arrow(keys))
     return kept.height, kept.filter(pl.col("finish_reason") == "error").height
+
+
+def kept_counts_by_shard(keys: Mapping[int, pa.Table]) -> dict[int, tuple[int, int, int]]:
+    """kept_counts of several shards' keys in one pass, and each shard's documents (doc_ids
+    among its rows): shard -> (rows kept, error rows kept, documents). A document's rows are
+    deduped within its shard only, as compaction does."""
+    if not keys:
+        return {}
+    rows = pl.concat([pl.from_arrow(table).with_columns(pl.lit(shard, pl.Int64).alias("_shard"))
+                      for shard, table in keys.items()], how="diagonal_relaxed")
+    documents = dict(rows.group_by("_shard").agg(pl.col("doc_id").n_unique()).iter_rows())
+    own = rows.with_columns(pl.format("{}/{}", pl.col("_shard"), pl.col("doc_id")).alias("doc_id"))
+    kept = dict((s, (n, e)) for s, n, e in dedupe(own).group_by("_shard").agg(
+        pl.len(), (pl.col("finish_reason") == "error").sum()).iter_rows())
+    return {s: (*kept.get(s, (0, 0)), documents.get(s, 0)) for s in keys}
 
 
 # A claim older than this is a dead compaction's (one on another machine: a pod gone): a

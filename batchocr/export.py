@@ -9,8 +9,8 @@ for (an error, skipped or missing page is marked in its place, never dropped).
   (batchocr.mdescape.plain)
 - jsonl: DEST/documents-<shard>.jsonl, one line per document with its pages
 
-One shard is read at a time (a document's rows are all in its shard), so memory
-holds one shard's text, not the whole output's. Before compaction a redone page
+A few whole shards are read at a time (a document's rows are all in its shard;
+batchocr.table.shard_groups), so memory holds their text, not the whole output's. Before compaction a redone page
 can have several rows: one per (doc_id, page_index) is kept by compaction's rule
 (after a `--reprocess`, a row of the current settings over an older run's).
 """
@@ -21,7 +21,7 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import polars as pl
 
@@ -126,32 +126,45 @@ def to_json(doc: dict[str, Any], pages: list[dict[str, Any]]) -> str:
     return json.dumps({**doc, "pages": pages}, ensure_ascii=False)
 
 
-def export(pages: pl.LazyFrame, dest: Store, fmt: str, stale: frozenset[str] | set[str] = frozenset()) -> Exported:
-    """stale: runs made with settings OUT no longer has (batchocr.producer.stale_in)."""
+def export(pages: pl.LazyFrame, dest: Store, fmt: str, stale: frozenset[str] | set[str] = frozenset(),
+           groups: Iterable[pl.LazyFrame] | None = None) -> Exported:
+    """stale: runs made with settings OUT no longer has (batchocr.producer.stale_in).
+    groups: the same rows a few whole shards at a time (batchocr.table.shard_groups), read one
+    after another, so that neither memory nor a shard's read grows with the table (none:
+    `pages` is one group)."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
-    shards = pages.select(pl.col("shard").unique().sort()).collect()["shard"].to_list()
+    done = [0, 0, 0, 0]  # documents, pages, marked, files
+    for group in groups if groups is not None else [pages]:
+        rows = group.select(*COLUMNS, "shard").collect()
+        for shard_rows in sorted(rows.partition_by("shard"), key=lambda r: r["shard"][0]):
+            shard = shard_rows["shard"][0]
+            counts = _export_shard(dedupe(shard_rows.drop("shard"), stale), dest, fmt, shard)
+            done = [a + b for a, b in zip(done, counts)]
+    return Exported(*done)
+
+
+def _export_shard(rows: pl.DataFrame, dest: Store, fmt: str, shard: int) -> tuple[int, int, int, int]:
+    """One shard's documents (one row a page) into DEST: documents, pages, marked pages, files."""
     documents = page_total = marked = files = 0
-    for shard in shards:
-        rows = dedupe(pages.filter(pl.col("shard") == shard).select(COLUMNS).collect(), stale)
-        lines = []
-        for doc in rows.sort("source_uri", "doc_id", "page_index").partition_by("doc_id", maintain_order=True):
-            first = doc.row(0, named=True)
-            entries = document_pages(doc.to_dicts())
-            documents += 1
-            page_total += len(entries)
-            marked += sum(p["finish_reason"] != "stop" for p in entries)
-            name = file_name(first["source_uri"], first["doc_id"])
-            if fmt == "markdown":
-                dest.write_atomic(f"{name}.md", to_markdown(first["source_uri"], entries).encode())
-                files += 1
-            elif fmt == "text":
-                dest.write_atomic(f"{name}.txt", to_text(entries).encode())
-                files += 1
-            else:
-                meta = {k: first[k] for k in ("doc_id", "source_uri", "source_etag", "page_count")}
-                lines.append(to_json(meta, entries))
-        if lines:
-            dest.write_atomic(f"documents-{shard:05d}.jsonl", ("\n".join(lines) + "\n").encode())
+    lines = []
+    for doc in rows.sort("source_uri", "doc_id", "page_index").partition_by("doc_id", maintain_order=True):
+        first = doc.row(0, named=True)
+        entries = document_pages(doc.to_dicts())
+        documents += 1
+        page_total += len(entries)
+        marked += sum(p["finish_reason"] != "stop" for p in entries)
+        name = file_name(first["source_uri"], first["doc_id"])
+        if fmt == "markdown":
+            dest.write_atomic(f"{name}.md", to_markdown(first["source_uri"], entries).encode())
             files += 1
-    return Exported(documents, page_total, marked, files)
+        elif fmt == "text":
+            dest.write_atomic(f"{name}.txt", to_text(entries).encode())
+            files += 1
+        else:
+            meta = {k: first[k] for k in ("doc_id", "source_uri", "source_etag", "page_count")}
+            lines.append(to_json(meta, entries))
+    if lines:
+        dest.write_atomic(f"documents-{shard:05d}.jsonl", ("\n".join(lines) + "\n").encode())
+        files += 1
+    return documents, page_total, marked, files

@@ -6,28 +6,31 @@ Only the columns a figure needs are read (a lazy scan with projection pushdown;
 the text column only for its length, the text itself only with --truth), so a
 summary of millions of pages holds a few small columns, never the text. Before
 compaction a redone page can have several rows: the summary keeps one per
-(doc_id, page_index) by compaction's own rule (batchocr.compact.dedupe).
+(doc_id, page_index) by compaction's own rule (batchocr.compact.dedupe). The rows
+are read a few whole shards at a time and tallied (batchocr.rollup), so memory
+follows a group of shards, not the table.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import polars as pl
 
 from batchocr import cost
 from batchocr.compact import dedupe
 from batchocr.evaluate import page_line
+from batchocr.rollup import Rollup, counted_distribution, counted_timeline
 from batchocr.words import duration, duration_word, plural
 
 # What the summary reads: dedupe's keys and the figures' columns; text only as its length.
 COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "prompt_tokens",
            "output_tokens", "latency_ms", "processed_at", "engine", "model", "run_id", "route"]
-FLAGGED = ("length", "repetition")  # hit max tokens; looping output cut off
 
 
 def scan(pages: pl.LazyFrame) -> pl.LazyFrame:
@@ -116,106 +119,74 @@ def load_report(out: str, storage_options: dict[str, Any] | None = None, **optio
     limit, gpu_hourly_usd)."""
     from batchocr import layout, producer
     from batchocr.storage import Store
-    from batchocr.table import read_pages
+    from batchocr.table import read_pages, shard_groups
 
     pages = read_pages(out, storage_options)
     store = Store(out, storage_options)
     runs = store.read_jsons(layout.RUNS)
-    return build_report(pages, out=out, runs=runs, stale=producer.stale_in(store, runs), **options)
+    groups = (group for _, group in shard_groups(out, storage_options))
+    return build_report(pages, out=out, runs=runs, stale=producer.stale_in(store, runs), groups=groups, **options)
 
 
 def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, top: int = 10,
                  limit: int = 100, runs: list[dict[str, Any]] | None = None,
-                 gpu_hourly_usd: float | None = None, stale: frozenset[str] | set[str] = frozenset()) -> Report:
+                 gpu_hourly_usd: float | None = None, stale: frozenset[str] | set[str] = frozenset(),
+                 groups: Iterable[pl.LazyFrame] | None = None) -> Report:
     """pages: the page table (batchocr.read_pages). truth: a folder for evaluate().
     runs: the OUT's run records (OUT/_runs/*.json), for the header and the cost.
     stale: runs made with settings OUT no longer has, whose rows lose to the current
-    settings' (batchocr.producer.stale_in; load_report reads all three)."""
-    raw = scan(pages).collect()
-    read = raw.height
-    rows = one_row_per_page(raw, stale)
-    del raw
-    page_rows = rows.filter(pl.col("page_index") >= 0)
-    counts = lambda col: dict(rows.drop_nulls(col)[col].value_counts(sort=True).iter_rows())  # noqa: E731
-
-    times = rows["processed_at"].drop_nulls()
-    first, last = (times.min(), times.max()) if len(times) else (None, None)
-    minutes = (page_rows.group_by(pl.col("processed_at").dt.truncate("1m").alias("minute"))
-               .agg(pl.len().alias("pages")).drop_nulls("minute").sort("minute"))
-    span_s = (last - first).total_seconds() if first is not None else None
-    rate = page_rows.height / (span_s / 60) if span_s else None  # over the real span, however short
-
-    run_rows = _run_rows(page_rows)
-    by_run = {run: v["pages"] for run, v in run_rows.items()}
-    models = (page_rows.group_by("engine", "model").len("pages").drop_nulls("engine")
-              .sort(["pages", "engine"], descending=[True, False]))
-
+    settings' (batchocr.producer.stale_in; load_report reads all three). groups: the same
+    rows a few whole shards at a time (batchocr.table.shard_groups), each read, given one
+    row a page and tallied in turn, so memory follows a group, not the table (none: `pages`
+    is one group)."""
+    t = Rollup(top, limit)
+    for group in itertools.chain(groups if groups is not None else [], [pages] if groups is None else []):
+        raw = scan(group).collect()
+        t.add(raw.height, one_row_per_page(raw, stale))
+    if not t.added:  # no part at all: the figures of no rows
+        t.add(0, scan(pages).collect())
+    span_s = (t.last - t.first).total_seconds() if t.first is not None else None
+    run_rows = {run: {"pages": n, "first_row_at": lo, "last_row_at": hi}
+                for run, n, lo, hi in t.frame("run").select("run_id", "pages", "lo", "hi").iter_rows()}
+    models = t.frame("model").drop_nulls("engine").sort(["pages", "engine", "model"], descending=[True, False, False])
+    minutes = t.frame("minute").drop_nulls("minute").sort("minute")
+    ordered = lambda c: dict(sorted(c.items(), key=lambda kv: (-kv[1], str(kv[0]))))  # noqa: E731
     return Report(
-        out=out,
-        rows=read,
-        duplicates=read - rows.height,
-        documents=rows["doc_id"].n_unique(),
-        pages=page_rows.height,
-        document_errors=rows.height - page_rows.height,
-        finish_reasons=counts("finish_reason"),
-        error_types=counts("error_type"),
-        first_at=first.isoformat() if first is not None else None,
-        last_at=last.isoformat() if last is not None else None,
+        out=out, rows=t.read, duplicates=t.read - t.kept, documents=t.documents, pages=t.pages,
+        document_errors=t.kept - t.pages, finish_reasons=ordered(t.finish_reasons), error_types=ordered(t.error_types),
+        first_at=t.first.isoformat() if t.first is not None else None,
+        last_at=t.last.isoformat() if t.last is not None else None,
         span_s=span_s,
-        pages_per_minute=rate,
+        pages_per_minute=t.pages / (span_s / 60) if span_s else None,  # over the real span, however short
         per_minute=[{"minute": m.isoformat(), "pages": n} for m, n in minutes.iter_rows()],
-        text_chars=distribution(page_rows["text_chars"]),
-        text_chars_histogram=histogram(page_rows["text_chars"]),
-        output_tokens=distribution(page_rows["output_tokens"]),
-        prompt_tokens=distribution(page_rows["prompt_tokens"]),
-        latency_ms_by_route=latency_by_route(page_rows),
-        **_notable(pages, page_rows, top, limit),
-        routes=dict(page_rows.drop_nulls("route")["route"].value_counts(sort=True).iter_rows()),
-        route_saving=route_saving(page_rows),
+        text_chars=distribution(t.values("text_chars")),
+        text_chars_histogram=histogram(t.values("text_chars")),
+        output_tokens=counted_distribution(t.frame("output_tokens")),
+        prompt_tokens=counted_distribution(t.frame("prompt_tokens")),
+        latency_ms_by_route={k: d for k in ("model", "textlayer") if (d := distribution(t.values(k))) is not None},
+        **_notable(pages, t),
+        routes=ordered(t.routes),
+        route_saving=route_saving(t),
         cer=_cer(pages, truth, stale) if truth else None,
-        cost=cost.summarise(runs, page_rows.height, gpu_hourly_usd, by_run) if runs else None,
-        timeline=timeline(page_rows["processed_at"]),
+        cost=cost.summarise(runs, t.pages, gpu_hourly_usd, {r: v["pages"] for r, v in run_rows.items()}) if runs else None,
+        timeline=counted_timeline(t.frame("stamp"), BUCKETS_S, MAX_BUCKETS, MIN_PAGES_A_BUCKET, DONE_POINTS),
         runs=sorted((run_brief(r, run_rows) for r in runs or []), key=lambda r: (r["started_at"] or "", r["run_id"])),
         models=models.to_dicts(),
     )
 
 
-def _run_rows(page_rows: pl.DataFrame) -> dict[str, dict[str, Any]]:
-    """Each run's pages in the table, and its first and last row's time."""
-    at = pl.col("processed_at")
-    return {run: {"pages": n, "first_row_at": lo, "last_row_at": hi} for run, n, lo, hi in
-            page_rows.drop_nulls("run_id").group_by("run_id")
-            .agg(pl.len(), at.min().alias("lo"), at.max().alias("hi")).iter_rows()}
-
-
-def _notable(pages: pl.LazyFrame, page_rows: pl.DataFrame, top: int, limit: int) -> dict[str, Any]:
-    """The `top` slowest documents and the first `limit` pages that hit the token limit or looped,
-    each with its document's source URI."""
-    slowest = (page_rows.group_by("doc_id").agg(pl.len().alias("pages"), pl.col("latency_ms").sum())
-               .sort(["latency_ms", "doc_id"], descending=[True, False]).head(top))
-    flagged = page_rows.filter(pl.col("finish_reason").is_in(FLAGGED)).sort("doc_id", "page_index")
-    flagged_head = flagged.head(limit).select("doc_id", "page_index", "finish_reason", "output_tokens")
-    uris = _uris(pages, slowest["doc_id"].to_list() + flagged_head["doc_id"].to_list())
+def _notable(pages: pl.LazyFrame, t: Rollup) -> dict[str, Any]:
+    """The `top` slowest documents and the first `limit` pages that hit the token limit or looped
+    (as tallied), each with its document's source URI."""
+    slowest, flagged = t.frame("slowest"), t.frame("flagged")
+    uris = _uris(pages, slowest["doc_id"].to_list() + flagged["doc_id"].to_list())
     return {
         "slowest_documents": [{"source_uri": uris.get(d), "doc_id": d, "pages": n, "latency_ms": float(ms or 0)}
-                              for d, n, ms in slowest.iter_rows()],
-        "flagged_total": flagged.height,
+                              for d, n, ms in slowest.select("doc_id", "pages", "latency_ms").iter_rows()],
+        "flagged_total": t.flagged_total,
         "flagged_pages": [{"source_uri": uris.get(d), "doc_id": d, "page_index": i, "finish_reason": r,
-                           "output_tokens": t} for d, i, r, t in flagged_head.iter_rows()],
+                           "output_tokens": o} for d, i, r, o in flagged.iter_rows()],
     }
-
-
-def latency_by_route(page_rows: pl.DataFrame) -> dict[str, dict[str, float]]:
-    """distribution() of latency_ms for each source of text: "model" (the run's
-    engine) and "textlayer" (routed to the PDF's own layer, or the textlayer
-    engine). Rows of pages that never reached an engine have no latency."""
-    layer = (pl.col("route") == "textlayer") | (pl.col("route").is_null() & (pl.col("engine") == "textlayer"))
-    out = {}
-    for key, mask in (("model", ~layer), ("textlayer", layer)):
-        d = distribution(page_rows.select(pl.col("latency_ms").filter(mask.fill_null(False)))["latency_ms"])
-        if d is not None:
-            out[key] = d
-    return out
 
 
 START_TIMINGS = ("turn_wait_s", "engine_start_s", "first_page_s", "first_request_s", "first_row_s")  # a run record's
@@ -257,26 +228,11 @@ def timeline(stamps: pl.Series) -> dict[str, Any] | None:
     of the bucket, "pages": n}], "done": [{"at", "pages": done by then}]}, empty
     buckets included (a stall shows as zero)."""
     stamps = stamps.drop_nulls()
-    if stamps.is_empty():
-        return None
-    span = (stamps.max() - stamps.min()).total_seconds()
-    bucket = next((b for b in BUCKETS_S if span / b <= MAX_BUCKETS and stamps.len() * b >= MIN_PAGES_A_BUCKET * span),
-                  BUCKETS_S[-1])
-    counts = (stamps.to_frame("t").group_by(pl.col("t").dt.truncate(f"{bucket}s").alias("at"))
-              .agg(pl.len().alias("n")).sort("at"))
-    start, end = counts["at"].min(), counts["at"].max()
-    full = pl.datetime_range(start, end, f"{bucket}s", eager=True).alias("at").to_frame()
-    counts = full.join(counts, on="at", how="left").fill_null(0)
-    # Pages done at each distinct timestamp (rows committed together share one), at
-    # most DONE_POINTS of them, evenly spread over the rows: the cumulative curve.
-    ordered = stamps.sort()
-    at = ordered.gather(sorted({round(i * (ordered.len() - 1) / DONE_POINTS) for i in range(DONE_POINTS + 1)}))
-    done = pl.DataFrame({"t": at, "n": ordered.search_sorted(at, side="right")}).unique("t").sort("t")
-    return {"bucket_s": bucket, "points": [{"at": at.isoformat(), "pages": n} for at, n in counts.iter_rows()],
-            "done": [{"at": at.isoformat(), "pages": n} for at, n in done.iter_rows()]}
+    counts = stamps.to_frame("t").group_by("t").agg(pl.len().cast(pl.Int64).alias("n"))
+    return counted_timeline(counts, BUCKETS_S, MAX_BUCKETS, MIN_PAGES_A_BUCKET, DONE_POINTS)
 
 
-def route_saving(page_rows: pl.DataFrame) -> dict[str, Any] | None:
+def route_saving(t: Rollup) -> dict[str, Any] | None:
     """The engine time the pages routed to their text layer did not cost, from the
     same output's own model pages: routed pages x engine seconds per model page.
 
@@ -286,20 +242,19 @@ def route_saving(page_rows: pl.DataFrame) -> dict[str, Any] | None:
     processed_at span of each run's model pages over the pages after its first
     timestamp (rows written together share one). The smaller of the two is the
     estimate. None without routed or model pages."""
-    routed = page_rows.filter(pl.col("route") == "textlayer").height
-    model = page_rows.filter((pl.col("route") == "model") & (pl.col("finish_reason") != "error")
-                             & pl.col("latency_ms").is_not_null())
-    if not routed or model.is_empty():
+    saving = t.saving
+    routed, model = saving["routed"], saving["model"]
+    if not routed or not model:
         return None
-    latency_s = float(model["latency_ms"].mean()) / 1000
-    at = pl.col("processed_at")
-    runs = model.group_by("run_id").agg(after=(at > at.min()).sum(), span=(at.max() - at.min()).dt.total_microseconds())
-    after = int(runs["after"].sum())
-    interval_s = float(runs["span"].sum()) / 1e6 / after if after > 0 else None
+    latency_s = saving["latency_ms"] / model / 1000
+    runs = t.frame("saving")
+    after = int((runs["n"] - runs["at_lo"]).sum())
+    span_us = (runs["hi"] - runs["lo"]).dt.total_microseconds().sum()
+    interval_s = float(span_us) / 1e6 / after if after > 0 else None
     per_page = min(latency_s, interval_s) if interval_s is not None else latency_s
-    engines = sorted(set(model["engine"].drop_nulls()))
+    engines = sorted(saving["engines"])
     return {"engine": ", ".join(engines), "device": "GPU" if "vllm" in engines else "CPU",
-            "routed_pages": routed, "model_pages": model.height, "seconds_per_model_page": per_page,
+            "routed_pages": routed, "model_pages": model, "seconds_per_model_page": per_page,
             "latency_s": latency_s, "finish_interval_s": interval_s, "saved_s": routed * per_page}
 
 

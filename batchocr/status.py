@@ -7,13 +7,16 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchocr import layout
-from batchocr.compact import kept_counts
+from batchocr.compact import kept_counts_by_shard
 from batchocr.errors import ConfigError
 from batchocr.plan import PlanInfo, planned_documents, read_plan
 from batchocr.layout import done_marker
 from batchocr.sink import committed_keys, committed_runs, completed, shards_present
 from batchocr.spec import Shard
-from batchocr.storage import Store
+from batchocr.storage import Store, each
+
+
+GROUP_SHARDS = 64  # shards whose committed keys are held at once, and tallied in one pass
 
 
 @dataclass(frozen=True)
@@ -99,17 +102,22 @@ def _has_planned(out: Store, shard: int, keys: pa.Table) -> bool:
 def status(out: Store) -> list[ShardStatus]:
     plan = read_plan(out)
     markers = out.find(layout.DONE, suffix=".json")  # listed once: no request per shard
+    done = set(markers)
     rows = []
-    for shard in range(shard_count(out, plan, markers)):
-        keys = committed_keys(out, shard)
-        reasons = keys.column("finish_reason").to_pylist()
-        if done_marker(shard) in markers and (plan is None or _has_planned(out, shard, keys)):
-            state = "done"
-        elif reasons:
-            state = "partial"
-        else:
-            state = "not started"
-        planned = plan.per_shard[shard]["documents"] if plan and plan.per_shard else None
-        pages, errors = kept_counts(keys)  # a page redone (a changed document, a compaction killed) once
-        rows.append(ShardStatus(shard, state, len(set(keys.column("doc_id").to_pylist())), pages, errors, planned))
+    count = shard_count(out, plan, markers)
+    for first in range(0, count, GROUP_SHARDS):  # a group's keys read, then tallied in one pass
+        shards = range(first, min(count, first + GROUP_SHARDS))
+        keys = dict(zip(shards, each(lambda shard: committed_keys(out, shard), list(shards))))
+        # a page redone (a changed document, a compaction killed) once
+        counts = kept_counts_by_shard(keys)
+        for shard in shards:
+            pages, errors, documents = counts[shard]
+            if done_marker(shard) in done and (plan is None or _has_planned(out, shard, keys[shard])):
+                state = "done"
+            elif keys[shard].num_rows:
+                state = "partial"
+            else:
+                state = "not started"
+            planned = plan.per_shard[shard]["documents"] if plan and plan.per_shard else None
+            rows.append(ShardStatus(shard, state, documents, pages, errors, planned))
     return rows

@@ -25,6 +25,10 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
         if has_no_rows_yet(store):
             return pl.LazyFrame(schema=PAGE_SCHEMA)
         raise no_page_table(out)
+    return _scan(store, parts)
+
+
+def _scan(store: Store, parts: list[str]) -> pl.LazyFrame:
     options, credential_provider = store.polars_options()
     # The schema is this version's: a part written before a column existed (route,
     # skew_angle) reads with it null, so an OUT resumed across versions still opens.
@@ -34,6 +38,36 @@ def read_pages(out: str, storage_options: Mapping[str, Any] | None = None) -> pl
     return pl.scan_parquet(paths, hive_partitioning=False, glob=False,
                            schema=PAGE_SCHEMA, missing_columns="insert", extra_columns="ignore",
                            storage_options=options, credential_provider=credential_provider)
+
+
+# Part files a group of shard_groups holds at most (more where one shard has more): a
+# reader collects a group at a time, so its memory follows the group, not the table.
+GROUP_PARTS = 64
+
+
+def shard_groups(out: str, storage_options: Mapping[str, Any] | None = None,
+                 group_parts: int | None = None) -> Iterator[tuple[list[int], pl.LazyFrame]]:
+    """read_pages' rows a few whole shards at a time (a document's rows are all in its shard):
+    (the shards, a scan of their parts), listed once. Readers that keep one row a page
+    (compaction's rule) or whole documents work a group at a time and merge what each yields."""
+    store = Store(out, storage_options)
+    parts = store.find(layout.PAGES, suffix=".parquet")
+    if not parts and not has_no_rows_yet(store):
+        raise no_page_table(out)
+    by_shard: dict[int, list[str]] = {}
+    for rel in parts:
+        shard = layout.shard_of_folder(rel.split("/")[-2]) if rel.count("/") >= 2 else None
+        by_shard.setdefault(-1 if shard is None else shard, []).append(rel)
+    shards: list[int] = []
+    held: list[str] = []
+    for shard in sorted(by_shard):
+        shards.append(shard)
+        held += by_shard[shard]
+        if len(held) >= (group_parts or GROUP_PARTS):
+            yield shards, _scan(store, held)
+            shards, held = [], []
+    if held:
+        yield shards, _scan(store, held)
 
 
 PAGE_SCHEMA = pl.from_arrow(schema.PAGE_TABLE.empty_table()).schema
