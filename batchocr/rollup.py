@@ -31,6 +31,7 @@ def _folds(top: int, limit: int) -> dict[str, Callable[[pl.DataFrame], pl.DataFr
         "stamp": lambda f: f.group_by("t").agg(pl.col("n").sum()),
         "output_tokens": lambda f: f.group_by("v").agg(pl.col("n").sum()),
         "prompt_tokens": lambda f: f.group_by("v").agg(pl.col("n").sum()),
+        "text_chars": lambda f: f.group_by("v").agg(pl.col("n").sum()),
         "run": lambda f: f.group_by("run_id").agg(pl.col("pages").sum(), pl.col("lo").min(), pl.col("hi").max()),
         "model": lambda f: f.group_by("engine", "model").agg(pl.col("pages").sum()),
         "saving": lambda f: f.group_by("run_id").agg(pl.col("lo").min(), pl.col("hi").max(), pl.col("n").sum(), at_lo),
@@ -84,7 +85,7 @@ class Rollup:
                                                                                      .alias("pages")))
         self._keep("stamp", pages.select(at.alias("t")).drop_nulls().group_by("t").agg(pl.len().cast(pl.Int64)
                                                                                        .alias("n")))
-        for col in ("output_tokens", "prompt_tokens"):
+        for col in ("output_tokens", "prompt_tokens", "text_chars"):
             self._keep(col, pages.select(pl.col(col).alias("v")).drop_nulls().group_by("v")
                        .agg(pl.len().cast(pl.Int64).alias("n")))
         self.text_chars.append(pages["text_chars"].drop_nulls().to_numpy())
@@ -115,11 +116,13 @@ class Rollup:
             at.min().alias("lo"), at.max().alias("hi"), at.count().cast(pl.Int64).alias("n"),
             (at == at.min()).sum().cast(pl.Int64).alias("at_lo")))
 
-    def values(self, name: str) -> pl.Series:
-        """Every page's text_chars, or engine ms of one source of text ("model", "textlayer")."""
+    def take(self, name: str) -> pl.Series:
+        """Every page's text_chars, or engine ms of one source of text ("model", "textlayer"),
+        handed over once: the tally lets go of them (the largest thing it holds)."""
         arrays = self.text_chars if name == "text_chars" else self.latency[name]
-        dtype = pl.UInt32 if name == "text_chars" else pl.Float32
-        return pl.Series(name, np.concatenate(arrays) if arrays else [], dtype)
+        values = np.concatenate(arrays) if arrays else []
+        arrays.clear()
+        return pl.Series(name, values, pl.UInt32 if name == "text_chars" else pl.Float32)
 
 
 def counted_distribution(counts: pl.DataFrame) -> dict[str, float] | None:

@@ -27,6 +27,7 @@ import argparse
 import datetime as dt
 import json
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -132,12 +133,19 @@ def write_shard(out: Path, shard: int, shards: int, rows: int, rng: np.random.Ge
     return {"shard": shard, "documents": len(docs), "bytes": sum(d[1] for d in docs)}
 
 
-def write_out(out: Path, rows: int, shards: int, seed: int = 51) -> None:
-    rng = np.random.default_rng(seed)
-    corpus = _corpus(rng)
+def _write_shards(out: Path, first: int, last: int, shards: int, rows: int, seed: int) -> list[dict]:
+    corpus = _corpus(np.random.default_rng(seed))
+    return [write_shard(out, s, shards, rows, np.random.default_rng([seed, s]), corpus) for s in range(first, last)]
+
+
+def write_out(out: Path, rows: int, shards: int, seed: int = 51, jobs: int = 1) -> None:
+    """The synthetic OUT; `jobs` processes write its shards (the same files whatever the count)."""
     for folder in (layout.RUNS, layout.DONE, layout.PLAN_DIR):
         (out / folder).mkdir(parents=True, exist_ok=True)
-    per_shard = [write_shard(out, s, shards, rows, rng, corpus) for s in range(shards)]
+    cuts = [shards * k // jobs for k in range(jobs + 1)]
+    with ProcessPoolExecutor(jobs) as pool:
+        per_shard = [p for chunk in pool.map(_write_shards, [out] * jobs, cuts[:-1], cuts[1:], [shards] * jobs,
+                                             [rows] * jobs, [seed] * jobs) for p in chunk]
     info = {"source": "az://scans/batch/", "shards": shards, "documents": sum(p["documents"] for p in per_shard),
             "bytes": sum(p["bytes"] for p in per_shard), "created_at": START.isoformat(), "per_shard": per_shard}
     (out / layout.PLAN).write_text(json.dumps(info))
@@ -148,9 +156,10 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--rows", type=int, default=1_000_000, help="page rows (the redone ones come on top)")
     ap.add_argument("--shards", type=int, default=10_000)
+    ap.add_argument("--jobs", type=int, default=1, help="processes writing shards")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    write_out(args.out, args.rows, args.shards)
+    write_out(args.out, args.rows, args.shards, jobs=args.jobs)
     size = sum(p.stat().st_size for p in (args.out / layout.PAGES).rglob("*.parquet"))
     print(f"wrote {args.rows:,} page rows in {args.shards:,} shards ({size / 1e9:.2f} GB of parts) to {args.out} "
           f"in {time.perf_counter() - t0:.0f} s")
