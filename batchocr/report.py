@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -140,7 +139,7 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
     row a page and tallied in turn, so memory follows a group, not the table (none: `pages`
     is one group)."""
     t = Rollup(top, limit)
-    for group in itertools.chain(groups if groups is not None else [], [pages] if groups is None else []):
+    for group in groups if groups is not None else [pages]:
         raw = scan(group).collect()
         t.add(raw.height, one_row_per_page(raw, stale))
     if not t.added:  # no part at all: the figures of no rows
