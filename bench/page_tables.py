@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchocr import layout, schema
-from batchocr.plan import DOCS
+from batchocr.planner import DOCS
 from batchocr.sink import to_parquet
 from batchocr.sources import doc_id
 
