@@ -61,7 +61,7 @@ def shares(documents: list[DocRef], n: int) -> list[list[DocRef]]:
 
 
 _NOTHING = {"run_id": "", "documents": 0, "documents_skipped": 0, "pages": 0, "error_pages": 0, "skipped_pages": 0,
-            "routed_pages": 0}  # an interrupted part's summary before its run began
+            "routed_pages": 0, "failed_documents": 0}  # an interrupted part's summary before its run began
 _STOP_EXITS = {-s for s in signals.STOP}  # a part's exit code when a stop signal killed it
 
 
@@ -194,7 +194,8 @@ def _combined(spec: JobSpec, results: dict[int, tuple], finished: int,
                          interrupted=any(r[0] == "interrupted" for r in results.values()))
     summary.documents_skipped = finished
     for s in summaries:
-        for key in ("documents", "documents_skipped", "pages", "error_pages", "skipped_pages", "routed_pages"):
+        for key in ("documents", "documents_skipped", "pages", "error_pages", "skipped_pages", "routed_pages",
+                    "failed_documents"):
             setattr(summary, key, getattr(summary, key) + s[key])
     return summary, run_ids
 

@@ -39,8 +39,9 @@ class RunSummary:
     out: str
     documents: int = 0  # documents worked on by this run
     documents_skipped: int = 0  # already complete in OUT
-    pages: int = 0
-    error_pages: int = 0  # rows with finish_reason error
+    pages: int = 0  # page rows (page_index >= 0): a document's error row is no page
+    error_pages: int = 0  # page rows with finish_reason error
+    failed_documents: int = 0  # documents that could not be opened: their one row, page_index -1
     skipped_pages: int = 0  # rows with finish_reason skipped
     routed_pages: int = 0  # pages whose text came from the text layer, not the engine (route)
     seconds: float = 0.0
@@ -59,8 +60,9 @@ class RunSummary:
         state = "interrupted after" if self.interrupted else "done:"
         skipped = f", {self.skipped_pages} skipped" if self.skipped_pages else ""
         skipped += f", {self.routed_pages} from the text layer" if self.routed_pages else ""
+        failed = f" ({self.failed_documents:,} failed)" if self.failed_documents else ""
         return (
-            f"batchocr: {state} {plural(self.documents, 'document')}, {plural(self.pages, 'page')} "
+            f"batchocr: {state} {plural(self.documents, 'document')}{failed}, {plural(self.pages, 'page')} "
             f"({plural(self.error_pages, 'error')}{skipped}), {self.pages_per_s:.2f} pages/s, "
             f"{self.seconds:.1f} s -> {self.out}/{shard_dir(int(self.shard.split('/')[0]))} "
             f"({'runs' if ', ' in self.run_id else 'run'} {self.run_id})"

@@ -71,6 +71,9 @@ class Write:
             if row.get("error_type") is not None and row["error_type"] not in schema.ERROR_TYPES:
                 raise BoundaryError(f"undeclared error_type {row['error_type']!r} (add it to schema.ERROR_TYPES and README)")
             row.update(engine=by.name, model=by.model, run_id=self.run_id, shard=self.shard, processed_at=now)
+            if row["page_index"] < 0:  # a document that could not be opened: no page of it
+                summary.failed_documents += 1
+                continue
             summary.pages += 1
             summary.error_pages += row["finish_reason"] == "error"
             summary.skipped_pages += row["finish_reason"] == "skipped"

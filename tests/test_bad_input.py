@@ -35,9 +35,7 @@ def test_every_kind_of_bad_input_in_one_shard(tmp_path):
     good = text_corpus(src / "good", documents=3, pages=2)
     thousands = text_pdf(src / "thousands.pdf", 2000)
     out = tmp_path / "out"
-    start = time.monotonic()
     proc = run_cli("run", str(src), str(out), "--engine", "textlayer", "-q", check=True)
-    assert time.monotonic() - start < 240
     pages = read_pages(str(out)).collect()
     by_doc = {name: pages.filter(pages["source_uri"].str.ends_with("/" + name)) for name in kinds}
 
@@ -66,7 +64,16 @@ def test_every_kind_of_bad_input_in_one_shard(tmp_path):
     # One row per page, no duplicates, and only declared error types.
     assert pages.select("doc_id", "page_index").is_unique().all()
     assert set(pages["error_type"].drop_nulls()) <= schema.ERROR_TYPES
-    assert "errors" in proc.stdout
+    # The summary's counts mean one thing each: pages are page rows; a document's error row
+    # (page_index -1) is a document that failed, not a page ("32 pages (2 errors)" for 30 pages).
+    failed = pages.filter(pages["page_index"] < 0)
+    assert failed.height == sum(index == -1 for _, index, _ in EXPECTED.values()) == 5
+    page_rows = pages.filter(pages["page_index"] >= 0)
+    errors = page_rows.filter(page_rows["finish_reason"] == "error").height
+    assert errors == 2  # huge.png and bomb.png: a page each, too large to read
+    documents = pages["doc_id"].n_unique()
+    assert (f"batchocr: done: {documents} documents (5 failed), {page_rows.height:,} pages (2 errors"
+            in proc.stdout), proc.stdout
 
 
 def _collect(pool, tasks):
@@ -91,55 +98,67 @@ def test_a_hung_renderer_is_killed_and_the_document_recorded(tmp_path):
     assert [r["error_type"] for r in rows if r["source_uri"].endswith("receipt.png")] == [None]
 
 
-def _run_s(pid: int) -> float:
-    """Seconds of CPU the process's main thread has had (Linux's schedstat)."""
+def _schedstat(pid: int) -> tuple[float, float]:
+    """Seconds the process's main thread has run, and has waited for a CPU (Linux's schedstat)."""
     with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e9
+        run, wait = f.read().split()[:2]
+    return int(run) / 1e9, int(wait) / 1e9
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux's schedstat")
 def test_a_worker_kept_waiting_for_a_cpu_is_not_timed_out(tmp_path):
-    """The timeout is on the worker's own time. A worker that shares one CPU with 9 busy
-    processes reads a document, once to measure the CPU it takes there (a page's CPU time
-    grows on a loaded CPU: 0.3 s quiet, 1.0 s beside the 9 and a busy sibling CPU, for the
-    same page; with a fixed timeout of 1.5 s the test failed on a slow day), then again with
-    timeout_s 2.5 times that: the read takes about 10 times its CPU time of wall time, well
-    over timeout_s, and is read, not timed out: on a busy or CPU-throttled node a sound page
-    is not a `timeout` row. (A page that hangs still is: the test above.)"""
+    """The timeout is on the worker's own time. The test holds the worker off its CPU for
+    two timeouts: pinned to one CPU beside a busy process, at nice 19 (a share of 15/1039 of
+    that CPU, in turns a fraction of a second apart). The test, not the machine's load,
+    decides how long the worker waits: until the kernel says it has waited two timeouts (its
+    run delay); then the worker gets its CPU back and reads the rest of the document. It is read, not timed out: on a
+    busy or CPU-throttled node a sound page is not a `timeout` row. (A page that hangs still
+    is: the test above.) The timeout is far above what the document costs the worker itself,
+    measured first in the same process; it was 2.5 times that before, and a loaded machine's
+    stray 0.1 s off the CPU (another VM's turn, a page fault) went past it."""
     import subprocess
     import sys
 
-    texts = hang_pdf(tmp_path / "slow.pdf", pages=3, hang_at=(1,), depth=12)  # 2**12 draws: finite
+    # 2**14 draws: finite, and more CPU than the worker gets while it waits two timeouts
+    texts = hang_pdf(tmp_path / "slow.pdf", pages=3, hang_at=(1,), depth=14)
     (doc,) = list_documents(Store(str(tmp_path)))
     cpu = min(os.sched_getaffinity(0))
-    hogs = []
-
-    def read(timeout: float):
-        with RenderPool(RenderSpec(workers=1, timeout_s=timeout, batch_pages=1), Needs(text_layer=True, image=False)) as pool:
-            pid = pool.workers[0].process.pid
-            while not pool.workers[0].progress[renderprogress.STARTED]:  # its imports done at full speed
-                time.sleep(0.01)
-            os.sched_setaffinity(pid, {cpu})
-            while len(hogs) < 9:
-                hogs.append(subprocess.Popen([sys.executable, "-c",
-                                              f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]))
-            time.sleep(0.3)  # pinned and spinning
-            start, run = time.monotonic(), _run_s(pid)
-            rows = _collect(pool, [RenderTask(doc)])
-            seconds, replaced = time.monotonic() - start, pool.replaced
-            return rows, seconds, None if replaced else _run_s(pid) - run, replaced  # a replaced worker is gone
-
-    try:
-        _, _, used, replaced = read(600.0)
-        assert replaced == 0
-        timeout = 2.5 * used
-        rows, seconds, _, replaced = read(timeout)
-    finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
-    assert seconds > timeout, f"the worker was not kept waiting ({seconds:.1f} s, timeout {timeout:.1f} s)"
-    assert replaced == 0, (used, timeout, seconds)
+    with RenderPool(RenderSpec(workers=1, timeout_s=600, batch_pages=1), Needs(text_layer=True, image=False)) as pool:
+        pid = pool.workers[0].process.pid
+        while not pool.workers[0].progress[renderprogress.STARTED]:
+            time.sleep(0.01)
+        start, (_, waited) = time.monotonic(), _schedstat(pid)
+        _collect(pool, [RenderTask(doc)])
+        own = time.monotonic() - start - (_schedstat(pid)[1] - waited)  # what the pool counts against the timeout
+    timeout = 1.0 + 5 * own
+    with RenderPool(RenderSpec(workers=1, timeout_s=timeout, batch_pages=1), Needs(text_layer=True, image=False)) as pool:
+        pid = pool.workers[0].process.pid
+        while not pool.workers[0].progress[renderprogress.STARTED]:  # its imports done at full speed
+            time.sleep(0.01)
+        os.sched_setaffinity(pid, {cpu})
+        hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, 19)
+            rows: list = []
+            reader = threading.Thread(target=lambda: rows.extend(_collect(pool, [RenderTask(doc)])))
+            _, before = _schedstat(pid)
+            reader.start()
+            waited = 0.0
+            while waited < 2 * timeout and reader.is_alive() and not pool.replaced:
+                time.sleep(0.05)
+                try:
+                    waited = _schedstat(pid)[1] - before
+                except OSError:  # replaced meanwhile: the assertion below says so
+                    break
+            if not pool.replaced:
+                os.setpriority(os.PRIO_PROCESS, pid, 0)
+        finally:
+            hog.kill()
+            hog.wait()
+        reader.join()
+        replaced = pool.replaced
+    assert replaced == 0, f"timed out while it waited for a CPU ({waited:.1f} s waited, timeout {timeout:.1f} s)"
+    assert waited >= 2 * timeout, f"the worker was not kept waiting ({waited:.1f} s, timeout {timeout:.1f} s)"
     assert sorted((r["page_index"], r["error_type"], r["text_layer"].strip()) for r in rows) == [
         (i, None, texts[i]) for i in range(3)]
 
@@ -187,16 +206,15 @@ def test_a_renderer_that_dies_while_idle_is_replaced(tmp_path):
 @pytest.mark.parametrize("engine", ["rapidocr"])
 def test_a_hanging_document_does_not_stall_the_run(tmp_path, engine):
     """End to end with the real OCR engine: the slow document times out, the
-    others are read, the run exits 0 in bounded time."""
+    others are read, the run exits 0 (its page hangs for good: the run ending at all is
+    the timeout at work, on a machine however loaded)."""
     src = tmp_path / "src"
     src.mkdir()
     hang_pdf(src / "slow.pdf", pages=2, hang_at=(0,))
     (src / "receipt.png").write_bytes((SAMPLES / "receipt.png").read_bytes())
     job = tmp_path / "job.yaml"
     job.write_text(f"source: {src}\nout: {tmp_path / 'out'}\nengine: {engine}\nrender: {{timeout_s: 1.5, workers: 1}}\n")
-    start = time.monotonic()
-    run_cli("run", "--job", str(job), "-q", check=True)
-    assert time.monotonic() - start < 120
+    run_cli("run", "--job", str(job), "-q", check=True)  # it ends: the hung page does not hold it
     pages = read_pages(str(tmp_path / "out")).collect()
     slow = pages.filter(pages["source_uri"].str.ends_with("slow.pdf"))
     # The hang costs its page: the page after it is read by a fresh worker.
