@@ -172,7 +172,7 @@ def _routing(r: Report):
         spent["model"] = s["seconds_per_model_page"] * s["model_pages"]
     bars = [("model pages", spent.get("model", 0.0), {}),
             ("text-layer pages", spent.get("textlayer", 0.0), {})]
-    if s is not None:
+    if s is not None and s["saved_s"] is not None:  # None: too few model pages to estimate it
         bars.append(("text-layer pages\nhad the model read them", s["saved_s"],
                      {"hatch": "//", "facecolor": "none", "edgecolor": "C0"}))
     div, unit = _time_unit(max(v for _, v, _ in bars) or 1)

@@ -6,6 +6,9 @@ pages.
 An accelerator is a GPU for a GPU engine (vLLM: every GPU visible to the process,
 i.e. the pod's), and the whole machine for a CPU engine (count 1). Its seconds are
 the run's wall time from start to end, the model's load included: what is paid for.
+
+And what routing pages to their text layer saved (route_saving): an estimate that says
+what it rests on, and gives no total on too few model pages.
 """
 
 from __future__ import annotations
@@ -104,3 +107,75 @@ def _rates(seconds: float, pages: int, price: float | None) -> dict[str, float |
     hours = seconds / 3600
     return {"pages_per_accelerator_hour": pages / hours if hours else None,
             "usd_per_million_pages": price * hours / pages * 1e6 if price is not None and pages else None}
+
+
+# Fewer model pages than this in OUT: `report` gives what a model page cost and on what,
+# not a total for the routed pages (seven scans read on a busy machine made "5,714.5 s").
+MIN_BASIS_PAGES = 20
+
+
+def route_saving(routed: int, latency_ms, runs, engines: set[str]) -> dict[str, Any] | None:
+    """The engine time the pages routed to their text layer did not cost, from the same
+    output's own model pages: routed pages x engine seconds per model page, with its basis
+    (how many model pages, which statistic, when they were read). `saved_s` is None where
+    fewer than MIN_BASIS_PAGES model pages stand behind it. From report's rollup
+    (Rollup.saving_basis): `latency_ms` the model pages' engine ms counted (v, n), `runs`
+    each run's first and last model-page time (lo, hi), its model pages (n) and those at
+    its first time (at_lo).
+
+    A page's latency_ms is its own wall time inside the engine. A sequential engine
+    (rapidocr) spends that on it; the median, since a few pages read while the machine was
+    busy would pull a mean far off. A concurrent engine (vLLM) overlaps hundreds, so its
+    cost per page is the interval between finished pages: the processed_at span of each
+    run's model pages over the pages after its first timestamp (rows written together share
+    one). The smaller of the two is the estimate. None without routed or model pages."""
+    from batchocr.rollup import counted_median
+
+    model = int(latency_ms["n"].sum()) if not latency_ms.is_empty() else 0
+    if not routed or not model:
+        return None
+    median_s = counted_median(latency_ms) / 1000
+    after = int((runs["n"] - runs["at_lo"]).sum())
+    interval_s = float((runs["hi"] - runs["lo"]).dt.total_microseconds().sum()) / 1e6 / after if after > 0 else None
+    by_interval = interval_s is not None and interval_s < median_s
+    per_page = interval_s if by_interval else median_s
+    first, last = runs["lo"].min(), runs["hi"].max()
+    return {"engine": ", ".join(sorted(engines)), "device": "GPU" if "vllm" in engines else "CPU",
+            "routed_pages": routed, "model_pages": model, "seconds_per_model_page": per_page,
+            "basis": "finish interval" if by_interval else "median latency",
+            "median_latency_s": median_s, "finish_interval_s": interval_s,
+            "measured_from": first.isoformat() if first is not None else None,
+            "measured_to": last.isoformat() if last is not None else None,
+            "min_model_pages": MIN_BASIS_PAGES,
+            "saved_s": routed * per_page if model >= MIN_BASIS_PAGES else None}
+
+
+def saving_lines(s: dict[str, Any]) -> list[str]:
+    """route_saving as `report` prints it: the total (or why there is none), then its basis."""
+    from batchocr.words import plural
+
+    name = s["device"] + " time saved"
+    pages = plural(s["model_pages"], f"{s['engine']} page")
+    if s["basis"] == "finish interval":
+        basis = (f"the interval between finished pages of {pages} (their median engine time "
+                 f"{s['median_latency_s']:.3f} s)")
+    else:
+        basis = f"the median engine time of {pages}"
+    when = f", read {_span(s['measured_from'], s['measured_to'])}" if s["measured_from"] else ""
+    if s["saved_s"] is None:
+        return [f"  {name:<22} {'not estimated':>12}  ({pages} here, {s['min_model_pages']} needed to estimate "
+                f"{plural(s['routed_pages'], 'routed page')})",
+                f"    {s['seconds_per_model_page']:.3f} s a page: {basis}{when}"]
+    return [f"  {name:<22} {s['saved_s']:>12,.1f} s  ({plural(s['routed_pages'], 'page')} "
+            f"x {s['seconds_per_model_page']:.3f} s, a {s['engine']} page here)",
+            f"    {s['seconds_per_model_page']:.3f} s a page: {basis}{when}"]
+
+
+def _span(first: str, last: str) -> str:
+    """'2026-12-05 14:02 to 14:10 UTC', or with both dates where they differ."""
+    import datetime as dt
+
+    a, b = dt.datetime.fromisoformat(first), dt.datetime.fromisoformat(last)
+    zone = " UTC" if a.utcoffset() == dt.timedelta(0) else a.strftime(" %z")
+    end = b.strftime("%H:%M") if a.date() == b.date() else b.strftime("%Y-%m-%d %H:%M")
+    return f"{a.strftime('%Y-%m-%d %H:%M')} to {end}{zone}"

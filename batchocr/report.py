@@ -101,7 +101,7 @@ class Report:
     flagged_total: int  # pages with finish_reason length or repetition
     flagged_pages: list[dict[str, Any]]  # the first `limit` of them
     routes: dict[str, int] = dataclasses.field(default_factory=dict)  # pages by route (textlayer, model)
-    route_saving: dict[str, Any] | None = None  # engine time the routed pages did not cost (route_saving())
+    route_saving: dict[str, Any] | None = None  # engine time the routed pages did not cost (cost.route_saving)
     cer: dict[str, Any] | None = None  # with truth: overall, chars, errors, pages, missing
     cost: dict[str, Any] | None = None  # accelerator-seconds of the runs, $ per million pages (cost.summarise)
     timeline: dict[str, Any] | None = None  # pages in buckets sized to the span (timeline())
@@ -165,7 +165,7 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
         latency_ms_by_route={k: d for k in ("model", "textlayer") if (d := distribution(t.take(k))) is not None},
         **_notable(pages, t),
         routes=ordered(t.routes),
-        route_saving=route_saving(t),
+        route_saving=cost.route_saving(*t.saving_basis()),
         cer=_cer(pages, truth, stale) if truth else None,
         cost=cost.summarise(runs, t.pages, gpu_hourly_usd, {r: v["pages"] for r, v in run_rows.items()}) if runs else None,
         timeline=counted_timeline(t.frame("stamp"), BUCKETS_S, MAX_BUCKETS, MIN_PAGES_A_BUCKET, DONE_POINTS),
@@ -229,32 +229,6 @@ def timeline(stamps: pl.Series) -> dict[str, Any] | None:
     stamps = stamps.drop_nulls()
     counts = stamps.to_frame("t").group_by("t").agg(pl.len().cast(pl.Int64).alias("n"))
     return counted_timeline(counts, BUCKETS_S, MAX_BUCKETS, MIN_PAGES_A_BUCKET, DONE_POINTS)
-
-
-def route_saving(t: Rollup) -> dict[str, Any] | None:
-    """The engine time the pages routed to their text layer did not cost, from the
-    same output's own model pages: routed pages x engine seconds per model page.
-
-    A page's latency_ms is its own wall time inside the engine. A sequential
-    engine (rapidocr) spends exactly that on it; a concurrent one (vLLM) overlaps
-    hundreds, so its cost per page is the interval between finished pages: the
-    processed_at span of each run's model pages over the pages after its first
-    timestamp (rows written together share one). The smaller of the two is the
-    estimate. None without routed or model pages."""
-    saving = t.saving
-    routed, model = saving["routed"], saving["model"]
-    if not routed or not model:
-        return None
-    latency_s = saving["latency_ms"] / model / 1000
-    runs = t.frame("saving")
-    after = int((runs["n"] - runs["at_lo"]).sum())
-    span_us = (runs["hi"] - runs["lo"]).dt.total_microseconds().sum()
-    interval_s = float(span_us) / 1e6 / after if after > 0 else None
-    per_page = min(latency_s, interval_s) if interval_s is not None else latency_s
-    engines = sorted(saving["engines"])
-    return {"engine": ", ".join(engines), "device": "GPU" if "vllm" in engines else "CPU",
-            "routed_pages": routed, "model_pages": model, "seconds_per_model_page": per_page,
-            "latency_s": latency_s, "finish_interval_s": interval_s, "saved_s": routed * per_page}
 
 
 def _uris(pages: pl.LazyFrame, doc_ids: list[str]) -> dict[str, str]:
@@ -382,10 +356,7 @@ def format_text(r: Report) -> str:
     lines += ["", "route (where each page's text came from)"]
     lines += [f"  {k:<22} {v:>12,}  {v / max(r.pages, 1):7.2%}" for k, v in r.routes.items()] or ["  (not routed)"]
     if r.route_saving is not None:
-        s = r.route_saving
-        lines.append(f"  {s['device'] + ' time saved':<22} {s['saved_s']:>12,.1f} s  "
-                     f"({plural(s['routed_pages'], 'page')} "
-                     f"x {s['seconds_per_model_page']:.3f} s, a {s['engine']} page here)")
+        lines += cost.saving_lines(r.route_saving)
     lines += ["", f"pages that hit the token limit (length) or looped (repetition): {r.flagged_total:,}"]
     lines += [f"  {p['finish_reason']:<11} page {p['page_index']:>5}  {p['output_tokens'] or '':>6} tokens  "
               f"{p['source_uri']}" for p in r.flagged_pages]

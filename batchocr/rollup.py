@@ -35,6 +35,7 @@ def _folds(top: int, limit: int) -> dict[str, Callable[[pl.DataFrame], pl.DataFr
         "run": lambda f: f.group_by("run_id").agg(pl.col("pages").sum(), pl.col("lo").min(), pl.col("hi").max()),
         "model": lambda f: f.group_by("engine", "model").agg(pl.col("pages").sum()),
         "saving": lambda f: f.group_by("run_id").agg(pl.col("lo").min(), pl.col("hi").max(), pl.col("n").sum(), at_lo),
+        "saving_ms": lambda f: f.group_by("v").agg(pl.col("n").sum()),
         "slowest": lambda f: f.sort(["latency_ms", "doc_id"], descending=[True, False]).head(top),
         "flagged": lambda f: f.sort("doc_id", "page_index").head(limit),
     }
@@ -52,7 +53,7 @@ class Rollup:
         self.first = self.last = None
         self.text_chars: list[np.ndarray] = []
         self.latency: dict[str, list[np.ndarray]] = {"model": [], "textlayer": []}
-        self.saving = {"routed": 0, "model": 0, "latency_ms": 0.0, "engines": set()}
+        self.saving = {"routed": 0, "engines": set()}
         self._fold = _folds(top, limit)
         self._frames: dict[str, list[pl.DataFrame]] = {k: [] for k in self._fold}
 
@@ -103,18 +104,24 @@ class Rollup:
         self._add_saving(pages)
 
     def _add_saving(self, pages: pl.DataFrame) -> None:
-        """What report.route_saving needs: routed and model pages, the model pages' engine
-        time, and each run's first and last model-page time and rows at its first."""
+        """What cost.route_saving needs (saving_basis): routed pages; the model pages' engine
+        ms to the millisecond, counted; each run's first and last model-page time, its model
+        pages and those at its first time."""
         self.saving["routed"] += pages.filter(pl.col("route") == "textlayer").height
         model = pages.filter((pl.col("route") == "model") & (pl.col("finish_reason") != "error")
                              & pl.col("latency_ms").is_not_null())
-        self.saving["model"] += model.height
-        self.saving["latency_ms"] += float(model["latency_ms"].cast(pl.Float64).sum())
         self.saving["engines"] |= set(model["engine"].drop_nulls())
+        self._keep("saving_ms", model.select(pl.col("latency_ms").cast(pl.Float64).round(0).cast(pl.Int64).alias("v"))
+                   .group_by("v").agg(pl.len().cast(pl.Int64).alias("n")))
         at = pl.col("processed_at")
         self._keep("saving", model.group_by("run_id").agg(
             at.min().alias("lo"), at.max().alias("hi"), at.count().cast(pl.Int64).alias("n"),
             (at == at.min()).sum().cast(pl.Int64).alias("at_lo")))
+
+    def saving_basis(self) -> tuple[int, pl.DataFrame, pl.DataFrame, set[str]]:
+        """cost.route_saving's arguments: routed pages, the model pages' engine ms counted
+        (v, n), each run's (lo, hi, n, at_lo) of its model pages, their engines."""
+        return self.saving["routed"], self.frame("saving_ms"), self.frame("saving"), self.saving["engines"]
 
     def take(self, name: str) -> pl.Series:
         """Every page's text_chars, or engine ms of one source of text ("model", "textlayer"),
@@ -140,6 +147,16 @@ def counted_distribution(counts: pl.DataFrame) -> dict[str, float] | None:
     total = float(np.dot(values, counts["n"].to_numpy().astype(np.float64)))
     return {"count": n, "mean": total / n, "min": float(values[0]),
             **{f"p{p}": nearest(p / 100) for p in (50, 90, 99)}, "max": float(values[-1])}
+
+
+def counted_median(counts: pl.DataFrame) -> float:
+    """The median of the values `counts` holds as (v, n), as polars' median: the middle
+    value, or the mean of the two middle ones."""
+    counts = counts.sort("v")
+    values, cum = counts["v"].cast(pl.Float64).to_numpy(), np.cumsum(counts["n"].to_numpy())
+    n = int(cum[-1])
+    at = lambda rank: float(values[np.searchsorted(cum, rank, side="right")])  # noqa: E731
+    return (at((n - 1) // 2) + at(n // 2)) / 2
 
 
 def counted_timeline(counts: pl.DataFrame, buckets_s: tuple[int, ...], max_buckets: int, min_pages: int,

@@ -18,6 +18,7 @@ import pytest
 from batchocr import schema
 from batchocr.report import COLUMNS, scan
 from batchocr.table import read_pages
+from batchocr.words import duration
 from conftest import ROOT, SAMPLES, read_table, run_cli
 from synthetic import resumed_output
 
@@ -47,7 +48,9 @@ def test_report_figures_equal_pyarrow_counts_on_the_real_run(rapidocr_run):
     minutes = collections.Counter(s.replace(second=0, microsecond=0) for s in stamps)
     assert [(dt.datetime.fromisoformat(m["minute"]), m["pages"]) for m in got["per_minute"]] == sorted(minutes.items())
     span = (max(stamps) - min(stamps)).total_seconds()
-    assert 0 < span < 60 and got["span_s"] == pytest.approx(span)
+    (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    run_s = (dt.datetime.fromisoformat(record["finished_at"]) - dt.datetime.fromisoformat(record["started_at"]))
+    assert 0 < span <= run_s.total_seconds() and got["span_s"] == pytest.approx(span)  # inside the run, however slow
     assert got["pages_per_minute"] == pytest.approx(len(stamps) / (span / 60))  # over the real span, not a minute
     assert dt.datetime.fromisoformat(got["first_at"]) == min(stamps)
     # engine time by route: the model's pages apart from the text layer's (~0 ms)
@@ -61,7 +64,6 @@ def test_report_figures_equal_pyarrow_counts_on_the_real_run(rapidocr_run):
         assert d["max"] == pytest.approx(max(values), rel=1e-5)
     assert got["latency_ms_by_route"]["model"]["p50"] > 100 and got["latency_ms_by_route"]["textlayer"]["max"] < 100
     # the header: the run records and the engines and models of the rows
-    (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
     assert [(r["run_id"], r["status"], r["pages"]) for r in got["runs"]] == [(record["run_id"], "done", 10)]
     (brief,) = got["runs"]  # and where its start went, as its record says
     assert brief["start"] == {k: record["timings"][k] for k in ("turn_wait_s", "engine_start_s", "first_page_s",
@@ -104,39 +106,64 @@ def test_report_table_in_the_terminal(rapidocr_run):
     assert max(len(line) for line in text.splitlines() if "://" not in line) <= 110
     # route auto: the born-digital report.pdf's 3 pages from their text layer
     assert re.search(r"^  textlayer\s+3\s+30\.00%$", text, re.M) and re.search(r"^  model\s+7\s+70\.00%$", text, re.M)
-    assert re.search(r"^  CPU time saved\s+[\d.]+ s  \(3 pages x [\d.]+ s, a rapidocr page here\)$", text, re.M), text
+    # 7 model pages: too few to put a figure on what the 3 routed pages saved; what one cost, and on what
+    assert re.search(r"^  CPU time saved\s+not estimated  \(7 rapidocr pages here, 20 needed to estimate 3 routed pages\)\n"
+                     r"    [\d.]+ s a page: the median engine time of 7 rapidocr pages, read \d{4}-\d\d-\d\d \d\d:\d\d to "
+                     r"(\d{4}-\d\d-\d\d )?\d\d:\d\d UTC$", text, re.M), text
 
 
 def test_report_estimates_the_engine_time_routing_saved(tmp_path):
     """Worked by hand: a concurrent engine's pages cost the interval at which they
-    finished, a sequential one's their latency (the smaller of the two)."""
+    finished, a sequential one's their median latency (the smaller of the two); the
+    estimate says what it rests on, and on fewer than 20 model pages gives no total."""
     from synthetic import row, write_part
 
+    stamps = [10, 11, 11, 13] + [13 + k for k in range(1, 21)]  # 23 s for the 23 pages after the first stamp
     gpu = [row(f"az://s/scan{i}.pdf", 0, t, text="x", latency_ms=30_000, route="model", route_score=0.0)
-           for i, t in enumerate([10, 11, 11, 13])]  # 3 s for the 3 pages after the first stamp: 1 s each
+           for i, t in enumerate(stamps)]
     layer = [row(f"az://s/born{i}.pdf", 0, 12, text="y", latency_ms=0, route="textlayer", route_score=1.0,
                  engine="textlayer") for i in range(3)]
     error = [row("az://s/bad.pdf", -1, 12, finish_reason="error", error_type="open_failed", page_count=None)]
     write_part(tmp_path / "gpu", "r-00000", gpu + layer + error)
     got = _report(tmp_path / "gpu")
-    assert got["routes"] == {"model": 4, "textlayer": 3}
+    assert got["routes"] == {"model": 24, "textlayer": 3}
     saving = got["route_saving"]
-    assert (saving["device"], saving["engine"], saving["routed_pages"], saving["model_pages"]) == ("GPU", "vllm", 3, 4)
-    assert saving["finish_interval_s"] == pytest.approx(1.0) and saving["latency_s"] == pytest.approx(30.0)
-    assert saving["saved_s"] == pytest.approx(3.0)
+    assert (saving["device"], saving["engine"], saving["routed_pages"], saving["model_pages"]) == ("GPU", "vllm", 3, 24)
+    assert saving["finish_interval_s"] == pytest.approx(1.0) and saving["median_latency_s"] == pytest.approx(30.0)
+    assert saving["basis"] == "finish interval" and saving["saved_s"] == pytest.approx(3.0)
+    text = run_cli("report", str(tmp_path / "gpu"), check=True).stdout
+    assert ("  GPU time saved                  3.0 s  (3 pages x 1.000 s, a vllm page here)\n"
+            "    1.000 s a page: the interval between finished pages of 24 vllm pages (their median engine time "
+            "30.000 s), read 2026-03-01 12:00 to 12:00 UTC\n") in text, text
 
-    cpu = [row(f"az://s/scan{i}.pdf", 0, t, text="x", latency_ms=ms, route="model", route_score=0.1,
-               engine="rapidocr") for i, (t, ms) in enumerate([(10, 1000), (10, 2000), (14, 1000), (14, 2000)])]
+    # A sequential engine's pages, four of them read while the machine was busy (50 s each
+    # against 1 s): the median keeps to the usual page, where the mean would say 9.2 s.
+    ms = [1000] * 20 + [50_000] * 4
+    cpu = [row(f"az://s/scan{i}.pdf", 0, 10 + 2 * i + 3600, text="x", latency_ms=m, route="model", route_score=0.1,
+               engine="rapidocr") for i, m in enumerate(ms)]  # one every 2 s, an hour after T0
     write_part(tmp_path / "cpu", "r-00000", cpu + layer)
     saving = _report(tmp_path / "cpu")["route_saving"]
-    assert (saving["device"], saving["finish_interval_s"], saving["latency_s"]) == ("CPU", 2.0, 1.5)
-    assert saving["saved_s"] == pytest.approx(4.5)
+    assert (saving["device"], saving["finish_interval_s"], saving["median_latency_s"]) == ("CPU", 2.0, 1.0)
+    assert saving["basis"] == "median latency" and saving["saved_s"] == pytest.approx(3.0)
+    assert (saving["measured_from"], saving["measured_to"]) == ("2026-03-01T13:00:10+00:00", "2026-03-01T13:00:56+00:00")
     text = run_cli("report", str(tmp_path / "cpu"), check=True).stdout
-    assert "CPU time saved                  4.5 s  (3 pages x 1.500 s, a rapidocr page here)" in text
+    assert ("  CPU time saved                  3.0 s  (3 pages x 1.000 s, a rapidocr page here)\n"
+            "    1.000 s a page: the median engine time of 24 rapidocr pages, read 2026-03-01 13:00 to 13:00 UTC\n"
+            ) in text, text
+
+    # Seven model pages: what a page cost and on what, but no total for the routed pages.
+    write_part(tmp_path / "few", "r-00000", cpu[:7] + layer)
+    saving = _report(tmp_path / "few")["route_saving"]
+    assert saving["model_pages"] == 7 and saving["saved_s"] is None and saving["seconds_per_model_page"] == 1.0
+    text = run_cli("report", str(tmp_path / "few"), check=True).stdout
+    assert ("  CPU time saved         not estimated  (7 rapidocr pages here, 20 needed to estimate 3 routed pages)\n"
+            "    1.000 s a page: the median engine time of 7 rapidocr pages, read 2026-03-01 13:00 to 13:00 UTC\n"
+            ) in text, text
+    assert "time saved" in text and " s  (3 pages x" not in text
 
     write_part(tmp_path / "plain", "r-00000", gpu)  # nothing routed: no estimate
     got = _report(tmp_path / "plain")
-    assert got["routes"] == {"model": 4} and got["route_saving"] is None
+    assert got["routes"] == {"model": 24} and got["route_saving"] is None
 
 
 def test_engine_time_of_a_mostly_born_digital_run_is_the_models_not_zero(tmp_path):
@@ -215,7 +242,9 @@ def test_report_html_is_one_self_contained_page_with_charts(rapidocr_run, tmp_pa
     facts = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", html))
     assert facts["OUT"] == str(out) and facts["run"] == f"{record['run_id']}: done, 10 pages"
     assert facts["engine"].startswith("rapidocr (rapidocr PP-OCR") and facts["engine"].endswith(": 7 pages")
-    assert re.fullmatch(r"\d+\.\d pages a minute over \d+\.\d s", facts["throughput"])
+    stamps = read_table(out)["processed_at"].to_pylist()
+    span = (max(stamps) - min(stamps)).total_seconds()  # "14.2 s" quiet, "1 min 24 s" on a loaded machine
+    assert facts["throughput"] == f"{len(stamps) / (span / 60):,.1f} pages a minute over {duration(span)}"
     # the summary wraps instead of running out of its box (docs/report-demo.png: 1280 px wide)
     assert "white-space:pre-wrap" in html and "img{max-width:100%" in html
 
