@@ -21,7 +21,7 @@ from batchocr import read_pages
 from batchocr.compact import compact
 from batchocr.errors import EXIT_INTERRUPTED
 from batchocr.storage import Store
-from conftest import ROOT
+from conftest import HANG_S, ROOT
 
 DRIVER = ROOT / "tests" / "pod_driver.py"
 MS_PER_PAGE = 80  # slow enough that 8 kills (12 once) land before 300 pages are done, even with a fast start-up
@@ -53,7 +53,7 @@ def started_file(job: Path) -> Path:
     return job.with_suffix(".started")
 
 
-def wait_until_running(job: Path, proc: subprocess.Popen, runs_before: int, timeout: float = 180) -> bool:
+def wait_until_running(job: Path, proc: subprocess.Popen, runs_before: int, timeout: float = HANG_S) -> bool:
     """Until this run's engine has started (True), or the process has ended (False)."""
     deadline = time.monotonic() + timeout
     marker = started_file(job)

@@ -16,6 +16,7 @@ from batchocr import read_pages
 from azurite import azurite, connection_string  # noqa: F401 - azurite is a fixture
 from batchocr.storage import Store
 from chaos import KEY, assert_same_as_clean, finish, run_with_kills, start, table, write_job
+from conftest import HANG_S
 from corpus import text_corpus
 from faultproxy import FaultProxy
 
@@ -147,7 +148,7 @@ def test_an_outage_stops_the_run_with_committed_work_intact(azurite, corpus):
         options = {"connection_string": connection_string(proxy.port), "retry_total": "3", **QUICK_RETRY}
         job = write_job(tmp, SOURCE, "az://chaos/outage", options, commit={"every_pages": 3, "every_seconds": 0.3})
         proc = start(job, ms_per_page=60)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while len(_parts(azurite, "outage")) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, "no parts committed"
             time.sleep(0.1)

@@ -18,7 +18,7 @@ from batchocr.sink import PartWriter
 from batchocr.spec import CommitSpec
 from batchocr.storage import STALE_TEMP_S, Store
 from chaos import assert_same_as_clean, finish, run_with_kills, table, write_job
-from conftest import SAMPLES, run_cli
+from conftest import HANG_S, SAMPLES, run_cli
 from corpus import text_corpus
 
 
@@ -76,8 +76,9 @@ def test_sigterm_with_the_real_ocr_engine(rapidocr_run, tmp_path):
     job.write_text(f"source: {SAMPLES}\nout: {out}\ncommit: {{every_pages: 1}}\nrender: {{workers: 1}}\n")
     proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", "--job", str(job), "-q"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list(out.glob("pages/**/*.parquet")) and time.monotonic() < deadline:
+    deadline = time.monotonic() + HANG_S
+    while not list(out.glob("pages/**/*.parquet")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no page committed"
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == EXIT_INTERRUPTED

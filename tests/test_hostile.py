@@ -25,7 +25,7 @@ from batchocr.sources import doc_id, native, spell
 from batchocr.storage import Store
 from chaos import (assert_same_as_clean, descendants, finish, render_workers, start, still_running_after, table,
                    wait_until_running, write_job)
-from conftest import run_cli
+from conftest import HANG_S, run_cli
 from corpus import bad_corpus, hang_pdf, text_corpus, text_pdf
 
 # Every byte a POSIX name may hold (all but NUL and "/"), non-UTF-8 sequences included.
@@ -369,7 +369,7 @@ def test_a_render_worker_killed_on_a_page_costs_that_page_through_the_cli(tmp_pa
     job = write_job(tmp_path, src, out, render={"workers": 1, "batch_pages": 1, "timeout_s": 600},
                     commit={"every_pages": 1, "every_seconds": 0.1})
     proc = start(job, ms_per_page=0)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not (workers := render_workers(proc.pid)) or _cpu_s(workers[0]) < 3:
         assert proc.poll() is None and time.monotonic() < deadline, "the worker never reached page 2"
         time.sleep(0.05)

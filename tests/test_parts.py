@@ -22,7 +22,7 @@ import pytest
 
 from batchocr.parts import shares
 from batchocr.sources import DocRef
-from conftest import ROOT, SAMPLES, count_pages, read_table, sample_documents
+from conftest import HANG_S, ROOT, SAMPLES, count_pages, read_table, sample_documents
 
 TESTS = Path(__file__).parent
 TOTAL = sum(count_pages(p) for p in sample_documents())
@@ -153,7 +153,7 @@ def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory
     assert stdout.startswith(f"batchocr: done: {len(sample_documents())} documents, {TOTAL} pages") and "(runs " in stdout
 
 
-def _wait_for_parts(out: Path, deadline_s: float = 60) -> None:
+def _wait_for_parts(out: Path, deadline_s: float = HANG_S) -> None:
     """Until both parts have committed a page (a part file's name holds its run id)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -191,7 +191,7 @@ def test_the_parts_die_with_the_run(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(out), "--engine", "vllm",
                              "--model", "fake-model", "--route", "model", "--processes", "2", "-q"],
                             env={**os.environ, **env}, stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while len(_part_pids(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     parts = [psutil.Process(p) for p in _part_pids(proc.pid)]
@@ -400,7 +400,7 @@ def test_a_signal_while_the_parts_start_is_exit_75_in_one_line(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(out), "--engine",
                              "textlayer", "--processes", "2", "-q"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while len(_part_pids(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.005)
     assert len(_part_pids(proc.pid)) == 2, proc.communicate()

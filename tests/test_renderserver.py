@@ -16,7 +16,7 @@ import pytest
 
 from chaos import descendants, fork_servers, render_workers, running, start, still_running_after, wait_until_running, \
     write_job
-from conftest import ROOT, SAMPLES, run_cli
+from conftest import HANG_S, ROOT, SAMPLES, run_cli
 from corpus import text_corpus
 
 RUN = """
@@ -100,7 +100,7 @@ def test_a_killed_run_leaves_no_worker_and_no_temp_folder(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(tmp_path / "out"),
                                  "--engine", "textlayer", "-q"], env={**os.environ, "TMPDIR": tmp},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while not render_workers(proc.pid):  # a worker, the server's child, is up
             assert time.monotonic() < deadline and proc.poll() is None, "no render worker started"
             time.sleep(0.05)
@@ -110,7 +110,7 @@ def test_a_killed_run_leaves_no_worker_and_no_temp_folder(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         assert not still_running_after(everyone, 10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S
         while os.listdir(tmp) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert os.listdir(tmp) == []
@@ -157,7 +157,7 @@ def test_a_signal_to_the_group_as_the_fork_server_starts_is_one_line(tmp_path, s
     proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(tmp_path / "out"),
                              "--engine", "textlayer", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while not fork_servers(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     assert proc.poll() is None, proc.communicate()
