@@ -157,18 +157,16 @@ def saving_lines(s: dict[str, Any]) -> list[str]:
     name = s["device"] + " time saved"
     pages = plural(s["model_pages"], f"{s['engine']} page")
     if s["basis"] == "finish interval":
-        basis = (f"the interval between finished pages of {pages} (their median engine time "
-                 f"{s['median_latency_s']:.3f} s)")
+        how = f"the interval between their finishes (their median engine time {s['median_latency_s']:.3f} s)"
     else:
-        basis = f"the median engine time of {pages}"
-    when = f", read {_span(s['measured_from'], s['measured_to'])}" if s["measured_from"] else ""
+        how = "their median engine time"
+    when = f" read {_span(s['measured_from'], s['measured_to'])}" if s["measured_from"] else ""
+    basis = [f"    basis: {pages}{when}", f"    {s['seconds_per_model_page']:.3f} s a page: {how}"]
     if s["saved_s"] is None:
         return [f"  {name:<22} {'not estimated':>12}  ({pages} here, {s['min_model_pages']} needed to estimate "
-                f"{plural(s['routed_pages'], 'routed page')})",
-                f"    {s['seconds_per_model_page']:.3f} s a page: {basis}{when}"]
+                f"{plural(s['routed_pages'], 'routed page')})", *basis]
     return [f"  {name:<22} {s['saved_s']:>12,.1f} s  ({plural(s['routed_pages'], 'page')} "
-            f"x {s['seconds_per_model_page']:.3f} s, a {s['engine']} page here)",
-            f"    {s['seconds_per_model_page']:.3f} s a page: {basis}{when}"]
+            f"x {s['seconds_per_model_page']:.3f} s, a {s['engine']} page here)", *basis]
 
 
 def _span(first: str, last: str) -> str:
