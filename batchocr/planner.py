@@ -42,7 +42,8 @@ DOCS = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string
 ROWS = {"rel": pl.String, "size": pl.Int64, "etag": pl.String, "mtime": pl.Float64, "archived": pl.Boolean}
 KEPT = {"rel": pl.String, "shard": pl.Int32}
 PLACED = ROWS | KEPT
-STEP_ROWS = 100_000  # rows one in-memory step holds; past them rows spill to disk
+STEP_ROWS = 50_000  # rows one in-memory step holds; past them rows spill to disk
+GROUPS = 256  # spool files of shard ranges at most: a dealt step appends to each, and each is open
 BATCH_ROWS = 50_000  # rows a batch of a listing
 BUCKETS = 256  # hash buckets of the name on disk
 BANDS_AN_OCTAVE = 8  # size bands: documents of one band differ in size by at most 9%
@@ -225,19 +226,25 @@ class Sink:
 
 
 def _write_group(out: Store, base: str, rows: pl.DataFrame, first: int, end: int) -> list[dict]:
-    """Shard files first..end-1 from their rows, READ_THREADS files at a time (each a
-    request to an object store, an fsync on disk)."""
+    """Shard files first..end-1 from their rows: each file's bytes made here, one after the
+    other, then written READ_THREADS at a time (each a request to an object store, an fsync
+    on disk). Only the writes go to threads: a conversion a thread held memory in each
+    thread's allocator (a plan of 1M documents peaked 1.7x one of 100k)."""
     rows = rows.sort("shard", "rel")
-    counts = np.bincount(rows["shard"].to_numpy() - first, minlength=end - first)
+    shard = rows["shard"].to_numpy() - first
+    counts = np.bincount(shard, minlength=end - first)
+    sizes = np.bincount(shard, weights=rows["size"].to_numpy(), minlength=end - first)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    table = rows.select((pl.lit(base) + pl.col("rel")).alias("uri"), "size", "etag", "mtime").to_arrow().cast(DOCS)
+    del rows, shard
+    files = [(i, to_parquet(table.slice(int(starts[i - first]), int(counts[i - first])))) for i in range(first, end)]
 
-    def write(i: int) -> dict:
-        part = rows.slice(int(starts[i - first]), int(counts[i - first]))
-        table = part.select((pl.lit(base) + pl.col("rel")).alias("uri"), "size", "etag", "mtime")
-        out.write_atomic(shard_file(i), to_parquet(table.to_arrow().cast(DOCS)))
-        return {"shard": i, "documents": part.height, "bytes": int(part["size"].sum() or 0)}
+    def write(item: tuple[int, bytes]) -> dict:
+        i, data = item
+        out.write_atomic(shard_file(i), data)
+        return {"shard": i, "documents": int(counts[i - first]), "bytes": int(sizes[i - first])}
 
-    return each(write, list(range(first, end)))
+    return each(write, files)
 
 
 @contextmanager
@@ -258,7 +265,7 @@ def write_plan(out: Store, shards: int, rows: Iterable[pl.DataFrame], kept: Iter
     last). `kept`: an earlier plan's (rel, shard); `done`: doc_id -> the shard holding its
     rows in OUT. Both keep their documents where they are; only new ones are dealt."""
     with spooled(rows, kept) as spool:
-        groups = min(shards, max(1, -(-spool.rows // STEP_ROWS))) if spool.spilled else 1
+        groups = min(shards, GROUPS, max(1, -(-spool.rows // STEP_ROWS))) if spool.spilled else 1
         sink = Sink(Files(spool.folder, "out", PLACED), shards, groups)
         archived = place(spool, shards, base, done, sink)
         return Planned(sink.write(out, base), archived)
