@@ -150,9 +150,9 @@ class JobSpec:
         if self.route not in ROUTES:
             raise ConfigError(f"unknown route {self.route!r}; choose one of {', '.join(ROUTES)}")
         if not self.source:
-            raise ConfigError("no SOURCE given")
+            raise ConfigError("no SOURCE given: give `source:` in the job spec or SOURCE on the command line")
         if not self.out:
-            raise ConfigError("no OUT given")
+            raise ConfigError("no OUT given: give `out:` in the job spec or OUT on the command line")
         if self.engine not in ENGINES:
             raise ConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
 
