@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 import time
 from pathlib import Path
 
@@ -239,24 +240,31 @@ def test_a_vanished_holders_lock_is_taken_over_a_live_one_is_not(planned, monkey
     assert replan.replan(src, out, SHARDS, url, None, threading.Event(), lambda line: None) is True
     assert len(made) == 1 and [n for n in out.find("_plan") if "replan-" in n] == []
 
-    # A live holder (beating) is waited for, whatever STALE_S: its plan is the one used.
+    # A live holder (beating) is waited for, whatever STALE_S: its plan is the one used. The
+    # waiter's clock is the test's: between two of its polls twice STALE_S pass and the holder
+    # beats once, so only the beats keep the lock from being taken over (no thread, no sleep).
     made.clear()
     out.remove(replan.STAMP)
     out.write_atomic("_plan/replan-000003.json", b'{"beat": 0}')
-    stop = threading.Event()
+    clock = [0.0]
+    monkeypatch.setattr(replan, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
 
-    def holder() -> None:
-        for beat in range(1, 30):
-            time.sleep(0.1)
-            out.write_atomic("_plan/replan-000003.json", json.dumps({"beat": beat}).encode())
-        replan.record(out, inventoryruns.newest_manifest(url))
-        out.remove("_plan/replan-000003.json")
+    class Polls(threading.Event):
+        beats = 0
 
-    beating = threading.Thread(target=holder)
-    beating.start()
-    assert replan.replan(src, out, SHARDS, url, None, stop, lambda line: None) is False
-    beating.join()
-    assert made == []
+        def wait(self, timeout=None):  # the waiter's poll: time passes, the holder beats, at last plans
+            clock[0] += 2 * replan.STALE_S
+            self.beats += 1
+            if self.beats < 6:
+                out.write_atomic("_plan/replan-000003.json", json.dumps({"beat": self.beats}).encode())
+            else:
+                replan.record(out, inventoryruns.newest_manifest(url))
+                out.remove("_plan/replan-000003.json")
+            return False
+
+    polls = Polls()
+    assert replan.replan(src, out, SHARDS, url, None, polls, lambda line: None) is False
+    assert made == [] and polls.beats == 6
 
 
 def test_pods_racing_on_azurite_plan_once(azurite, monkeypatch):  # noqa: F811 - the fixture
