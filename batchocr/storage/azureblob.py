@@ -5,7 +5,8 @@ What adlfs leaves to batchocr, and why each piece is here:
 - the SDK's own retry policy, configured (adlfs keeps the SDK default: 15 s before the
   first retry, 3 retries), and downloads whose reply broke off mid-body read again as
   often as it says (the SDK's downloader tries such a reply 3 times, whatever the policy);
-- a listing that streams page by page (adlfs lists a whole folder into a list);
+- a listing that streams page by page (adlfs lists a whole folder into a list), its
+  virtual folders listed in parallel;
 - exclusive creation by If-None-Match (adlfs's pipe_file with overwrite=False);
 - errors that say what to change and never carry a secret;
 - polars' own Azure client (object_store) wants account_name/account_key/endpoint,
@@ -18,10 +19,12 @@ import asyncio
 import errno
 import logging
 import os
+from collections import deque
 from typing import Any, Iterator, Mapping
 
 from adlfs import AzureBlobFileSystem
 from adlfs.spec import AzureBlobFile
+from azure.storage.blob.aio import BlobPrefix
 from azure.core.exceptions import (AzureError, ClientAuthenticationError, DecodeError, HttpResponseError,
                                    IncompleteReadError, ResourceNotFoundError,
                                    ServiceResponseError)
@@ -35,6 +38,9 @@ from batchocr.storage.fsspecbackend import FsspecBackend
 
 # Blobs per listing request: one page is all the listing ever holds (Azure allows 5,000).
 LIST_PAGE = 1000
+# Virtual folders listed at once ahead of the one being read (AzureBackend.walk), each at
+# most two pages ahead: the listing holds at most about 2 x LIST_AHEAD + 2 pages.
+LIST_AHEAD = 8
 
 # The SDK's transport logs a bare "Incomplete download." each time a reply breaks off, which
 # batchocr reads again (BlobFileSystem.read_again) and reports itself if it stays broken: with no
@@ -181,21 +187,93 @@ class AzureBackend(FsspecBackend):
         return True
 
     def walk(self, root: str) -> Iterator[tuple[str, dict]]:
-        """(path, info) of every blob under root, in name order, one page at a time. The
-        root is one blob only if its URL does not end in `/` and no blob is under it: a
-        blob `docs` (a 0-byte folder marker, say) beside `docs/x.pdf` leaves az://c/docs/
-        the folder."""
+        """(path, info) of every blob under root, in name order. The root is one blob only if
+        its URL does not end in `/` and no blob is under it: a blob `docs` (a 0-byte folder
+        marker, say) beside `docs/x.pdf` leaves az://c/docs/ the folder.
+
+        The root is listed a level at a time (delimiter `/`): its own blobs page by page, and
+        in their place among them each virtual folder's blobs, from a flat listing of that
+        folder (_by_folders). A root whose level holds one folder and nothing else is that
+        folder. Without folders this is the flat listing, page by page."""
         container, _, name = root.partition("/")
         prefix = f"{name}/" if name else ""
-        page, token = sync(self.fs.loop, _list_page, self.fs.service_client, container, prefix, None)
-        folder = page or token or (root == self.root and self.url.endswith("/"))
+        page, token = self._level(container, prefix, None)
+        folder = any(info is not None for _, info in page) or (root == self.root and self.url.endswith("/"))
         if name and not folder and self.fs.isfile(root):
-            yield root, self.fs.info(root)
-            return
-        yield from page
-        while token:
-            page, token = sync(self.fs.loop, _list_page, self.fs.service_client, container, prefix, token)
-            yield from page
+            if page or token:  # folders only: of blobs, or of folder markers alone?
+                flat, more = sync(self.fs.loop, _list_page, self.fs.service_client, container, prefix, None)
+                folder = bool(flat or more)
+            if not folder:
+                yield root, self.fs.info(root)
+                return
+        while len(page) == 1 and page[0][1] is None and not token:
+            prefix = page[0][0].partition("/")[2]
+            page, token = self._level(container, prefix, None)
+        yield from self._by_folders(container, prefix, page, token)
+
+    def _level(self, container: str, prefix: str, token: str | None) -> tuple[list, str | None]:
+        """One page of the level under prefix (folders as (path, None)) and the next's token."""
+        return sync(self.fs.loop, _list_page, self.fs.service_client, container, prefix, token, delimiter="/")
+
+    def _by_folders(self, container: str, prefix: str, page: list, token: str | None
+                    ) -> Iterator[tuple[str, dict]]:
+        """The level's blobs, each folder's blobs in its place: the flat listing's order, as
+        the names under a folder sort together. While a folder is read, LIST_AHEAD folders
+        after it are listed at once (_FolderListing: each at most two pages ahead of its
+        reader), and the level's next page is asked for ahead only then, with less than a page
+        of entries waiting: memory stays flat, and a level of blobs alone is read as the flat
+        listing is, a page when its first blob is wanted."""
+        pages = self._level_pages(container, prefix, page, token)
+        rest: deque = deque()  # the level's page being read
+        ahead: deque = deque()  # entries read and not yet yielded: (path, info) or a _FolderListing
+        listing = 0  # folders in `ahead`
+
+        def read_ahead():
+            nonlocal rest, listing
+            while listing < LIST_AHEAD:
+                if not rest:
+                    if ahead and not (listing and len(ahead) < LIST_PAGE):
+                        return
+                    rest = deque(next(pages, ()))
+                    if not rest:
+                        return
+                entry = rest.popleft()
+                if entry[1] is None:
+                    listing += 1
+                    entry = _FolderListing(self.fs.loop, self.fs.service_client, container,
+                                           entry[0].partition("/")[2])
+                ahead.append(entry)
+
+        try:
+            while True:
+                read_ahead()
+                if not ahead:
+                    return
+                entry = ahead.popleft()
+                if isinstance(entry, _FolderListing):
+                    listing -= 1
+                    read_ahead()  # the next folders start while this one is read
+                    yield from entry
+                else:
+                    yield entry
+        finally:  # the reader stopped early, or a listing failed: the folders ahead stop
+            for entry in ahead:
+                if isinstance(entry, _FolderListing):
+                    entry.stop()
+
+    def _level_pages(self, container: str, prefix: str, page: list, token: str | None) -> Iterator[list]:
+        """The level's pages that hold entries, from the one given on; a folder named again at
+        the top of the next page is listed once."""
+        last_folder = None
+        while True:
+            folders = [path for path, info in page if info is None]
+            page = [entry for entry in page if entry[1] is not None or entry[0] != last_folder]
+            last_folder = folders[-1] if folders else last_folder
+            if page:  # Azure may answer a page of none, with a token
+                yield page
+            if not token:
+                return
+            page, token = self._level(container, prefix, token)
 
     def document_fault(self, exc: BaseException, where: str) -> Exception | None:
         """Azure's answer to reading one SOURCE document, when it is about that blob alone
@@ -254,19 +332,68 @@ class AzureBackend(FsspecBackend):
         return polars_options(self.credentials)
 
 
-async def _list_page(client, container: str, prefix: str, token: str | None) -> tuple[list, str | None]:
-    """One page of blobs and the token of the next (None at the end)."""
-    pages = client.get_container_client(container).list_blobs(
-        name_starts_with=prefix or None, results_per_page=LIST_PAGE).by_page(continuation_token=token)
+async def _list_page(client, container: str, prefix: str, token: str | None,
+                     delimiter: str | None = None) -> tuple[list, str | None]:
+    """One page of blobs and the token of the next (None at the end). With a delimiter, a
+    level: its virtual folders too, as (path, None), in name order among its blobs."""
+    cc = client.get_container_client(container)
+    listing = (cc.walk_blobs(name_starts_with=prefix or None, delimiter=delimiter, results_per_page=LIST_PAGE)
+               if delimiter else cc.list_blobs(name_starts_with=prefix or None, results_per_page=LIST_PAGE))
+    pages = listing.by_page(continuation_token=token)
     async for page in pages:
-        items = [
-            (f"{container}/{b.name}", {"name": f"{container}/{b.name}", "type": "file", "size": b.size,
-                                       "etag": b.etag, "last_modified": b.last_modified})
-            async for b in page
-            if not b.name.endswith("/")  # a folder marker, not a file
-        ]
+        items = []
+        async for b in page:
+            path = f"{container}/{b.name}"
+            if isinstance(b, BlobPrefix):
+                items.append((path, None))
+            elif not b.name.endswith("/"):  # a folder marker, not a file
+                items.append((path, {"name": path, "type": "file", "size": b.size, "etag": b.etag,
+                                     "last_modified": b.last_modified}))
+        if delimiter:
+            items.sort(key=lambda item: item[0])  # the SDK gives a page's folders first, then its blobs
         return items, pages.continuation_token
     return [], None
+
+
+class _FolderListing:
+    """One virtual folder's blobs, listed on the filesystem's event loop ahead of their
+    reader: a task fetches the folder's pages in turn, each waiting in a queue of one until
+    the reader takes it (two pages at most: the one waiting and the one being fetched). A
+    listing error waits there too, raised when the reader reaches this folder."""
+
+    def __init__(self, loop, client, container: str, prefix: str):
+        self.loop = loop
+        self.pages: asyncio.Queue = asyncio.Queue(maxsize=1)
+        self.task = asyncio.run_coroutine_threadsafe(self._fill(client, container, prefix), loop)
+
+    async def _fill(self, client, container: str, prefix: str) -> None:
+        token = None
+        try:
+            while True:
+                page, token = await _list_page(client, container, prefix, token)
+                await self.pages.put((page, bool(token), None))
+                if not token:
+                    return
+        except Exception as exc:  # noqa: BLE001 - the reader raises it, in the listing's order
+            await self.pages.put(([], False, exc))
+
+    async def _next(self) -> tuple[list, bool]:
+        page, more, exc = await self.pages.get()
+        if exc is not None:
+            raise exc  # raised through sync(), as the page's own request would have been
+        return page, more
+
+    def __iter__(self) -> Iterator[tuple[str, dict]]:
+        try:
+            more = True
+            while more:
+                page, more = sync(self.loop, self._next)
+                yield from page
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self.task.cancel()  # cancels the task on the loop; nothing once it is done
 
 
 def _error_code(err: BaseException) -> tuple[str | None, int | None]:
