@@ -244,6 +244,7 @@ class AzureBackend(FsspecBackend):
                                            entry[0].partition("/")[2])
                 ahead.append(entry)
 
+        entry = None  # the one being yielded
         try:
             while True:
                 read_ahead()
@@ -257,9 +258,9 @@ class AzureBackend(FsspecBackend):
                 else:
                     yield entry
         finally:  # the reader stopped early, or a listing failed: the folders ahead stop
-            for entry in ahead:
-                if isinstance(entry, _FolderListing):
-                    entry.stop()
+            for listed in (entry, *ahead):
+                if isinstance(listed, _FolderListing):
+                    listed.stop()
 
     def _level_pages(self, container: str, prefix: str, page: list, token: str | None) -> Iterator[list]:
         """The level's pages that hold entries, from the one given on; a folder named again at
