@@ -216,3 +216,27 @@ def test_a_folder_listing_error_comes_in_its_place(folders, monkeypatch):
         for doc in list_documents(Store("az://folders", folders.options())):
             names.append(doc.uri.removeprefix("az://folders/"))
     assert names == [f"f{i:02d}/doc{j}.pdf" for i in range(3) for j in range(2)]
+
+
+def test_a_listing_stopped_early_stops_the_folders_ahead(folders, monkeypatch):
+    """A reader that stops after one document: every folder listing started is stopped."""
+    started, stopped = [], []
+    real_init, real_stop = azureblob._FolderListing.__init__, azureblob._FolderListing.stop
+
+    def init(self, *args):
+        started.append(self)
+        real_init(self, *args)
+
+    def stop(self):
+        stopped.append(self)
+        real_stop(self)
+
+    monkeypatch.setattr(azureblob._FolderListing, "__init__", init)
+    monkeypatch.setattr(azureblob._FolderListing, "stop", stop)
+    backend = azureblob.AzureBackend("az://folders/", folders.options())
+    walk = backend.walk(backend.root)
+    assert next(walk)[0] == "folders/f00/doc0.pdf"
+    walk.close()
+    assert len(started) == azureblob.LIST_AHEAD + 1
+    assert set(map(id, stopped)) == set(map(id, started))
+    assert all(listing.task.cancelled() or listing.task.done() for listing in started)
