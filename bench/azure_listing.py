@@ -9,6 +9,12 @@ listed into a list, as a listing that holds the container would. Also reported: 
 growth of the process's peak RSS.
 
     python bench/azure_listing.py [--blobs 20000] [--json FILE]
+    python bench/azure_listing.py --folders 200 --per-folder 100
+
+With --folders: the listing's time over that many virtual folders at the top of a
+container, listed flat (one continuation chain, as before issue 51) and by folders
+(AzureBackend.walk: LIST_AHEAD folders at once), each best of three, in one process: on
+loopback, then with 50 ms slept before each listing request (a round trip to Azure).
 
 Needs npm (tests/tools.py installs Azurite into .tools/) and the azure extra.
 """
@@ -92,7 +98,58 @@ def run(connection_string: str, blobs: int, container: str = "listing", hold: bo
     return result
 
 
+def by_folders(connection_string: str, folders: int, per_folder: int, latencies=(0.0, 0.05),
+               container: str = "folders") -> dict:
+    """Seconds to list FOLDERS x PER_FOLDER blobs flat and by folders (best of three each),
+    on loopback and with each listing request delayed by the given latencies (seconds)."""
+    import time
+
+    from fsspec.asyn import sync
+
+    from batchocr.storage import azureblob
+
+    for i in range(folders):
+        upload(connection_string, container, f"f{i:04d}", per_folder)
+    backend = azureblob.AzureBackend(f"az://{container}/", {"connection_string": connection_string})
+
+    def flat() -> int:
+        count, token = 0, None
+        while True:
+            page, token = sync(backend.fs.loop, azureblob._list_page, backend.fs.service_client, container, "", token)
+            count += len(page)
+            if not token:
+                return count
+
+    def walked() -> int:
+        return sum(1 for _ in backend.walk(container))
+
+    real = azureblob._list_page
+
+    async def far(*args, **kwargs):  # a round trip longer than loopback's, as to Azure
+        await asyncio.sleep(delay)
+        return await real(*args, **kwargs)
+
+    result = {"folders": folders, "per_folder": per_folder, "list_ahead": azureblob.LIST_AHEAD, "runs": []}
+    for delay in latencies:
+        azureblob._list_page = far if delay else real
+        run = {"latency_ms": delay * 1000}
+        for name, listing in (("flat", flat), ("by_folders", walked)):
+            times = []
+            for _ in range(3):
+                t = time.monotonic()
+                assert listing() == folders * per_folder
+                times.append(time.monotonic() - t)
+            run[name] = min(times)
+        result["runs"].append(run)
+    azureblob._list_page = real
+    return result
+
+
 def report(result: dict) -> str:
+    if "runs" in result:
+        return "\n".join(f"{result['folders']} folders x {result['per_folder']} blobs, {r['latency_ms']:.0f} ms "
+                         f"added a request: flat {r['flat']:.2f} s, by folders ({result['list_ahead']} ahead) "
+                         f"{r['by_folders']:.2f} s" for r in result["runs"])
     lines = []
     for key, what in (("streamed", "streamed"), ("held", "held in a list (contrast)")):
         if key not in result:
@@ -109,13 +166,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blobs", type=int, default=20_000)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--folders", type=int, help="time a listing of this many folders, flat and by folders")
+    ap.add_argument("--per-folder", type=int, default=100)
     args = ap.parse_args()
     from azurite import Azurite
 
     with tempfile.TemporaryDirectory() as tmp:
         server = Azurite(Path(tmp))
         try:
-            result = run(server.connection_string, args.blobs)
+            result = (by_folders(server.connection_string, args.folders, args.per_folder) if args.folders
+                      else run(server.connection_string, args.blobs))
         finally:
             server.stop()
     print(report(result))
