@@ -50,15 +50,15 @@ def write_inventory(folder: Path, rows: int, seed: int = 0) -> None:
         pq.write_table(table, folder / f"inventory_{n}.parquet", compression="snappy")
 
 
-def time_plan(source: Path, out: Path, inventory: Path, shards: int) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in bytes, stdout) of `batchocr plan --inventory`: the child's
-    own rusage (wait4), not the largest child's so far."""
+def time_plan(source: Path, out: Path, shards: int, *options: str) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS in bytes, stdout) of `batchocr plan SOURCE OUT --shards N OPTIONS`
+    (bench/plan_listing.py's too): the child's own rusage (wait4), not the largest child's so far."""
     if out.exists():
         shutil.rmtree(out)
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as said, tempfile.TemporaryFile("w+") as errors:
         proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "plan", str(source), str(out), "--shards",
-                                 str(shards), "--inventory", str(inventory)], stdout=said, stderr=errors, text=True)
+                                 str(shards), *options], stdout=said, stderr=errors, text=True)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
         said.seek(0)
@@ -85,7 +85,7 @@ def main() -> None:
             inventory.with_suffix(".tmp").rename(inventory)
             print(f"wrote {rows:,} rows in {time.perf_counter() - started:.0f} s", flush=True)
         load = os.getloadavg()[0]
-        wall, peak, said = time_plan(source, args.folder / "out", inventory, args.shards)
+        wall, peak, said = time_plan(source, args.folder / "out", args.shards, "--inventory", str(inventory))
         size = sum(f.stat().st_size for f in inventory.iterdir())
         print(f"rows={rows:,} shards={args.shards} inventory={size / 1e6:.0f} MB wall={wall:.1f} s "
               f"peak_rss={peak / 1e6:.0f} MB cpus={os.cpu_count()} load={load:.1f}-{os.getloadavg()[0]:.1f} | "

@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
+
+from inventory import time_plan  # bench/inventory.py: this script's folder comes first on sys.path
 
 PER_FOLDER = 1000
 
@@ -32,22 +31,6 @@ def make_files(folder: Path, count: int) -> None:
                 os.close(os.open(f"d{i:07d}.pdf", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
         finally:
             os.close(fd)
-
-
-def time_plan(source: Path, out: Path, shards: int) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in bytes, stdout) of `batchocr plan SOURCE OUT --shards N`."""
-    shutil.rmtree(out, ignore_errors=True)
-    started = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as said, tempfile.TemporaryFile("w+") as errors:
-        proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "plan", str(source), str(out), "--shards",
-                                 str(shards)], stdout=said, stderr=errors, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
-        wall = time.perf_counter() - started
-        said.seek(0)
-        errors.seek(0)
-        if os.waitstatus_to_exitcode(status):
-            raise SystemExit(f"plan failed ({os.waitstatus_to_exitcode(status)}): {errors.read()[-2000:]}")
-        return wall, usage.ru_maxrss * 1024, said.read().strip()
 
 
 def main() -> None:
