@@ -25,17 +25,18 @@ def _layer() -> pl.Expr:
 
 def _folds(top: int, limit: int) -> dict[str, Callable[[pl.DataFrame], pl.DataFrame]]:
     """How each kind of partial figure merges with another of its kind."""
+    counted = lambda f: f.group_by("v").agg(pl.col("n").sum())  # noqa: E731 - (value, times) merged
     at_lo = pl.col("at_lo").filter(pl.col("lo") == pl.col("lo").min()).sum()
     return {
         "minute": lambda f: f.group_by("minute").agg(pl.col("pages").sum()),
         "stamp": lambda f: f.group_by("t").agg(pl.col("n").sum()),
-        "output_tokens": lambda f: f.group_by("v").agg(pl.col("n").sum()),
-        "prompt_tokens": lambda f: f.group_by("v").agg(pl.col("n").sum()),
-        "text_chars": lambda f: f.group_by("v").agg(pl.col("n").sum()),
+        "output_tokens": counted,
+        "prompt_tokens": counted,
+        "text_chars": counted,
         "run": lambda f: f.group_by("run_id").agg(pl.col("pages").sum(), pl.col("lo").min(), pl.col("hi").max()),
         "model": lambda f: f.group_by("engine", "model").agg(pl.col("pages").sum()),
         "saving": lambda f: f.group_by("run_id").agg(pl.col("lo").min(), pl.col("hi").max(), pl.col("n").sum(), at_lo),
-        "saving_ms": lambda f: f.group_by("v").agg(pl.col("n").sum()),
+        "saving_ms": counted,
         "slowest": lambda f: f.sort(["latency_ms", "doc_id"], descending=[True, False]).head(top),
         "flagged": lambda f: f.sort("doc_id", "page_index").head(limit),
     }
