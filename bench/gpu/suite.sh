@@ -365,6 +365,11 @@ run() {  # one named run of the suite
     # drained): 4,096 pages, page b and document b in groups of 4 (1,024 requests), both with the
     # batched encoder (the default); equal output tokens (2 engines, ~17 min)
     uocr-waves) TP_TIMEOUT=1700 uocr uocr-waves --pages 4096 --modes b --variant "doc4=--mode document --group-pages 4" ;;
+    # issue 53: document mode's default group size at equal work, 2,048 pages of 16-page documents: page b
+    # against document b in groups of 4 (512 requests: two waves of 256 sequences); UOCR_DOC_GROUPS adds
+    # more sizes (e.g. "4 8"; 8 is as many as fit, the default before: 256 requests, one wave). ~9 min
+    uocr-docgroup) set -- ; for g in ${UOCR_DOC_GROUPS:-4}; do set -- "$@" --variant "doc$g=--mode document --group-pages $g"; done
+                   TP_TIMEOUT=1700 uocr uocr-docgroup --pages "${UOCR_DOC_PAGES:-2048}" --modes b "$@" ;;
     # R-SWA's attention reading only the tiles it can see (batchocr.engines.vllm.patches.rswa_tiles): the kernels compared on the
     # GPU (seconds, no model); page b against page b with it, 1,024 pages (2 engines, ~9 min); document b
     # in groups of 4 against the same with it (2 engines, ~7 min; longer outputs: more tiles skipped)
