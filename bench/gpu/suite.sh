@@ -407,8 +407,9 @@ run() {  # one named run of the suite
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
     # UOCR_START_PAGES: fewer pages for a short lease (a command's start does not depend on them)
+    # UOCR_START_PROCS: the commands in turn (processes.py --processes), e.g. 2,2: cold, then seeded
     uocr-start) PY_TIMEOUT=1700 py uocr-start bench/gpu/processes.py --models "$MODELS" --work /tmp/start \
-                  --pages "${UOCR_START_PAGES:-3072}" --lengths B --timeout 900 --processes 2,2@48,2 --caches seeded \
+                  --pages "${UOCR_START_PAGES:-3072}" --lengths B --timeout 900 --processes "${UOCR_START_PROCS:-2,2@48,2}" --caches seeded \
                   ${START_ARGS:-} ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
