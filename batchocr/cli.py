@@ -205,6 +205,43 @@ def plan(source, out, shards, inventory, storage):
                f"({min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each) -> {out}/_plan/")
 
 
+@main.command()
+@click.argument("cache", callback=not_empty)
+@click.option("--job", "job", type=click.Path(dir_okay=False), required=True,
+              help="the job spec whose vllm engine the later runs build (its preset, mode, processes, engine settings)")
+@click.option("--pages", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="generated pages the warm-up run reads (16-page documents)")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+def warm(cache, job, pages, quiet):
+    """Fill a compile cache for a job's vLLM engine, so that its runs start without compiling.
+
+    Builds the job spec's engine as its runs do, from empty caches of its own, reads
+    PAGES generated pages of text (never a user's document: the caches hold compiled
+    code that every later run executes), then writes vLLM's compiled graphs, Triton's
+    and Inductor's kernels to the folder CACHE, whole (replacing an older one at once).
+    A run whose job spec names it (engines.vllm.compile_cache: CACHE) copies it into
+    its own caches before its engine builds: a fresh pod's start in seconds, not
+    minutes. Warm again after a new image (vLLM, torch), model, GPU type or engine
+    settings: entries made for others are never used.
+
+    \b
+    Examples:
+        batchocr warm /models/.compile-cache --job /etc/batchocr/aks-vllm.yaml
+        batchocr warm ~/caches/uocr --job jobs/aks-vllm.yaml --pages 32
+    """
+    import time
+
+    from batchocr.engines.vllm.compilecache import warm as fill
+    from batchocr.spec import load_job
+
+    spec = load_job(job)
+    t0 = time.monotonic()
+    size, summary = fill(spec, cache, pages, progress=not quiet, spec_path=job)
+    click.echo(summary.line())
+    click.echo(f"warm: {cache} holds {size / 1e6:.0f} MB of compiled graphs and kernels (made in "
+               f"{time.monotonic() - t0:.0f} s); runs with engines.vllm.compile_cache: {cache} start from it")
+
+
 for _command in (status, compact, eval_, report, export):
     main.add_command(_command)
 

@@ -234,6 +234,26 @@ class FakeEngine:
         return outs
 
 
+def _compile(log: str, kwargs: dict) -> None:
+    """As vLLM's first build: its compiled graph in $XDG_CACHE_HOME/vllm (VLLM_CACHE_ROOT's
+    default), keyed by the engine's settings, and a Triton kernel in TRITON_CACHE_DIR; read where
+    there already, written where not. The log says which, and where the caches were."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    key = f"{kwargs.get('max_num_seqs')}-{kwargs.get('max_model_len')}-{kwargs.get('model')}"
+    graph = root / "vllm" / "torch_compile_cache" / key / "rank_0_0" / "computation_graph.py"
+    hit = graph.is_file()
+    if not hit:
+        graph.parent.mkdir(parents=True, exist_ok=True)
+        graph.write_text("# compiled\n")
+        kernel = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache") / "k0" / "kernel.cubin"
+        kernel.parent.mkdir(parents=True, exist_ok=True)
+        kernel.write_bytes(b"\0" * 4096)
+    with open(log, "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "hit": hit, "root": str(root),
+                            "triton": os.environ.get("TRITON_CACHE_DIR"),
+                            "inductor": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}) + "\n")
+
+
 class LLM:
     built = 0  # how many were constructed (loading the model, in real vLLM)
 
@@ -244,6 +264,8 @@ class LLM:
         t0 = time.time()
         if builds:
             time.sleep(float(os.environ.get("BATCHOCR_FAKE_BUILD_S", "0.5")))  # a load that takes a while
+        if os.environ.get("BATCHOCR_FAKE_COMPILE"):  # a file: each build's compile, from its caches or not
+            _compile(os.environ["BATCHOCR_FAKE_COMPILE"], kwargs)
         self.llm_engine = FakeEngine(max_num_seqs, max_model_len, kwargs.get("stream_interval", 1))
         if os.environ.get("BATCHOCR_FAKE_REFUSE"):  # an engine refusing every request (a process of its own)
             self.llm_engine.refuse = ValueError(os.environ["BATCHOCR_FAKE_REFUSE"])

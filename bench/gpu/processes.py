@@ -55,7 +55,8 @@ def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0) -
         + (f"    group_pages: {args.group_pages}\n    document_fallback: false\n"  # random weights write no <page>
            if args.mode == "document" else "") +
         f"    gpu_memory_utilization: {args.gpu_memory_utilization}\n{attention}"
-        + (f"    kv_cache_gib: {kv_gib}\n" if kv_gib else "") +
+        + (f"    kv_cache_gib: {kv_gib}\n" if kv_gib else "")
+        + (f"    compile_cache: {args.work / 'compile-cache'}\n" if args.caches == "warm" else "") +
         f"commit: {{every_pages: 256, every_seconds: 30}}\n"
     )
     return path
@@ -196,9 +197,13 @@ def main() -> None:
     ap.add_argument("--processes", default="1,2",
                     help="the runs, in order, the first the baseline: N, or N@GIB with kv_cache_gib GIB (the KV's "
                          "size given, so the N parts build their engines at once), e.g. 2,2@48")
-    ap.add_argument("--caches", choices=["fresh", "seeded", "shared"], default="fresh",
+    ap.add_argument("--caches", choices=["fresh", "seeded", "shared", "warm"], default="fresh",
                     help="fresh: each run its own empty vLLM/Triton/Inductor caches, as a new pod; seeded: the "
-                         "first run's from empty, each later one's a copy of what the first left; shared: the machine's")
+                         "first run's from empty, each later one's a copy of what the first left; shared: the machine's; "
+                         "warm: `batchocr warm` fills a compile cache first (timed), then each run from empty caches "
+                         "of its own with engines.vllm.compile_cache naming it (the product's way), the first run "
+                         "without it (cold)")
+    ap.add_argument("--warm-pages", type=int, default=32, help="--caches warm: the pages `batchocr warm` reads")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
     ap.add_argument("--fake", action="store_true", help="tests/fake_vllm.py for vLLM (a dry run on the CPU)")
     ap.add_argument("--json", type=Path)
@@ -224,6 +229,22 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(report, indent=2, default=str))
 
+    if args.caches == "warm":  # the compile cache as a pod's volume gets it: `batchocr warm`, its own caches
+        first = args.processes.split(",")[0]
+        n, _, kv = first.partition("@")
+        spec = job(args.work / "job-warm.yaml", src, args.work / "out-warm", model, args, float(kv or 0))
+        shutil.rmtree(args.work / "compile-cache", ignore_errors=True)
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "warm", str(args.work / "compile-cache"), "--job",
+                               str(spec), "--pages", str(args.warm_pages), "--quiet"], capture_output=True, text=True,
+                              env=env | caches_of(args.work / "cache-warm-home"), timeout=args.timeout)
+        if args.json:
+            args.json.with_name(f"{args.json.stem}-warm.log").write_text(proc.stdout + proc.stderr)
+        report["warm"] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 2), "pages": args.warm_pages,
+                          "stdout": proc.stdout.strip()[-400:], "stderr_tail": proc.stderr.strip()[-1500:]}
+        print("warm", json.dumps(report["warm"]), flush=True)
+        save()
+
     seen: dict[str, int] = {}
     for item in args.processes.split(","):
         n, _, kv = item.partition("@")
@@ -240,6 +261,12 @@ def main() -> None:
             first = next(iter(report["runs"]), None)
             run_env = env | caches_of(args.work / "cache", args.work / "cache-seed" if first else None)
             caches = f"seeded from {first}" if first else "cold (the seed)"
+        elif args.caches == "warm":  # a fresh pod: empty caches; the first run cold, the others from the cache
+            run_env = env | caches_of(args.work / f"cache-{item}")
+            caches = "compile_cache (batchocr warm)" if report["runs"] else "cold"
+            if not report["runs"]:
+                spec.write_text("\n".join(line for line in spec.read_text().splitlines()
+                                          if "compile_cache:" not in line) + "\n")
         else:
             run_env, caches = env, "shared"
         sampler = Sampler()  # GPU busy (NVML) and this process's tree: the run and its parts

@@ -408,8 +408,9 @@ run() {  # one named run of the suite
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
     # UOCR_START_PAGES: fewer pages for a short lease (a command's start does not depend on them)
     # UOCR_START_PROCS: the commands in turn (processes.py --processes), e.g. 2,2: cold, then seeded
+    # UOCR_START_CACHES=warm: `batchocr warm` fills a compile cache first; the first command cold, the next from it
     uocr-start) PY_TIMEOUT=1700 py uocr-start bench/gpu/processes.py --models "$MODELS" --work /tmp/start \
-                  --pages "${UOCR_START_PAGES:-3072}" --lengths B --timeout 900 --processes "${UOCR_START_PROCS:-2,2@48,2}" --caches seeded \
+                  --pages "${UOCR_START_PAGES:-3072}" --lengths B --timeout 900 --processes "${UOCR_START_PROCS:-2,2@48,2}" --caches "${UOCR_START_CACHES:-seeded}" \
                   ${START_ARGS:-} ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;

@@ -115,6 +115,11 @@ class VLLMOptions:
     # pages shared between them: one engine's host work (scheduling, a step's outputs) runs
     # while the other's forward pass keeps the GPU busy (batchocr.engines.vllm.instances).
     instances: Annotated[int, Ge(1), Le(8)] = 1
+    # A folder `batchocr warm` filled with vLLM's compile caches (its compiled graphs, Triton's and
+    # Inductor's kernels) for this job's engine: copied into this run's cache root before its engine
+    # builds, so that a fresh pod starts without compiling (batchocr.engines.vllm.compilecache).
+    # It may be read-only (a shared volume); one that holds none yet is said once and compiled past.
+    compile_cache: str = ""
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 

@@ -1,0 +1,161 @@
+"""vLLM's compile caches in one folder, filled once by a trusted run and copied into each run's
+own before its engine builds (engines.vllm.compile_cache), so that a fresh pod starts from warm
+caches instead of compiling again.
+
+What a vLLM engine compiles on its first build, each cache keyed by what it compiled from (the
+model's config, vLLM's and torch's versions, the GPU), so that an entry built for another image or
+card is never read, only left unused:
+  vLLM's torch.compile graphs   $XDG_CACHE_HOME/vllm (VLLM_CACHE_ROOT's default)
+  Triton's kernels              TRITON_CACHE_DIR   (its default ~/.triton/cache)
+  Inductor's kernels and graphs TORCHINDUCTOR_CACHE_DIR (its default /tmp/torchinductor_USER)
+A run puts the last two under the first's root unless set, so that one folder holds them all.
+
+The folder is written by `batchocr warm` (its own generated pages, never a user's documents: the
+caches hold compiled code every later run executes) and read by every run that names it, which
+copies it whole into its own cache root (the folder itself may be read-only: a shared volume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+COMPLETE = "batchocr-compile-cache.json"  # written last: a folder without it is not used
+
+
+def cache_root(environ=os.environ) -> Path:
+    """This process's cache root: $XDG_CACHE_HOME, else ~/.cache."""
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+def one_root(environ=os.environ) -> Path:
+    """Triton's and Inductor's caches under the cache root where they are not set (in this
+    process's environment: the engine processes it starts inherit it); the root."""
+    root = cache_root(environ)
+    environ.setdefault("XDG_CACHE_HOME", str(root))
+    environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    return root
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def seed(folder: str, environ=os.environ, say=None) -> bool:
+    """Copy the compile cache at `folder` into this process's cache root (one_root) before an
+    engine builds; one line on stderr says what was found. False where it holds none yet (a
+    cold start: vLLM compiles as it would without one)."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    root = one_root(environ)
+    src = Path(folder)
+    marker = src / COMPLETE
+    if not marker.is_file():
+        say(f"compile cache: {folder} holds none yet (fill it with `batchocr warm`): vLLM compiles, "
+            f"a start of minutes")
+        return False
+    t0 = time.monotonic()
+    try:
+        made = json.loads(marker.read_text())
+        shutil.copytree(src, root, symlinks=True, dirs_exist_ok=True,
+                        ignore=lambda d, names: [COMPLETE] if Path(d) == src else [])
+    except (OSError, ValueError) as exc:
+        # A cache is only ever a speed-up: a run goes on compiling rather than fail on it.
+        say(f"compile cache: {folder} could not be copied ({getattr(exc, 'strerror', None) or exc}): "
+            f"vLLM compiles, a start of minutes")
+        return False
+    say(f"compile cache: {folder} copied into {root} ({made.get('bytes', 0) / 1e6:.0f} MB in "
+        f"{time.monotonic() - t0:.1f} s; made by `batchocr warm` {made.get('made_at', '?')}, "
+        f"vLLM {made.get('vllm', '?')}" + (f" on {made['gpu']}" if made.get("gpu") else "") + ")")
+    return True
+
+
+def publish(root: Path, folder: str, about: dict) -> int:
+    """The cache root `root` (what a warm run compiled) becomes the compile cache at `folder`,
+    whole: copied beside it, its marker written last, then renamed into its place (a run reading
+    the old one meanwhile copies a whole one or finds none). The bytes it holds."""
+    dest = Path(folder)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        shutil.copytree(root, tmp, symlinks=True)
+        size = _size(tmp)
+        (tmp / COMPLETE).write_text(json.dumps({**about, "bytes": size}, indent=1) + "\n")
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return size
+
+
+def what_built(environ=os.environ) -> dict:
+    """vLLM's version and the GPU, for the marker (what a reader of the folder is told)."""
+    about = {"made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with contextlib.suppress(Exception):
+        import vllm
+
+        about["vllm"] = getattr(vllm, "__version__", "?")
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            about["gpu"] = torch.cuda.get_device_name(0)
+    return about
+
+
+def warm(spec, cache: str, pages: int, progress: bool = True, spec_path: str | None = None) -> tuple[int, object]:
+    """Fill the compile cache at `cache` for spec's vLLM engine: a run of spec's engine settings
+    (its processes, mode, preset) over `pages` generated pages of text, in 16-page documents,
+    from empty caches of its own, whose caches are then published whole at `cache`. The bytes
+    published and the run's summary."""
+    import dataclasses
+    import tempfile
+
+    from batchocr.errors import ConfigError
+    from batchocr.pipeline import run_job
+    from batchocr.spec import Shard
+
+    if spec.engine != "vllm":
+        raise ConfigError(f"batchocr warm fills vLLM's compile caches: the job spec's engine is {spec.engine}, "
+                          f"expected vllm (engine: vllm)")
+    with tempfile.TemporaryDirectory(prefix="batchocr-warm-") as tmp:
+        root, docs = Path(tmp) / "cache", Path(tmp) / "docs"
+        for name, sub in (("XDG_CACHE_HOME", ""), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+            os.environ[name] = str(root / sub)  # this run's own: what it compiled, and nothing older
+        made = _documents(docs, pages)
+        options = {**spec.engine_options, "compile_cache": ""}
+        run = dataclasses.replace(spec, source=str(docs), out=str(Path(tmp) / "out"), shard=Shard(), inventory=None,
+                                  route="model", reprocess=False, storage_options={},
+                                  engines={**spec.engines, "vllm": options})
+        summary = run_job(run, progress=progress)
+        about = what_built() | {"pages": made, "job": spec_path, "processes": spec.processes,
+                                "mode": options.get("mode", "page"), "preset": options.get("preset")}
+        return publish(root, cache, about), summary
+
+
+def _documents(folder: Path, pages: int, per_document: int = 16) -> int:
+    """`pages` pages of generated text in PDFs of up to per_document pages each."""
+    import pymupdf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    done = 0
+    for d in range((pages + per_document - 1) // per_document):
+        with pymupdf.open() as pdf:
+            for p in range(min(per_document, pages - done)):
+                page = pdf.new_page()
+                text = "\n".join(f"Warm-up document {d + 1}, page {p + 1}, line {i + 1}: the quick brown fox "
+                                 f"jumps over the lazy dog {i * 7 + p}." for i in range(40))
+                page.insert_textbox(page.rect + (54, 54, -54, -54), text, fontsize=10)
+                done += 1
+            pdf.save(folder / f"warm-{d + 1:04d}.pdf")
+    return done
