@@ -6,6 +6,8 @@ FROM vllm/vllm-openai:v0.26.0
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
+# Every compile cache (vLLM's graphs under $XDG_CACHE_HOME/vllm, Triton's and Inductor's kernels)
+# under one folder: what `batchocr warm` fills and a run's engines.vllm.compile_cache copies in.
 # Offline and private: models come from the model cache volume (/models), never from a hub;
 # no usage statistics leave the pod (vLLM reports them unless told not to).
 ENV HF_HUB_OFFLINE=1 \
@@ -18,7 +20,10 @@ ENV HF_HUB_OFFLINE=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HOME=/home/batchocr
+    HOME=/home/batchocr \
+    XDG_CACHE_HOME=/home/batchocr/.cache \
+    TRITON_CACHE_DIR=/home/batchocr/.cache/triton \
+    TORCHINDUCTOR_CACHE_DIR=/home/batchocr/.cache/inductor
 
 WORKDIR /opt/batchocr
 COPY pyproject.toml README.md ./

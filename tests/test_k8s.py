@@ -248,7 +248,8 @@ def test_security_context_on_every_container(renders):
                     volume = volumes[m["name"]]
                     writable = not m.get("readOnly", False)
                     assert not writable or "emptyDir" in volume or (
-                        obj["metadata"]["name"] == "batchocr-model-fill" and m["mountPath"] == "/models"), (where, m)
+                        obj["metadata"]["name"] in ("batchocr-model-fill", "batchocr-warm")
+                        and m["mountPath"] == "/models"), (where, m)
                 assert c["resources"]["limits"]["memory"] == c["resources"]["requests"]["memory"], where
                 seen += 1
     assert seen >= 5
@@ -338,6 +339,45 @@ def test_the_pods_job_spec_loads_and_names_the_model_cache(renders, tmp_path):
     assert re.fullmatch(r"[0-9a-f]{40}", env["MODEL_REVISION"]), env["MODEL_REVISION"]
     pvc = _one(renders["k8s/model-cache"][1], "PersistentVolumeClaim", "batchocr-models")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+@pytest.mark.parametrize("warm, job", [("k8s/warm", "k8s/base"), ("k8s/overlays/aks-spot-warm", "k8s/overlays/aks-spot")])
+def test_the_warm_up_is_the_pods_own_template_filling_the_cache_their_job_spec_names(renders, warm, job, tmp_path):
+    """The compile cache's warm-up runs `batchocr warm` in the run's own pod template (its image,
+    GPU, node pool, job spec), is the only one of them that writes the model volume, and fills
+    the folder the pods' job spec copies in; it gets no storage identity."""
+    objects = renders[warm][1]
+    assert not [o for o in objects if o["kind"] == "Job" and o["metadata"]["name"] != "batchocr-warm"]
+    warmup = _one(objects, "Job", "batchocr-warm")
+    backfill = _one(renders[job][1], "Job", "batchocr")
+    pod, run_pod = warmup["spec"]["template"]["spec"], backfill["spec"]["template"]["spec"]
+    assert "completionMode" not in warmup["spec"] and warmup["spec"].get("completions", 1) == 1
+    rules = warmup["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "batchocr", "operator": "In",
+                                                 "values": [EXIT_CONFIG]}} in rules
+    (container,), (run_container,) = pod["containers"], run_pod["containers"]
+    for key in ("tolerations", "affinity", "securityContext"):
+        assert pod.get(key) == run_pod.get(key), key
+    for key in ("image", "resources", "env", "securityContext"):
+        assert container[key] == run_container[key], key
+    assert "azure.workload.identity/use" not in warmup["spec"]["template"]["metadata"]["labels"]
+    cmd, cache, flag, spec_path = container["args"]
+    assert (cmd, flag) == ("warm", "--job") and spec_path == run_container["args"][-1]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    run_mounts = {m["mountPath"]: m for m in run_container["volumeMounts"]}
+    assert mounts["/models"]["readOnly"] is False and run_mounts["/models"]["readOnly"] is True
+    assert set(mounts) == set(run_mounts)
+    # The folder it fills is the one the pods' job spec copies in, on that volume.
+    env = {e["name"]: e["value"] for e in run_container["env"]}
+    data = _one(objects, "ConfigMap")["data"]
+    (tmp_path / "spec.yaml").write_text(data[f"{env['BATCHOCR_JOB']}.yaml"])
+    options = load_job(tmp_path / "spec.yaml").engine_options
+    assert options["compile_cache"] == cache and Path(cache).parent == Path("/models")
+    # The pods' home, where the copy lands, has room for it beside the rest.
+    volumes = {v["name"]: v for v in run_pod["volumes"]}
+    home = volumes[run_mounts["/home/batchocr"]["name"]]["emptyDir"]
+    assert int(home["sizeLimit"].removesuffix("Gi")) >= 8
 
 
 @pytest.mark.parametrize("folder", ["k8s/cronjob", "k8s/overlays/aks-spot-cronjob"])
