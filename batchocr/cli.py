@@ -231,7 +231,7 @@ def warm(cache, job, pages, quiet):
     """
     import time
 
-    from batchocr.engines.vllm.compilecache import warm as fill
+    from batchocr.warm import warm as fill
     from batchocr.spec import load_job
 
     spec = load_job(job)
