@@ -160,3 +160,12 @@ def test_a_cache_that_cannot_be_read_is_compiled_past(tmp_path, broken):
     lines: list[str] = []
     assert not compilecache.seed(str(src), {"XDG_CACHE_HOME": str(tmp_path / "xdg")}, lines.append)
     assert len(lines) == 1 and "could not be copied" in lines[0] and "vLLM compiles" in lines[0], lines
+
+
+def test_a_cache_in_a_url_is_exit_2_naming_the_key(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("source: s\nout: o\nengine: vllm\nengines:\n  vllm:\n    model: m\n"
+                    "    compile_cache: az://models/.compile-cache\n")
+    proc = _cli("run", "--job", str(spec), env=_env(tmp_path, "home"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("Error: ") and "engines.vllm.compile_cache" in proc.stderr and "local folder" in proc.stderr

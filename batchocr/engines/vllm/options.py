@@ -136,6 +136,9 @@ class VLLMOptions:
             raise ConfigError(f"engines.vllm.repetition_max_period: got {self.repetition_max_period}, expected at most "
                               f"repetition_span / 2 ({self.repetition_span // 2}): a loop is a block repeated at "
                               f"least twice in the last repetition_span tokens")
+        if "://" in self.compile_cache:
+            raise ConfigError(f"engines.vllm.compile_cache: got {self.compile_cache!r}, expected a local folder (a "
+                              f"mounted volume: the caches are copied in as files before the engine builds)")
         if self.instances > 1 and self.tensor_parallel_size > 1:
             raise ConfigError(f"engines.vllm.instances: {self.instances} engines share one GPU; with "
                               f"tensor_parallel_size {self.tensor_parallel_size} use instances: 1")
