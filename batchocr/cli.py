@@ -237,7 +237,8 @@ def warm(cache, job, pages, quiet):
     spec = load_job(job)
     t0 = time.monotonic()
     size, summary = fill(spec, cache, pages, progress=not quiet, spec_path=job)
-    click.echo(summary.line())
+    click.echo(f"warm: the engine read {plural(summary.pages, 'generated page')} ({summary.error_pages} errors) in "
+               f"{summary.seconds:.0f} s")
     click.echo(f"warm: {cache} holds {size / 1e6:.0f} MB of compiled graphs and kernels (made in "
                f"{time.monotonic() - t0:.0f} s); runs with engines.vllm.compile_cache: {cache} start from it")
 

@@ -62,7 +62,8 @@ def test_warm_fills_the_cache_and_a_fresh_pods_parts_start_from_it(tmp_path):
                  where="source: az://scans/\nout: az://results/scans\ninventory: az://inventory/scans\n")
     warmed = _cli("warm", str(cache), "--job", str(spec), "--pages", "20", "-q", env=_env(tmp_path, "warm-home"))
     assert warmed.returncode == 0, warmed.stderr
-    assert f"warm: {cache} holds" in warmed.stdout and "20 pages" in warmed.stdout, warmed.stdout
+    assert f"warm: {cache} holds" in warmed.stdout and "read 20 generated pages (0 errors)" in warmed.stdout, warmed.stdout
+    assert "batchocr-warm-" not in warmed.stdout + warmed.stderr  # its own temporary OUT is nobody's business
     # The warm run compiled from empty caches of its own (not the machine's $HOME), the second
     # part from what the first left; none of it was left in $HOME.
     built = _compiles(tmp_path / "warm-home.jsonl")
