@@ -220,8 +220,8 @@ def warm(cache, job, pages, quiet):
     code that every later run executes), then writes vLLM's compiled graphs, Triton's
     and Inductor's kernels to the folder CACHE, whole (replacing an older one at once).
     A run whose job spec names it (engines.vllm.compile_cache: CACHE) copies it into
-    its own caches before its engine builds: a fresh pod's start in seconds, not
-    minutes. Warm again after a new image (vLLM, torch), model, GPU type or engine
+    its own caches before its engine builds: a fresh pod starts without compiling.
+    Warm again after a new image (vLLM, torch), model, GPU type or engine
     settings: entries made for others are never used.
 
     \b
