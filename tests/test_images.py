@@ -186,7 +186,9 @@ def test_a_side_scaled_under_a_pixel_is_one_pixel_and_rapidocr_reads_the_page(tm
     such strips (`batchocr run DIR OUT --max-side 1000`) stopped the run, exit 1, as "engine
     rapidocr failed on every page alike". A side is now at least one pixel: rapidocr reads
     such a page (nothing on it), or says it is too narrow, as it does without --max-side."""
-    pymupdf.Pixmap(pymupdf.csGRAY, pymupdf.IRect(0, 0, 20_000, 1), False).save(tmp_path / "strip.png")
+    white = pymupdf.Pixmap(pymupdf.csGRAY, pymupdf.IRect(0, 0, 20_000, 1), False)
+    white.clear_with(255)  # a new Pixmap's samples are whatever its memory held: once, rapidocr read "." there
+    white.save(tmp_path / "strip.png")
     strip = pymupdf.open()
     strip.new_page(width=14_400, height=1)
     strip.save(tmp_path / "strip.pdf")
