@@ -386,3 +386,14 @@ def vllm_tree(root: Path, version: str = "0.26.0", edit: dict[str, tuple[str, st
         (package / path).parent.mkdir(parents=True, exist_ok=True)
         (package / path).write_text(text)
     return root
+
+
+def package(folder: Path) -> str:
+    """A `vllm` package under folder that is this stand-in, for processes a test or a bench
+    spawns (with this file's folder on their path too); the folder to put on PYTHONPATH."""
+    pkg = Path(folder) / "vllm"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("import fake_vllm\n__version__ = 'fake'\n"
+                                     "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
+    (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
+    return str(folder)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fake_vllm
 import pytest
 
 from batchocr.engines.vllm import compilecache
@@ -24,16 +25,10 @@ SAMPLES = ROOT / "samples"
 def _env(tmp_path: Path, home: str) -> dict:
     """A spawned CLI's environment: the stand-in as `vllm`, caches of its own under `home`
     (a pod's empty $HOME), its compiles logged."""
-    pkg = tmp_path / "shim" / "vllm"
-    if not pkg.exists():
-        pkg.mkdir(parents=True)
-        (pkg / "__init__.py").write_text("import fake_vllm\n__version__ = 'fake'\n"
-                                         "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
-        (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
     (tmp_path / home).mkdir(exist_ok=True)
-    return env | {"PYTHONPATH": os.pathsep.join([str(tmp_path / "shim"), str(TESTS), str(ROOT)]),
+    return env | {"PYTHONPATH": os.pathsep.join([fake_vllm.package(tmp_path / "shim"), str(TESTS), str(ROOT)]),
                   "HOME": str(tmp_path / home), "BATCHOCR_FAKE_COMPILE": str(tmp_path / f"{home}.jsonl")}
 
 

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import fake_vllm
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -50,12 +51,7 @@ def test_each_engine_takes_its_share_of_the_machine():
 
 def _stand_in(tmp_path: Path) -> dict:
     """The environment under which a spawned process imports the vLLM stand-in as `vllm`."""
-    pkg = tmp_path / "shim" / "vllm"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("import fake_vllm\n__version__ = 'fake'\n"
-                                     "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
-    (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
-    return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "shim"), str(TESTS), str(ROOT)])}
+    return {"PYTHONPATH": os.pathsep.join([fake_vllm.package(tmp_path / "shim"), str(TESTS), str(ROOT)])}
 
 
 def _cli(*args: str, env: dict, **kw) -> subprocess.Popen:

@@ -110,12 +110,9 @@ def lengths_shim(work: Path) -> str:
 
 def stand_in(work: Path) -> str:
     """A `vllm` package on the path that is tests/fake_vllm.py (for --fake)."""
-    pkg = work / "shim" / "vllm"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text("import fake_vllm\n__version__ = 'fake'\n"
-                                     "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
-    (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
-    return str(work / "shim")
+    from fake_vllm import package
+
+    return package(work / "shim")
 
 
 def caches_of(root: Path, seed: Path | None = None) -> dict:
