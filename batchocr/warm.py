@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from batchocr.engines.vllm.compilecache import publish, what_built
+from batchocr.engines.vllm.compilecache import pin_keys, publish, what_built
 from batchocr.errors import ConfigError
 from batchocr.pipeline import run_job
 from batchocr.spec import JobSpec, Shard
@@ -28,6 +28,7 @@ def warm(spec: JobSpec, cache: str, pages: int, progress: bool = True, spec_path
         for name, sub in (("XDG_CACHE_HOME", ""), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
             (root / sub).mkdir(parents=True, exist_ok=True)
             os.environ[name] = str(root / sub)  # this run's own: what it compiled, and nothing older
+        pin_keys()  # the keys a run's root gives too
         made = _documents(docs, pages)
         options = {**spec.engine_options, "compile_cache": ""}
         run = dataclasses.replace(spec, source=str(docs), out=str(Path(tmp) / "out"), shard=Shard(), inventory=None,

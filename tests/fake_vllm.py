@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import json
 import os
 import sys
@@ -239,7 +240,10 @@ def _compile(log: str, kwargs: dict) -> None:
     default), keyed by the engine's settings, and a Triton kernel in TRITON_CACHE_DIR; read where
     there already, written where not. The log says which, and where the caches were."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    key = f"{kwargs.get('max_num_seqs')}-{kwargs.get('max_model_len')}-{kwargs.get('model')}"
+    # vLLM 0.26 hashes its environment's settings into the key (envs.compile_factors), among them
+    # VLLM_XLA_CACHE_PATH, whose default is under XDG_CACHE_HOME: another root, another key.
+    xla = os.environ.get("VLLM_XLA_CACHE_PATH") or str(root / "vllm" / "xla_cache")
+    key = f"{kwargs.get('max_num_seqs')}-{kwargs.get('max_model_len')}-{kwargs.get('model')}-{hashlib.sha256(xla.encode()).hexdigest()[:10]}"
     graph = root / "vllm" / "torch_compile_cache" / key / "rank_0_0" / "computation_graph.py"
     hit = graph.is_file()
     if not hit:

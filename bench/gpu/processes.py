@@ -57,7 +57,7 @@ def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0) -
         f"    gpu_memory_utilization: {args.gpu_memory_utilization}\n{attention}"
         + (f"    kv_cache_gib: {kv_gib}\n" if kv_gib else "")
         + (f"    compile_cache: {args.work / 'compile-cache'}\n" if args.caches == "warm" else "") +
-        f"commit: {{every_pages: 256, every_seconds: 30}}\n"
+        "commit: {every_pages: 256, every_seconds: 30}\n"
     )
     return path
 
@@ -100,12 +100,58 @@ sys.meta_path.insert(0, _Lengths())
 '''
 
 
-def lengths_shim(work: Path) -> str:
-    """A folder whose sitecustomize.py gives each page its lognormal length (--lengths B)."""
+TRACE = '''
+import os as _os
+
+if _os.environ.get("BENCH_START_TRACE"):  # bench/gpu/processes.py --trace-start: where each process's start goes
+    import sys as _sys
+    import threading as _threading
+    import time as _time
+
+    _KEEP = ("batchocr/", "vllm/", "torch/", "transformers/", "pymupdf/", "multiprocessing/", "pyarrow/", "bench/",
+             "polars/", "triton/", "fsspec/", "onnxruntime/", "rapidocr/", "numpy/")
+
+    def _where(frame) -> str:
+        """The main thread's innermost frames in the libraries a start spends its time in."""
+        out = []
+        while frame is not None and len(out) < 8:
+            name = frame.f_code.co_filename
+            cut = name.rfind("site-packages/")
+            cut = cut + len("site-packages/") if cut >= 0 else max(name.rfind("/batchocr/"), name.rfind("/bench/")) + 1
+            short = name[cut:] if cut > 0 else name.rsplit("/", 1)[-1]
+            if any(k in short for k in _KEEP) or not out:
+                out.append(f"{short}:{frame.f_code.co_name}:{frame.f_lineno}")
+            frame = frame.f_back
+        return " < ".join(out)
+
+    def _trace(folder, until):
+        main = _threading.main_thread().ident
+        t0 = _time.time()
+        with open(f"{folder}/{_os.getpid()}.txt", "a", buffering=1) as f:
+            f.write(f"{t0:.3f} start ppid={_os.getppid()} {' '.join(_sys.argv)[:200]}\\n")
+            while _time.time() - t0 < until:
+                _time.sleep(0.2)
+                frame = _sys._current_frames().get(main)
+                if frame is None:
+                    break
+                f.write(f"{_time.time():.3f} {_where(frame)}\\n")
+
+    _threading.Thread(target=_trace, args=(_os.environ["BENCH_START_TRACE"],
+                                           float(_os.environ.get("BENCH_START_TRACE_S", "200"))),
+                      daemon=True, name="bench-start-trace").start()
+'''
+
+
+def shim_of(work: Path, lengths: bool, trace: bool) -> list[str]:
+    """A folder whose sitecustomize.py gives each page its lognormal length (--lengths B) and
+    traces each process's start (--trace-start), in every process of a run; none where neither."""
+    if not (lengths or trace):
+        return []
     d = work / "lengths"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "sitecustomize.py").write_text(LENGTHS.format(gpu=str(Path(__file__).parent)))
-    return str(d)
+    (d / "sitecustomize.py").write_text((LENGTHS.format(gpu=str(Path(__file__).parent)) if lengths else "")
+                                        + (TRACE if trace else ""))
+    return [str(d)]
 
 
 def stand_in(work: Path) -> str:
@@ -204,6 +250,9 @@ def main() -> None:
     ap.add_argument("--no-cold", action="store_true",
                     help="--caches warm: the first run from the compile cache too (the warm-up's own log says the cold build)")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
+    ap.add_argument("--trace-start", action="store_true",
+                    help="every process's main thread sampled each 0.2 s for its first 200 s (the runs', not the "
+                         "warm-up's), one file a process beside --json: trace-RUN/PID.txt (bench/gpu/start_trace.py)")
     ap.add_argument("--fake", action="store_true", help="tests/fake_vllm.py for vLLM (a dry run on the CPU)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -214,9 +263,8 @@ def main() -> None:
         a4_documents(src, [args.per_doc] * (args.pages // args.per_doc))
     pages = (args.pages // args.per_doc) * args.per_doc
     fake = [stand_in(args.work), str(ROOT / "tests")] if args.fake else []
-    shim = []
+    shim = shim_of(args.work, args.lengths == "B", args.trace_start)
     if args.lengths == "B":
-        shim = [lengths_shim(args.work)]
         args.max_tokens = 4000  # the job's budget: the longest page (the shim sets each page's)
     path = [*shim, str(ROOT), *fake, os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
@@ -269,6 +317,11 @@ def main() -> None:
                                           if "compile_cache:" not in line) + "\n")
         else:
             run_env, caches = env, "shared"
+        if args.trace_start:
+            trace = (args.json.parent if args.json else args.work) / f"trace-{item}"
+            shutil.rmtree(trace, ignore_errors=True)
+            trace.mkdir(parents=True)
+            run_env = run_env | {"BENCH_START_TRACE": str(trace)}
         sampler = Sampler()  # GPU busy (NVML) and this process's tree: the run and its parts
         sampler.start()
         clock = time.time() - time.monotonic()

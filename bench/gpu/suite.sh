@@ -421,6 +421,8 @@ run() {  # one named run of the suite
     # a lease cut short still has it), then the 7B layout; ~16 min on an H100 (REBUILD_CALLS.txt)
     rebuild) run rebuild-uocr; run rebuild-7b ;;
     rebuild-uocr) trees rebuild-uocr uocr --pages "${REBUILD_UOCR_PAGES:-512}" ;;
+    # issue 53: the 7B layout's b/a at equal work, a and b in one process (no regression elsewhere: 1.07 end to end)
+    qwen7b-ab) tp qwen7b-ab "--model=$MODELS/qwen2.5-vl-7b" --pages "${QWEN7B_PAGES:-512}" --modes a,b ;;
     rebuild-7b) trees rebuild-7b tp "--model=$MODELS/qwen2.5-vl-7b" --pages "${REBUILD_7B_PAGES:-256}" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
   esac

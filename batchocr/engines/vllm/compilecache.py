@@ -27,6 +27,14 @@ from pathlib import Path
 
 COMPLETE = "batchocr-compile-cache.json"  # written last: a folder without it is not used
 
+# vLLM hashes its environment's settings into its compile cache's keys (vllm.envs.compile_factors,
+# which leaves out VLLM_CACHE_ROOT), and one of them is a path under the cache root:
+# VLLM_XLA_CACHE_PATH (used on TPUs only), by default $XDG_CACHE_HOME/vllm/xla_cache. Left to
+# default, a warm-up's root and a run's give different keys and the run compiles again; pinned,
+# they give the same. (VLLM_CONFIG_ROOT, hashed too, follows $HOME: the same in a run's pods and
+# their warm-up, which share the pod template.)
+XLA_CACHE_PATH = "/tmp/vllm-xla-cache"
+
 
 def cache_root(environ=os.environ) -> Path:
     """This process's cache root: $XDG_CACHE_HOME, else ~/.cache."""
@@ -34,13 +42,21 @@ def cache_root(environ=os.environ) -> Path:
 
 
 def one_root(environ=os.environ) -> Path:
-    """Triton's and Inductor's caches under the cache root where they are not set (in this
-    process's environment: the engine processes it starts inherit it); the root."""
+    """Triton's and Inductor's caches under the cache root where they are not set, and vLLM's keys
+    pinned (pin_keys), in this process's environment: the engine processes it starts inherit it;
+    the root."""
     root = cache_root(environ)
+    pin_keys(environ)
     environ.setdefault("XDG_CACHE_HOME", str(root))
     environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
     environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     return root
+
+
+def pin_keys(environ=os.environ) -> None:
+    """The environment vLLM keys its compiled graphs by, the same whatever the cache root (where
+    not set already: a value set by hand is the pod template's, the same in the warm-up)."""
+    environ.setdefault("VLLM_XLA_CACHE_PATH", XLA_CACHE_PATH)
 
 
 def _size(folder: Path) -> int:
