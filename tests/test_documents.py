@@ -47,7 +47,7 @@ def test_the_unlimited_ocr_preset_is_vllms_recipe(monkeypatch):
     assert page.extra_args == {"ngram_size": 35, "window_size": 128} and page.max_tokens == preset.max_tokens
     # document mode: the n-gram window of whole documents, and the context its prompt leaves
     engine, _ = _engine(monkeypatch, mode="document")
-    assert engine.options.llm_args(preset)["limit_mm_per_prompt"]["image"] == engine.group_pages == 14
+    assert engine.options.llm_args(preset)["limit_mm_per_prompt"]["image"] == engine.group_pages == 4
     request = _request(engine, 4)
     request.prompt_tokens = 4 * 273 + 6
     doc = engine.sampling(request)
@@ -69,10 +69,11 @@ def test_groups_are_sized_so_that_prompt_and_output_fit_the_context():
     def size(**kw):
         return VLLMOptions(model="/m", preset="unlimited-ocr", mode="document", **kw).group_size(get_preset("unlimited-ocr"))
 
-    assert size() == (32768 - 16) // (273 + 2048) == 14
-    assert size(group_page_tokens=4096) == 7 and size(group_page_tokens=500) == 42
-    assert size(group_page_tokens=100) == 50  # at most the 50 pages the model was trained on
-    assert size(group_pages=4) == 4 and size(max_model_len=8192) == 3
+    assert size() == 4  # the preset's: groups of 4 measured faster than page mode, the most that fit slower
+    assert size(group_pages=0) == (32768 - 16) // (273 + 2048) == 14  # 0: as many as fit
+    assert size(group_pages=0, group_page_tokens=4096) == 7 and size(group_pages=0, group_page_tokens=500) == 42
+    assert size(group_pages=0, group_page_tokens=100) == 50  # at most the 50 pages the model was trained on
+    assert size(group_pages=6) == 6 and size(max_model_len=8192) == 3  # the preset's 4 does not fit: 3 do
     assert VLLMOptions(model="/m", preset="unlimited-ocr").group_size(get_preset("unlimited-ocr")) == 1
     # 273 + 2048 tokens fit 4096 once: a group of two pages does not, and one page alone is page mode
     with pytest.raises(ConfigError, match=r"engines.vllm.group_pages: a group of 2 pages does not fit max_model_len 4096"):
@@ -318,7 +319,9 @@ def test_document_mode_through_the_cli_records_the_mode_and_its_groups(monkeypat
     rows = read_table(out).to_pylist()
     assert len(rows) == 7 and {r["mode"] for r in rows} == {"document"}
     (record,) = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
-    assert record["engine_params"]["mode"] == "document" and record["engine_params"]["groups"]["split"] == 2
+    # the preset's groups of at most 4 pages: a's 5 pages in two groups, b's 2 in one
+    assert record["engine_params"]["mode"] == "document" and record["engine_params"]["group_pages"] == 4
+    assert record["engine_params"]["groups"]["split"] == 3
     # OUT remembers the mode (another prompt, other text): a page-mode rerun is refused before vLLM loads
     proc = run_cli("run", str(tmp_path / "src"), str(out), "--engine", "vllm", "--model", "fake-model",
                    "--preset", "unlimited-ocr", "-q")

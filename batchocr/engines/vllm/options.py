@@ -83,9 +83,9 @@ class VLLMOptions:
     # page: a request a page. document: consecutive pages of a document in one request, the
     # output split back a part a page (presets that read documents: unlimited-ocr).
     mode: Literal["page", "document"] = "page"
-    # Document mode: pages a group holds at most; 0 = as many as the context allows, each page
-    # its image's tokens plus group_page_tokens of output (and at most MAX_GROUP_PAGES).
-    group_pages: Annotated[int, Ge(0), Le(MAX_GROUP_PAGES)] = 0
+    # Document mode: pages a group holds at most (unset: the preset's); 0 = as many as the context
+    # allows, each page its image's tokens plus group_page_tokens of output (and at most MAX_GROUP_PAGES).
+    group_pages: Annotated[int, Ge(0), Le(MAX_GROUP_PAGES)] | None = None
     group_page_tokens: Annotated[int, Gt(0)] = 2048
     # A group whose output does not split a part a page (or hit the token limit) is read again
     # page by page. Off only for benchmarks on random weights, which never write the separator.
@@ -158,13 +158,15 @@ class VLLMOptions:
             raise ConfigError("engine vllm needs a model: --model PATH (or engines.vllm.model in the job spec)")
 
     def group_size(self, preset: Preset) -> int:
-        """Pages a request holds: 1 in page mode; in document mode as many as fit the context,
-        each page costing its image's prompt tokens plus group_page_tokens of output."""
+        """Pages a request holds: 1 in page mode; in document mode group_pages (the preset's where
+        unset) where they fit the context, each page costing its image's prompt tokens plus
+        group_page_tokens of output, else as many as fit."""
         if self.mode == "page":
             return 1
         context = (self.max_model_len or preset.max_model_len) - DOCUMENT_PROMPT_TOKENS
         fit = context // (preset.document_page_tokens + self.group_page_tokens)
-        return min(self.group_pages or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
+        asked = self.group_pages if self.group_pages is not None else preset.group_pages
+        return min(asked or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
 
     def encoder_batched(self, preset: Preset) -> bool:
         """batch_encoder as the engine uses it (speed_on)."""
