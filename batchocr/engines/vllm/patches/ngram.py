@@ -203,15 +203,14 @@ def _neg_inf(device, dtype):
     return torch.full((), -float("inf"), dtype=dtype, device=device)  # filled there: no copy
 
 
-try:  # the engine core imports this module by name, where vLLM is
-    from vllm.v1.sample.logits_processor import LogitsProcessor as _LogitsProcessor
-    from vllm.v1.sample.logits_processor.builtin import process_dict_updates as _process_dict_updates
-except ImportError:  # no vLLM: NGramBan and BatchBans are usable, the processor is not
-    _LogitsProcessor = None
+def _processor_class():
+    """NoRepeatNGramLogitsProcessor, built on vLLM's LogitsProcessor where it is first asked for
+    (vLLM's engine core, by FQCN): importing this module (every job spec names the preset's
+    engine arguments) does not import vLLM and torch, a start's seconds in each process."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+    from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-if _LogitsProcessor is not None:
-
-    class NoRepeatNGramLogitsProcessor(_LogitsProcessor):
+    class NoRepeatNGramLogitsProcessor(LogitsProcessor):
         """vLLM's NGramPerReqLogitsProcessor (same request arguments and validation), with
         NGramBan a request and one indexed write a step for the batch."""
 
@@ -226,7 +225,7 @@ if _LogitsProcessor is not None:
             return False
 
         def update_state(self, batch_update) -> None:
-            _process_dict_updates(self.bans.rows, batch_update, self.bans.new_state)
+            process_dict_updates(self.bans.rows, batch_update, self.bans.new_state)
 
         def apply(self, logits):
             if not self.bans.rows:
@@ -235,3 +234,18 @@ if _LogitsProcessor is not None:
             if rows:
                 write_bans(logits, rows, cols)
             return logits
+
+    NoRepeatNGramLogitsProcessor.__module__ = __name__
+    return NoRepeatNGramLogitsProcessor
+
+
+def __getattr__(name: str):
+    """The processor, made once on first use (no vLLM here: AttributeError, as before)."""
+    if name != "NoRepeatNGramLogitsProcessor":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        cls = _processor_class()
+    except ImportError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r} (no vLLM here)") from None
+    globals()[name] = cls
+    return cls
