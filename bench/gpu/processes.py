@@ -194,20 +194,29 @@ def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dic
         "rows_span_s": (at[-1] - at[0]).total_seconds() if at else None,
         "runs": [{k: r.get(k) for k in ("run_id", "status", "timings", "accelerator")} for r in records],
         **(window_of(at, sampler, clock) if at else {}),
-        **(start_of(rows, clock, t0) if at else {}),
+        **(start_of(rows, clock, t0, records) if at else {}),
     }
 
 
-def start_of(rows: list, clock: float, t0: float) -> dict:
+def start_of(rows: list, clock: float, t0: float, records: list | None = None) -> dict:
     """The command's start, in seconds from t0 (its start, monotonic): to its first row, and to
     each part's (run_id's) first row: with parts built one after the other, the last part's is
-    when the GPU first has them all."""
+    when the GPU first has them all. With the run records, each part's first page handed to its
+    engine on the same clock (its record's first_request_s, on its own clock from its start,
+    moved by the difference of the two first rows), and where the part's start went (its timings)."""
     first: dict = {}
     for r in rows:
         t = r["processed_at"].timestamp() - clock - t0
         first[r["run_id"]] = min(first.get(r["run_id"], t), t)
     by_part = {k: round(v, 1) for k, v in sorted(first.items(), key=lambda kv: kv[1])}
-    return {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part}
+    out = {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part}
+    timings = {r["run_id"]: r.get("timings") or {} for r in records or []}
+    requests = {k: round(first[k] - timings[k]["first_row_s"] + timings[k]["first_request_s"], 1)
+                for k in by_part if "first_row_s" in timings.get(k, {}) and "first_request_s" in timings[k]}
+    if requests:
+        out |= {"first_request_s": min(requests.values()), "first_request_s_by_part": requests,
+                "part_started_s_by_part": {k: round(first[k] - timings[k]["first_row_s"], 1) for k in requests}}
+    return out
 
 
 def window_of(at: list, sampler, clock: float) -> dict:
