@@ -696,7 +696,7 @@ def test_with_instances_no_warm_up_runs_while_an_engine_is_built(monkeypatch):
     monkeypatch.setattr(fake_vllm.LLM, "__init__", build)
     engine = VLLMInstances(VLLMOptions(model="fake-model", instances=3, max_num_seqs=4))
     for each in engine.instances:
-        each._warmed.result(timeout=5)
+        each.start_warm_up().result(timeout=5)  # the last of its warm-ups
     engine.close()
     assert events == ["build", "built"] * 3 + ["warm-up", "warmed"] * 3
     assert engine.renderer_warm_up_s is not None

@@ -68,12 +68,12 @@ class VLLMEngine(VLLMBase):
         self.documents = Documents(self.preset.document_separator)
         self._ids = itertools.count()
         self._pool = ThreadPoolExecutor(options.prepare_threads, thread_name_prefix="batchocr-prepare")
-        # How long the renderer's first call took (None until it has run); when vLLM took the
+        # How long the renderer's warm-up calls took (None until one has run); when vLLM took the
         # run's first request (time.monotonic): before it, the requests' preparation (the image
         # processor's first calls); after it, the GPU's prefill and decode.
         self.renderer_warm_up_s: float | None = None
         self.first_request_at: float | None = None
-        self._warmed: Future | None = None
+        self._warmed: dict[str, Future] | None = None  # the warm-up of each kind of request
         self._refusals = refusals or failures.refusals()
         if warm_up:
             self.start_warm_up()
@@ -120,18 +120,24 @@ class VLLMEngine(VLLMBase):
         return self.options.max_model_len or self.preset.max_model_len
 
     def start_warm_up(self, after: Future | None = None) -> Future:
-        """vLLM's renderer pays a one-time cost on its first call in a process, and prepare
-        threads making their first calls at once each pay it, several times over what one call
-        alone pays. So one prepare thread pays it now, on a blank page, while the first pages
-        render, and every page's preparation waits for that. Once; after `after` (another
-        engine's warm-up) where given. Returns the warm-up's future."""
+        """vLLM's renderer pays a one-time cost on its first call in a process with each set of
+        processor arguments (vLLM keeps a processor a set: Unlimited-OCR's document requests,
+        their 1024 view, load one of their own), and prepare threads making their first calls
+        at once each pay it, several times over what one call alone pays. So one prepare thread
+        pays it now, on blank pages, while the first pages render: in document mode a group's
+        call first, then a page's (a page read alone: a one-page document, a group read again);
+        a request's preparation waits for its kind's. Once; after `after` (another engine's
+        warm-up) where given. Returns the last warm-up's future."""
         if self._warmed is None:
-            self._warmed = self._pool.submit(self._warm_up, after)
-        return self._warmed
+            self._warmed = {}
+            for kind in (("document", "page") if self.group_pages > 1 else ("page",)):
+                after = self._warmed[kind] = self._pool.submit(self._warm_up, kind, after)
+        return list(self._warmed.values())[-1]
 
-    def _warm_up(self, after: Future | None = None) -> None:
-        """vLLM's renderer's first call, alone, on a blank page of the preset's size (portrait,
-        as scans are); never raises: where it fails, the pages' own calls say why."""
+    def _warm_up(self, kind: str, after: Future | None = None) -> None:
+        """vLLM's renderer's first call of a kind, alone, on blank pages of the preset's size
+        (portrait, as scans are): a page, or the smallest group; never raises: where it fails,
+        the requests' own calls say why."""
         from PIL import Image
 
         if after is not None:
@@ -141,28 +147,33 @@ class VLLMEngine(VLLMBase):
         started = time.monotonic()
         try:
             blank = Image.new("RGB", (width, side), "white")
-            self.engine.renderer.render_cmpl([{"prompt": self.prompt, "multi_modal_data": {"image": blank}}])
+            self.engine.renderer.render_cmpl([self._prompt([blank] * (2 if kind == "document" else 1), kind == "document")])
         except Exception as exc:  # noqa: BLE001
-            log.debug("the renderer's warm-up failed (the pages' calls will say why): %s: %s",
-                      type(exc).__name__, exc)
-        self.renderer_warm_up_s = round(time.monotonic() - started, 3)
+            log.debug("the renderer's warm-up (%s) failed (the requests' calls will say why): %s: %s",
+                      kind, type(exc).__name__, exc)
+        self.renderer_warm_up_s = round((self.renderer_warm_up_s or 0) + time.monotonic() - started, 3)
+
+    def _prompt(self, images: list, document: bool) -> dict:
+        """The renderer's input for a request of these page images: a page alone, or a group."""
+        if document:
+            prompt = {"prompt": self.preset.document_prompt(len(images)), "multi_modal_data": {"image": images}}
+            if self.preset.document_mm_processor_kwargs:
+                prompt["mm_processor_kwargs"] = dict(self.preset.document_mm_processor_kwargs)
+            return prompt
+        return {"prompt": self.prompt, "multi_modal_data": {"image": images[0]}}
 
     def _prepare(self, request: Request) -> Any:
         """Off the engine loop: the model's image processor and tokenizer, via vLLM's
         renderer (thread-safe with the processor cache off, as in vLLM's server); after
-        the warm-up's first call."""
+        the warm-up's first call of the request's kind."""
         from PIL import Image
 
         if self._warmed is not None:
-            wait((self._warmed,))  # done, or cancelled by close(): the page is prepared either way
+            warmed = self._warmed.get("document" if request.document else "page")
+            if warmed is not None:
+                wait((warmed,))  # done, or cancelled by close(): the request is prepared either way
         images = [Image.frombuffer("RGB", (p.width, p.height), p.image, "raw", "RGB", 0, 1) for p in request.pages]
-        if request.document:
-            prompt = {"prompt": self.preset.document_prompt(len(images)), "multi_modal_data": {"image": images}}
-            if self.preset.document_mm_processor_kwargs:
-                prompt["mm_processor_kwargs"] = dict(self.preset.document_mm_processor_kwargs)
-        else:
-            prompt = {"prompt": self.prompt, "multi_modal_data": {"image": images[0]}}
-        (engine_input,) = self.engine.renderer.render_cmpl([prompt])
+        (engine_input,) = self.engine.renderer.render_cmpl([self._prompt(images, request.document)])
         return engine_input
 
     def run(self, pages: Iterator[pa.RecordBatch], stop: threading.Event | None = None) -> Iterator[pa.RecordBatch]:
