@@ -174,10 +174,10 @@ def test_a_group_is_one_request_and_comes_back_a_row_a_page(monkeypatch):
     engine, fake = _engine(monkeypatch, mode="document")
     outs, rows = _run(engine, [_doc("a", 4), _doc("b", 3)])
     assert fake.added == fake.documents == 2
-    # base mode's 1024 view, not gundam's 640 (the first calls are the renderer's warm-ups: a group's,
-    # then a page's, which has none)
-    assert fake.renderer.kwargs[0] == {"image_size": 1024} and len(fake.renderer.kwargs) == 4
-    assert fake.renderer.kwargs.count({"image_size": 1024}) == 3 and fake.renderer.kwargs.count(None) == 1
+    # base mode's 1024 view, not gundam's 640 (the first call is the renderer's warm-up of a group;
+    # a page's warm-up, which has none, comes after it, if the run has not ended first)
+    assert fake.renderer.kwargs[0] == {"image_size": 1024}
+    assert [k for k in fake.renderer.kwargs if k is not None] == [{"image_size": 1024}] * 3
     assert len(rows) == 7 and {r["mode"] for r in rows.values()} == {"document"}
     assert all(r["finish_reason"] == "stop" and r["error_type"] is None for r in rows.values())
     # each page its own words: the fake writes 3 + (w*7 + h) % 11 of them for a page of width w
@@ -197,7 +197,9 @@ def test_the_warm_up_pays_each_kind_of_requests_set_up_before_any_request_of_tha
     against page mode's 4.1 s (four prepare threads each loading the group's processor at once).
     In document mode the warm-up makes a group's call, then a page's, and no request's call is
     the first of its kind."""
-    engine, fake = _engine(monkeypatch, mode="document", prepare_threads=4)
+    fake_vllm.install(monkeypatch)
+    llm = fake_vllm.LLM(max_num_seqs=4, max_model_len=32768)
+    fake = llm.llm_engine
     inner, calls, seen = fake.renderer.render_cmpl, [], set()
 
     def render_cmpl(prompts):  # a processor's set-up on the first call with each set of arguments
@@ -213,7 +215,9 @@ def test_the_warm_up_pays_each_kind_of_requests_set_up_before_any_request_of_tha
         call["end"] = time.monotonic()
         return inner(prompts)
 
-    fake.renderer.render_cmpl = render_cmpl
+    fake.renderer.render_cmpl = render_cmpl  # before the engine starts its warm-up
+    engine = VLLMEngine(VLLMOptions(model="/models/fake", preset="unlimited-ocr", mode="document", max_num_seqs=4,
+                                    prepare_threads=4), llm=llm)
     _, rows = _run(engine, [_doc("a", 4), _doc("b", 4), _doc("c", 1)])
     engine.close()
     assert len(rows) == 9 and {r["mode"] for r in rows.values()} == {"document", "page"}
