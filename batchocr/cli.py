@@ -9,6 +9,7 @@ import sys
 import click
 
 from batchocr import __version__
+from batchocr import cliargs
 from batchocr.cliargs import not_empty, storage_option
 from batchocr.errors import EXIT_FAILED, EXIT_OK, BatchocrError
 from batchocr.readcommands import compact, eval_, export, report, status
@@ -73,10 +74,11 @@ def main():
 @click.option("--workers", type=int, help="render worker processes [default: one per usable CPU, at most 4]")
 @click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else the "
                    "job spec's shard:, else 0/1]")
-@click.option("--processes", type=int,
+@click.option("--processes", callback=lambda ctx, param, value: cliargs.processes(value), metavar="N|auto",
               help="run the shard as N processes side by side, each with its own render pool and engine over a "
                    "share of the documents (vllm: 1/N of the GPU's memory each; two keep busy a GPU that one "
-                   "leaves half idle) [default: 1, or the job spec's]")
+                   "leaves half idle); auto: as many as pay for the model on this GPU and host "
+                   "[default: 1, or the job spec's]")
 @click.option("--reprocess", is_flag=True,
               help="OUT was made with another engine, model, preset, prompt, route or render settings: redo its "
                    "pages with these (without it, such a run stops with exit 2); compact keeps the new rows")
@@ -100,7 +102,7 @@ def run(source, out, engine, model, preset, prompt, mode, job, route, dpi, max_s
         batchocr run samples/ out/demo --engine textlayer --reprocess
         batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr
         batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr --mode document
-        batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr --processes 2
+        batchocr run az://scans/ az://results/ --engine vllm --model /models/Unlimited-OCR --preset unlimited-ocr --processes auto
         batchocr run az://scans/ az://results/ --engine vllm --model /models/olmOCR-2-7B-1025 --preset olmocr-2
     """
     from batchocr.signals import graceful_stop

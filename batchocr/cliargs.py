@@ -63,3 +63,13 @@ def not_empty(ctx, param, value):
         hint = f"'{param.human_readable_name}'" if isinstance(param, click.Argument) else None  # run's: not '[OUT]'
         raise click.BadParameter("is empty (an unset variable?)", param_hint=hint)
     return value
+
+
+def processes(value: str | int | None) -> int | str | None:
+    """--processes: N (1 to 8, checked with the job spec's key) or auto."""
+    if value is None or isinstance(value, int) or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"got {value!r}, expected a number of processes or auto") from None

@@ -56,7 +56,7 @@ def convert(cls: type[T], data: Mapping[str, Any] | Any, where: str, *, prefix: 
             return adapter.validate_python(plain, strict=False)  # then built from the values themselves
         return adapter.validate_json(utf8, strict=not strings)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
+        errors = _unions(exc.errors(include_url=False))
         line = _describe(cls, errors[0], where, prefix, secret)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(line + more) from None
@@ -96,6 +96,22 @@ def key_name(key: Any) -> str:
     """A key for a message: a typo'd name is shown, a pasted secret is not."""
     key = str(key)
     return key if key.isidentifier() and len(key) <= 40 else "(a key that is not a name)"
+
+
+def _unions(errors: list[dict]) -> list[dict]:
+    """pydantic reports a value that fits no member of a union (`processes: 1-8 | auto`) once a
+    member, each under a tag naming it ("constrained-int", "literal['auto']"): those of the first
+    error's key become one, its expectations joined with "or"."""
+    loc = errors[0]["loc"]
+    same = [e for e in errors if len(e["loc"]) == len(loc) and e["loc"][:-1] == loc[:-1]] if loc else []
+    if len(same) < 2 or not all(_union_tag(e["loc"][-1]) for e in same):
+        return errors
+    expected = " or ".join(e["msg"].removeprefix("Input should be ").removeprefix("Input should ") for e in same)
+    return [dict(errors[0], loc=loc[:-1], msg=f"Input should be {expected}")] + [e for e in errors if e not in same]
+
+
+def _union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in ("int", "float", "str", "bool") or part.startswith(("constrained-", "literal[")))
 
 
 def _describe(cls: type, error: dict, where: str, prefix: tuple[str, ...], secret: tuple[str, ...]) -> str:

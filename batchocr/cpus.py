@@ -1,4 +1,4 @@
-"""How many CPUs this process may really use.
+"""How many CPUs (and how much memory) this process may really use.
 
 `os.cpu_count()` is the host's count: in a Kubernetes pod with `limits.cpu: 4` on a
 64-core node it says 64, and 64 OCR threads on a 4-CPU quota are throttled most of
@@ -40,3 +40,22 @@ def available_cpus(root: Path = CGROUP) -> int:
     if quota is not None:
         count = min(count, math.ceil(quota))
     return max(1, count)
+
+
+def available_memory_gib(root: Path = CGROUP, meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """GiB of memory this process may use: its cgroup's limit (a pod's `limits.memory`: v2
+    `memory.max`, v1 `memory.limit_in_bytes`), else the host's; None where neither is known."""
+    for limit in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # v1 says "no limit" with a huge number
+            return int(text) / 2**30
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -7,6 +7,8 @@ SIGTERM/SIGINT stops it (batchocr/signals.py).
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import threading
 
 from batchocr import engines
@@ -35,9 +37,21 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
         from batchocr.engines.vllm.compilecache import seed
 
         seed(spec.engine_options["compile_cache"])  # once, here: a shard's parts inherit the caches' places
+    if spec.processes == "auto":
+        spec = resolve_processes(spec, engine)
     if spec.processes > 1:
         if engine is not None:
             raise ConfigError(f"processes: {spec.processes} builds an engine in each part's process: "
                               "pass no engine (or processes: 1)")
         return run_parts(spec, progress, stop)
     return run_shard(spec, progress, engine, stop, part)
+
+
+def resolve_processes(spec: JobSpec, engine: engines.Engine | None = None, say=None) -> JobSpec:
+    """`processes: auto` as the number of processes that pay for the spec's engine on this
+    machine (an engine given: 1, it is this process's), said in one line on stderr."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    n, why = (1, "an engine was given") if engine is not None else engines.auto_processes(
+        spec.engine, spec.engine_options)
+    say(f"processes auto: {n} ({why})")
+    return dataclasses.replace(spec, processes=n)

@@ -139,8 +139,10 @@ class JobSpec:
     reprocess: bool = False
     # The shard as N parts side by side, each a process of its own (render pool, engine,
     # part files) over a share of its documents; vllm: each with 1/N of the GPU's memory
-    # (batchocr/parts.py says why: one process is host-bound before the GPU is).
-    processes: Annotated[int, Ge(1), Le(8)] = 1
+    # (batchocr/parts.py says why: one process is host-bound before the GPU is). auto: as
+    # many as pay for the engine's model on this machine's GPU and host (vllm: the preset's
+    # measured need, batchocr/engines/vllm/processes.py; other engines: 1).
+    processes: Annotated[int, Ge(1), Le(8)] | Literal["auto"] = 1
     # Azure's blob inventory for SOURCE (its destination folder, or one rule's in it): each
     # run re-plans OUT from its newest Succeeded manifest first, once for all pods, keeping
     # every planned document on its shard (batchocr/replan.py). None: OUT's plan as it is.

@@ -418,11 +418,20 @@ def test_processes_out_of_range_is_exit_2_naming_the_key(tmp_path):
 
     proc = run_cli("run", str(SAMPLES), str(tmp_path / "out"), "--processes", "0")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "Error: configuration: processes: got 0, expected greater than or equal to 1"], proc.stderr
+        "Error: configuration: processes: got 0, expected greater than or equal to 1 or 'auto'"], proc.stderr
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"source: {SAMPLES}\nout: {tmp_path / 'out'}\nprocesses: all\n")
+    proc = run_cli("run", "--job", str(spec))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"Error: {spec}: processes: got 'all', expected a valid integer or 'auto'"], proc.stderr
+    proc = run_cli("run", str(SAMPLES), str(tmp_path / "out"), "--processes", "two")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "Error: Invalid value for '--processes': got 'two', expected a number of processes or auto "
+        "(see batchocr run --help)"], proc.stderr
 
 
 def test_an_out_whose_parts_found_no_document_yet_reads_as_an_empty_table(tmp_path):
-    """The production job spec (jobs/aks-vllm.yaml: processes 2) in a CronJob's first runs over
+    """The production job spec (jobs/aks-vllm.yaml: processes auto, 2 on its 80 GB cards) in a CronJob's first runs over
     an empty container: the parts load no engine, so OUT had only its done-markers, no
     _producer.json; status said every shard done, while compact, report and export were exit 2,
     'no page table under OUT', where a run of one process reads as a table of no rows (README)."""

@@ -70,6 +70,10 @@ def _yes(options: Mapping[str, Any]) -> bool:
     return True
 
 
+def _one_process(options: Mapping[str, Any]) -> tuple[int, str]:
+    return 1, "its engine uses the machine alone"
+
+
 @dataclass(frozen=True)
 class EngineType:
     """An engine type, registered once in its own module as `ENGINE`: everything the spec, the
@@ -87,6 +91,8 @@ class EngineType:
     shared: Callable[[Mapping[str, Any], int], Mapping[str, Any]] = _as_they_are
     # Whether it must be built while no other engine of the machine is being built.
     starts_alone: Callable[[Mapping[str, Any]], bool] = _yes
+    # `processes: auto`: how many processes of it pay on this machine, and why in a few words.
+    auto_processes: Callable[[Mapping[str, Any]], tuple[int, str]] = _one_process
     # Its build costs more than listing a shard again (a model loaded onto the GPU): a run of
     # one process lists its shard first and builds nothing where no document has pages to do.
     slow_to_build: bool = False
@@ -148,6 +154,13 @@ def shared(name: str, options: Mapping[str, Any], n: int) -> Mapping[str, Any]:
     engine_type = kind(name)
     with _installed(name):
         return engine_type.shared(options, n)
+
+
+def auto_processes(name: str, options: Mapping[str, Any]) -> tuple[int, str]:
+    """`processes: auto`: how many processes of engine `name` pay on this machine, and why."""
+    engine_type = kind(name)
+    with _installed(name):
+        return engine_type.auto_processes(options)
 
 
 def starts_alone(name: str, options: Mapping[str, Any]) -> bool:

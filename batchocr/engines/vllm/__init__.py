@@ -10,6 +10,7 @@ the package's modules each do one job:
   admitted as sequences free, runaway repetition stopped and retried: repetition.py).
 - document.py: document mode's groups, split back a part a page, or read again page by page.
 - instances.py: `VLLMInstances`, several engines on one GPU (engines.vllm.instances).
+- processes.py: `processes: auto`, the parts a machine's GPU and host give the preset's model.
 - failures.py: vLLM's failures in one line each, and the watch on its engine-core process.
 - patches/: batchocr's rewrites of vLLM internals, installed in vLLM's worker process.
 
@@ -25,6 +26,7 @@ from batchocr.engines.vllm.document import split_pages
 from batchocr.engines.vllm.instances import VLLMInstances
 from batchocr.engines.vllm.options import CHECK_EVERY, VLLMOptions, prompt_setting, render_hints
 from batchocr.engines.vllm.presets import get_preset
+from batchocr.engines.vllm.processes import auto as auto_processes
 from batchocr.engines.vllm.scheduler import VLLMEngine
 
 __all__ = ["CHECK_EVERY", "ENGINE", "VLLMEngine", "VLLMInstances", "VLLMOptions", "create", "settings", "shared",
@@ -75,4 +77,4 @@ def create(options: Mapping[str, Any]) -> VLLMEngine | VLLMInstances:
 
 
 ENGINE = EngineType(name="vllm", options=VLLMOptions, create=create, settings=settings, shared=shared,
-                    starts_alone=starts_alone, slow_to_build=True)
+                    starts_alone=starts_alone, auto_processes=auto_processes, slow_to_build=True)

@@ -78,6 +78,11 @@ class Preset:
     # engines.vllm.vit_pad where the user sets none (Qwen2.5-VL's tower only): patches.vitpad's
     # vision MLPs padded to an aligned size. Set from GPU runs at equal work.
     vit_pad: bool = False
+    # GPU memory (GiB) one process of this model needs at the preset's settings (weights,
+    # activations and graphs, the KV of max_num_seqs pages), set where one engine cannot keep a
+    # GPU busy (its engine core's host work a step is the limit, measured): `processes: auto`
+    # runs as many as the card holds (engines/vllm/processes.py). None: one engine fills a GPU.
+    process_gib: float | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
     sampling_args: dict[str, Any] = field(default_factory=dict)
     postprocess: Callable[[str], str] = _identity
@@ -208,6 +213,10 @@ def unlimited_ocr() -> Preset:
                   # document mode in groups of 4 pages: faster than page mode end to end at equal work;
                   # the groups the context allows (8 of a 16-page document) were slower than page mode
                   group_pages=4,
+                  # one engine keeps an H100 49% busy, an H200 52-65%: its engine core is the limit.
+                  # A process holds ~10 GB besides its KV, and 256 sequences' KV peaked at 16.5 GB
+                  # (H200, 2026-12-06): 30 GiB a process, so 2 on an 80 GB card, 3 on a 141 GB one
+                  process_gib=30,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
                   document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},

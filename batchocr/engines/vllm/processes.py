@@ -1,0 +1,78 @@
+"""`processes: auto` for vLLM: how many processes (a shard's parts, batchocr/parts.py) this machine's
+GPU and host give the preset's model.
+
+More than one pays only where one engine cannot keep the GPU busy: its engine core (vLLM's
+scheduler and a step's outputs, one Python process) is the limit, so a second engine's host
+work runs while the first's forward pass keeps the GPU busy. The preset says whether its model
+is such a one, and how much GPU memory a process of it needs (`Preset.process_gib`: weights,
+activations and graphs, and the KV of max_num_seqs pages, measured); a model whose engine fills
+the GPU alone gets one. Then as many as the card holds at gpu_memory_utilization, at most
+MOST, and no more than the host's CPUs and memory carry (CPUS_A_PROCESS, HOST_GIB_A_PROCESS:
+what a process used at its peak). Measured figures: docs/PERFORMANCE.md, several engines on one GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from batchocr.cpus import available_cpus, available_memory_gib
+from batchocr.engines import parse_options
+from batchocr.engines.vllm.options import VLLMOptions
+from batchocr.engines.vllm.presets import get_preset
+
+MOST = 3  # the most measured to pay: 3 made 1.215x of one, 2 made 1.183x (Unlimited-OCR, H200)
+CPUS_A_PROCESS = 4  # a part's engine core (~2.5 cores while full), its main thread and render share
+HOST_GIB_A_PROCESS = 20  # a part's host memory at its peak (19 GB, 4,096 pages of Unlimited-OCR)
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    gib: float  # its memory
+
+
+def card(environ: Mapping[str, str] = os.environ) -> Card | None:
+    """The first GPU this process may use (CUDA_VISIBLE_DEVICES' first), as nvidia-smi names it;
+    None where there is none, or no nvidia-smi to ask (asking CUDA would import torch, a start's
+    seconds, in a process that builds no engine)."""
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if smi is None:
+        return None
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    first = visible.split(",")[0].strip() if visible else ""
+    if visible is not None and not first:
+        return None  # CUDA_VISIBLE_DEVICES="": no GPU for this process
+    cmd = [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"] + (["--id=" + first] if first else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+        name, mib = out.strip().splitlines()[0].rsplit(",", 1)
+        return Card(name.strip(), int(mib) / 1024)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def auto(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> tuple[int, str]:
+    """How many processes, and why in a few words."""
+    o = parse_options(VLLMOptions, options, "vllm")
+    preset = get_preset(o.preset)
+    if o.instances > 1:
+        return 1, f"engines.vllm.instances {o.instances} shares the GPU in one process"
+    if preset.process_gib is None:
+        return 1, f"one {preset.name} engine keeps a GPU busy"
+    gpu = card(environ)
+    if gpu is None:
+        return 1, "no GPU found (nvidia-smi)"
+    by_gpu = int(gpu.gib * o.gpu_memory_utilization // preset.process_gib)
+    cpus, memory = available_cpus(), available_memory_gib()
+    by_cpus = cpus // CPUS_A_PROCESS
+    by_memory = int(memory // HOST_GIB_A_PROCESS) if memory is not None else MOST
+    n = max(1, min(MOST, by_gpu, by_cpus, by_memory))
+    why = (f"{preset.name}'s engine core is its limit: {gpu.name} ({gpu.gib:.0f} GiB x {o.gpu_memory_utilization:g}) "
+           f"holds {by_gpu} of {preset.process_gib:g} GiB; {cpus} CPUs carry {by_cpus}")
+    if memory is not None:
+        why += f", {memory:.0f} GiB of memory {by_memory}"
+    return n, why + f"; at most {MOST}"

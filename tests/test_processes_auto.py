@@ -1,0 +1,117 @@
+"""`processes: auto` (batchocr/engines/vllm/processes.py): as many processes as pay for the preset's
+model on this machine's GPU and host; one where one engine keeps a GPU busy, or there is no GPU.
+The GPU is asked of nvidia-smi: here a script of that name on PATH answers as a card would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchocr.engines.vllm import processes
+from batchocr.pipeline import resolve_processes
+from batchocr.spec import load_job
+from conftest import ROOT, SAMPLES, count_pages, sample_documents
+
+H100 = "NVIDIA H100 80GB HBM3, 81559"  # what nvidia-smi --query-gpu=name,memory.total says
+H200 = "NVIDIA H200, 143771"
+UOCR = {"model": "/models/uocr", "preset": "unlimited-ocr"}
+
+
+def _smi(tmp_path: Path, answer: str | None) -> dict[str, str]:
+    """PATH with an nvidia-smi that prints `answer` (None: one that fails) and keeps its arguments."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    smi = bin_ / "nvidia-smi"
+    body = f"echo '{answer}'" if answer is not None else "echo 'NVIDIA-SMI has failed' >&2; exit 9"
+    smi.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'smi-args'}\n{body}\n")
+    smi.chmod(0o755)
+    return {"PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """The host's CPUs and memory as the rule reads them."""
+    def set_(cpus: int, gib: float | None):
+        monkeypatch.setattr(processes, "available_cpus", lambda: cpus)
+        monkeypatch.setattr(processes, "available_memory_gib", lambda: gib)
+    set_(16, 96.0)  # the AKS pod's requests (k8s/base/job.yaml)
+    return set_
+
+
+def test_a_host_bound_model_gets_as_many_processes_as_the_card_holds(tmp_path, host):
+    n, why = processes.auto(UOCR, _smi(tmp_path, H100))
+    assert n == 2, why
+    assert why == ("unlimited-ocr's engine core is its limit: NVIDIA H100 80GB HBM3 (80 GiB x 0.9) holds 2 of 30 GiB; "
+                   "16 CPUs carry 4, 96 GiB of memory 4; at most 3")
+    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 3  # 4 fit: the most measured to pay is 3
+    # a smaller share of the card holds fewer
+    assert processes.auto(UOCR | {"gpu_memory_utilization": 0.4}, _smi(tmp_path, H100))[0] == 1
+
+
+def test_the_hosts_cpus_and_memory_bound_the_processes_too(tmp_path, host):
+    host(8, 96.0)
+    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 2
+    host(16, 48.0)
+    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 2
+    host(2, 16.0)  # below one process's share of both: still one
+    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 1
+    host(16, None)  # memory unknown: the GPU and CPUs decide
+    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 3
+
+
+def test_one_process_where_one_engine_fills_the_gpu_or_there_is_none(tmp_path, host):
+    assert processes.auto({"model": "/m", "preset": "qwen2.5-vl"}, _smi(tmp_path, H200)) == (
+        1, "one qwen2.5-vl engine keeps a GPU busy")
+    assert processes.auto(UOCR | {"instances": 2}, _smi(tmp_path, H200))[0] == 1
+    no_smi = {"PATH": str(tmp_path / "empty")}
+    assert processes.auto(UOCR, no_smi) == (1, "no GPU found (nvidia-smi)")
+    assert processes.auto(UOCR, _smi(tmp_path, None)) == (1, "no GPU found (nvidia-smi)")  # it failed
+    assert processes.auto(UOCR, _smi(tmp_path, H200) | {"CUDA_VISIBLE_DEVICES": ""})[0] == 1
+
+
+def test_the_card_asked_for_is_the_first_this_process_may_use(tmp_path):
+    env = _smi(tmp_path, H200)
+    assert processes.card(env | {"CUDA_VISIBLE_DEVICES": "3,1"}) == processes.Card("NVIDIA H200", 143771 / 1024)
+    assert processes.card(env) is not None
+    calls = (tmp_path / "smi-args").read_text().splitlines()
+    assert calls == ["--query-gpu=name,memory.total --format=csv,noheader,nounits --id=3",
+                     "--query-gpu=name,memory.total --format=csv,noheader,nounits"]
+
+
+def test_a_spec_asking_auto_runs_the_number_said_in_one_line(tmp_path):
+    said = []
+    spec = load_job(None, source=str(SAMPLES), out=str(tmp_path / "out"), processes="auto")
+    assert resolve_processes(spec, say=said.append).processes == 1  # rapidocr: its threads use the CPUs
+    assert said == ["processes auto: 1 (its engine uses the machine alone)"]
+
+
+def test_run_processes_auto_with_vllm_parts(tmp_path):
+    """A whole command on the vLLM stand-in with an H100's nvidia-smi: the parent says how many
+    and why, and that many parts each write a run record; every page one row. This machine's
+    CPUs and memory bound the number as a pod's would."""
+    from batchocr.cpus import available_cpus, available_memory_gib
+    import fake_vllm
+
+    expected = max(1, min(3, 2, available_cpus() // 4, int(available_memory_gib() // 20)))
+    env = {**os.environ, **_smi(tmp_path, H100),
+           "PYTHONPATH": os.pathsep.join([fake_vllm.package(tmp_path / "shim"), str(Path(__file__).parent), str(ROOT)])}
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", str(SAMPLES), str(out), "--engine", "vllm",
+                           "--model", "fake-model", "--preset", "unlimited-ocr", "--route", "model",
+                           "--processes", "auto", "-q"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("processes auto:")]
+    assert line.startswith(f"processes auto: {expected} (unlimited-ocr's engine core is its limit: "
+                           "NVIDIA H100 80GB HBM3 (80 GiB x 0.9) holds 2 of 30 GiB;"), line
+    records = [json.loads(r.read_text()) for r in (out / "_runs").glob("*.json")]
+    assert len(records) == expected
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out / "pages")
+    keys = list(zip(table.column("doc_id").to_pylist(), table.column("page_index").to_pylist()))
+    assert len(keys) == len(set(keys)) == sum(count_pages(p) for p in sample_documents())
