@@ -425,6 +425,26 @@ def test_usable_cpus_follow_the_cgroup_quota_and_the_affinity(tmp_path):
     assert cgroup_quota(tmp_path / "none") is None
 
 
+def test_usable_memory_is_the_cgroups_limit_else_the_hosts(tmp_path):
+    from batchocr.cpus import available_memory_gib
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24684984 kB\nMemFree:         1000 kB\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("max\n")  # no limit: the host's
+    assert available_memory_gib(v2, meminfo) == 24684984 / 2**20
+    (v2 / "memory.max").write_text(f"{96 * 2**30}\n")  # limits.memory: 96Gi
+    assert available_memory_gib(v2, meminfo) == 96.0
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert available_memory_gib(v1, meminfo) == 24684984 / 2**20
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{40 * 2**30}\n")
+    assert available_memory_gib(v1, meminfo) == 40.0
+    assert available_memory_gib(tmp_path / "none", tmp_path / "no-meminfo") is None
+
+
 def test_default_workers_and_threads_follow_the_process_affinity():
     # A process pinned to one CPU (as taskset or a cpuset cgroup would) gets one
     # render worker and one OCR thread by default, whatever the host has.
