@@ -374,3 +374,32 @@ def test_steps_splits_a_steady_window_into_prefill_and_decode_steps(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "bench/gpu/steps.py"), str(tmp_path / "none.json")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_py_spy_record_is_summed_by_thread_and_by_the_main_threads_functions(tmp_path):
+    """bench/gpu/pyspy.py reads py-spy's raw format (`thread (TID): NAME;frame (file:line);... COUNT`, as
+    py-spy 0.4.3 wrote it here): shares of the main thread's samples, self and inclusive; other
+    threads counted apart."""
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    from pyspy import PySpy, summary
+
+    raw = tmp_path / "raw.txt"
+    site = "/tmp/site/vllm/v1"
+    raw.write_text(
+        f"thread (11): MainThread;run_busy_loop ({site}/engine/core.py:900);step ({site}/engine/core.py:617);"
+        f"schedule ({site}/core/sched/scheduler.py:425) 30\n"
+        f"thread (11): MainThread;run_busy_loop ({site}/engine/core.py:900);step ({site}/engine/core.py:617);"
+        f"result (/usr/lib/python3.12/concurrent/futures/_base.py:440) 50\n"
+        f"thread (11): MainThread;run_busy_loop ({site}/engine/core.py:900) 20\n"
+        f"thread (12): EngineCoreOutputQueueThread;process_output_sockets ({site}/engine/core.py:1700) 90\n"
+        "a line that is not a sample\n")
+    s = summary(raw)
+    assert s["samples"] == 190 and s["by_thread"] == {"MainThread": 100, "EngineCoreOutputQueueThread": 90}
+    assert s["main_self_pct"] == [("_base.py:result", 50.0), ("vllm/v1/core/sched/scheduler.py:schedule", 30.0),
+                                  ("vllm/v1/engine/core.py:run_busy_loop", 20.0)]
+    inclusive = dict(s["main_inclusive_pct"])
+    assert inclusive["vllm/v1/engine/core.py:run_busy_loop"] == 100.0 and inclusive["vllm/v1/engine/core.py:step"] == 80.0
+    # a run that ends before the delay samples nothing, and says so
+    spy = PySpy(delay_s=30, seconds=5, folder=tmp_path)
+    spy.start()
+    assert spy.result()["errors"] == ["the run ended before 30 s: nothing sampled"]

@@ -10,7 +10,8 @@
 #   bash bench/gpu/device.sh poll         # progress now, and the pack
 #
 #   bash bench/gpu/device.sh wheels       # HERE, on the CPU machine, once: .whl/, batchocr's wheels the
-#                                         # device lacks (PyMuPDF 1.28.2: 2.0's wheel is over a call's limit)
+#                                         # device lacks (PyMuPDF 1.28.2: 2.0's wheel is over a call's limit),
+#                                         # and py-spy (bench/gpu/pyspy.py: its binary lands in /tmp/site2/bin)
 #   bash bench/gpu/device.sh polars       # HERE, on the CPU machine, once: polars for the device's
 #                                         # Python into .whl2/p1 and .whl2/p2 (a run imports it: compaction's
 #                                         # counts; its runtime wheel, 54 MB, is over a call's 64 MiB with the tree)
@@ -78,7 +79,7 @@ case "${1:-}" in
     # PyMuPDF 1.26+ is tagged manylinux_2_28 only: without that platform pip sees none past 1.26.0
     rm -rf .whl && mkdir -p .whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-      --platform manylinux_2_28_x86_64 -d .whl pymupdf==1.28.2 pyspellchecker==0.9.1 rapidfuzz==3.14.6
+      --platform manylinux_2_28_x86_64 -d .whl pymupdf==1.28.2 pyspellchecker==0.9.1 rapidfuzz==3.14.6 py-spy==0.4.3
     grep -qx '/.whl/' .gitignore || echo "/.whl/ is not in .gitignore: it would travel with every call" >&2
     du -b .whl/*
     ;;

@@ -422,6 +422,10 @@ run() {  # one named run of the suite
     rebuild) run rebuild-uocr; run rebuild-7b ;;
     rebuild-uocr) trees rebuild-uocr uocr --pages "${REBUILD_UOCR_PAGES:-512}" ;;
     # issue 53: the 7B layout's b/a at equal work, a and b in one process (no regression elsewhere: 1.07 end to end)
+    # issue 53: where the engine core's host time goes, sampled (bench/gpu/pyspy.py): page b at the preset's
+    # defaults, 1,024 pages, lognormal lengths, py-spy on the engine core from 30 s in for 30 s (the steady
+    # state: 256 running); by thread and function in b_batchocr.py_spy, the raw samples beside the JSON (~3 min)
+    uocr-spy) uocr uocr-spy --pages "${UOCR_SPY_PAGES:-1024}" --lengths B --modes b --py-spy "${UOCR_SPY:-30,30}" ;;
     qwen7b-ab) tp qwen7b-ab "--model=$MODELS/qwen2.5-vl-7b" --pages "${QWEN7B_PAGES:-512}" --modes a,b ;;
     rebuild-7b) trees rebuild-7b tp "--model=$MODELS/qwen2.5-vl-7b" --pages "${REBUILD_7B_PAGES:-256}" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;

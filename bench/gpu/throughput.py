@@ -682,6 +682,10 @@ def main() -> None:
     ap.add_argument("--profile", default="",
                     help="DELAY,STEPS: torch-profile STEPS engine steps of b from its DELAY-th (vLLM's profiler_config); "
                          "its tables (self CUDA and CPU time by op) go into the JSON. Perturbs b: a run of its own")
+    ap.add_argument("--py-spy", default="",
+                    help="DELAY,SECONDS: sample b's engine core(s) with py-spy for SECONDS from DELAY s into b "
+                         "(bench/gpu/pyspy.py): where its host time goes, by thread and function, in the JSON "
+                         "(b_batchocr.py_spy) and the raw samples beside it; a sampler, so b's pace barely moves")
     ap.add_argument("--profile-stack", action="store_true",
                     help="with --profile: trace Python calls too (torch_profiler_with_stack), so that the JSON says "
                          "which functions the engine core's host time went to (python_by_self_ms); slows the host, "
@@ -1054,6 +1058,13 @@ def main() -> None:
                 job = load_job(None, source=str(work / "src"), out=str(work / f"out-{name}"), engine="vllm",
                                route="model", engine_options={"model": options.model},
                                **{"render.workers": args.render_workers})
+                spy = None
+                if args.py_spy and name == "b_batchocr":
+                    from pyspy import PySpy
+
+                    delay, seconds = (float(x) for x in args.py_spy.split(","))
+                    spy = PySpy(delay, seconds, args.json.parent if args.json else work, name=name)
+                    spy.start()
                 start = time.monotonic()
                 summary = run_job(job, progress=False, engine=engine)
                 end = time.monotonic()
@@ -1065,7 +1076,8 @@ def main() -> None:
                     "queue_pages": engine.queue_pages, "admit_pages": engine.admit_pages, "guard": args.guard,
                     "instances": args.instances,
                     "extra_args": getattr((members or [engine])[0], "extra_args", None),
-                    "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)})
+                    "work": work_of_table(work / f"out-{name}", engine.engine.tokens, engine.engine.requests)}
+                    | ({"py_spy": spy.result()} if spy is not None else {}))
                 if profile_dir is not None and "profile_tables" not in report:
                     report["profile_tables"] = {f.name: f.read_text()[-60000:]
                                                 for f in sorted(profile_dir.glob("profiler_out_*.txt"))}
