@@ -43,7 +43,7 @@ def _vllm_config(model: str, running: int):
     return args.create_engine_config()
 
 
-def _scheduler(config, blocks: int):
+def _scheduler(config, blocks: int, log_stats: bool = False):
     import torch
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, RSWASpec
     from vllm.v1.structured_output import StructuredOutputManager
@@ -59,7 +59,7 @@ def _scheduler(config, blocks: int):
     config.cache_config.num_gpu_blocks = blocks  # as the engine core sets it once the KV is sized
     cls = config.scheduler_config.get_scheduler_cls()
     return cls(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
-               block_size=16, log_stats=False), cls.__name__, window
+               block_size=16, log_stats=log_stats), cls.__name__, window
 
 
 def _request(i: int, prompt: int, image: int, max_tokens: int):
@@ -87,11 +87,12 @@ def _runner_output(scheduler, scheduler_output, step: int):
                              sampled_token_ids=sampled)
 
 
-def run(model: str, running: int, steps: int, warm: int, prompt: int, image: int, profile: int) -> dict:
+def run(model: str, running: int, steps: int, warm: int, prompt: int, image: int, profile: int,
+        log_stats: bool = False) -> dict:
     from vllm.v1.serial_utils import MsgpackEncoder
 
     config = _vllm_config(model, running)
-    scheduler, name, window = _scheduler(config, blocks=125_332)  # the H200's KV blocks (uocr-docgroup)
+    scheduler, name, window = _scheduler(config, blocks=125_332, log_stats=log_stats)  # the H200's KV blocks (uocr-docgroup)
     encoder = MsgpackEncoder()
     for i in range(running):
         scheduler.add_request(_request(i, prompt, image, max_tokens=warm + steps + profile + 64))
@@ -138,9 +139,10 @@ def run(model: str, running: int, steps: int, warm: int, prompt: int, image: int
     for _ in range(profile):
         one(False, True)
     stats = io.StringIO()
-    pstats.Stats(profiler, stream=stats).sort_stats("tottime").print_stats(25)
+    if profile:
+        pstats.Stats(profiler, stream=stats).sort_stats("tottime").print_stats(25)
     ms = lambda xs: round(statistics.median(xs) * 1e3, 3)  # noqa: E731
-    return {"scheduler": name, "running": running_now, "rswa_window": window, "prompt_tokens": prompt,
+    return {"scheduler": name, "log_stats": log_stats, "running": running_now, "rswa_window": window, "prompt_tokens": prompt,
             "steps": steps, "ms_a_step": ms(times), "us_a_request": round(statistics.median(times) * 1e6 / running_now, 2),
             "ms_schedule": ms(parts["schedule"]), "ms_update_from_output": ms(parts["update"]),
             "ms_encode_outputs": ms(parts["encode"]), "profile": stats.getvalue()}
@@ -155,11 +157,13 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=906, help="prompt tokens a request (a page in page mode: 906)")
     ap.add_argument("--image", type=int, default=903, help="of which image tokens")
     ap.add_argument("--profile", type=int, default=30, help="steps profiled after the timed ones (0: none)")
+    ap.add_argument("--log-stats", action="store_true",
+                    help="the scheduler's stats on (vLLM's LLM turns them off; throughput.py turns them on for its timeline)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     import vllm
 
-    result = run(args.model, args.running, args.steps, args.warm, args.prompt, args.image, args.profile)
+    result = run(args.model, args.running, args.steps, args.warm, args.prompt, args.image, args.profile, args.log_stats)
     result = {"vllm": vllm.__version__, "python": platform.python_version(), "cpu": platform.processor() or
               platform.machine(), "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d")} | result
     print(result.pop("profile") if not args.json else result["profile"][:4000])
