@@ -278,6 +278,11 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert len(one["first_row_s_by_part"]) == 1 and len(two["first_row_s_by_part"]) == 2
     assert min(two["first_row_s_by_part"].values()) == two["first_row_s"]
     assert "batchocr: done" in (tmp_path / "p-2@8.log").read_text()
+    # issue 53's measure: output tokens over the span from the first page handed to an engine to the last row
+    for run in (one, two):
+        assert 0 < run["first_request_s"] <= run["first_row_s"] <= run["last_row_s"] < run["wall_s"]
+        assert run["engine_span_s"] == round(run["last_row_s"] - run["first_request_s"], 2)
+        assert run["engine_span_output_tokens_per_s"] == round(32 * 12 / (run["last_row_s"] - run["first_request_s"]), 1)
 
 
 def test_processes_bench_seeded_caches_start_later_runs_from_the_first_run_s(tmp_path):

@@ -43,15 +43,16 @@ summary() {
   cat "$RES/suite.log" 2>/dev/null
   for f in "$RES"/*.log; do
     [ "$(basename "$f")" = suite.log ] && continue
-    case $(basename "$f") in uocr-processes-*|uocr-start-*) [ -f "${f%.log}.json" ] || continue ;; esac  # a run's own log
+    case $(basename "$f") in uocr-processes-*|uocr-start-*|uocr-auto-*) [ -f "${f%.log}.json" ] || continue ;; esac  # a run's own log
     echo "== $(basename "$f")"
     case $(basename "$f") in
       route-*) grep -E '^\[|^ +[0-9]+ +(auto|model)' "$f" | cut -c1-330; tail -6 "$f" | cut -c1-400 ;;
-      uocr-processes*|uocr-start*) python3 - "${f%.log}.json" <<'PY' 2>&1 || tail -3 "$f" | cut -c1-300
+      uocr-processes*|uocr-start*|uocr-auto*) python3 - "${f%.log}.json" <<'PY' 2>&1 || tail -3 "$f" | cut -c1-300
 import json, sys
 r = json.load(open(sys.argv[1]))
 keep = ("rc", "caches", "wall_s", "first_row_s", "first_row_s_by_part", "rows", "output_tokens", "attempts", "pages_per_s", "rows_pages_per_s", "steady_pages_per_s",
-        "output_tokens_per_s", "gpu_busy_pct_rows", "gpu_busy_pct_steady", "host_rss_peak_gb")
+        "output_tokens_per_s", "gpu_busy_pct_rows", "gpu_busy_pct_steady", "host_rss_peak_gb",
+        "engine_span_output_tokens_per_s", "gpu_busy_pct_engine_span")
 for n, run in r["runs"].items():
     print(n, {k: run.get(k) for k in keep}, (run.get("stderr_tail") or "")[-200:] if run["rc"] else "")
 print({k: v for k, v in r.items() if k.startswith(("ratio", "rows_ratio", "steady_ratio"))}, r.get("equal_work", {}).get("equal"))

@@ -209,7 +209,8 @@ def start_of(rows: list, clock: float, t0: float, records: list | None = None) -
         t = r["processed_at"].timestamp() - clock - t0
         first[r["run_id"]] = min(first.get(r["run_id"], t), t)
     by_part = {k: round(v, 1) for k, v in sorted(first.items(), key=lambda kv: kv[1])}
-    out = {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part}
+    last = max(r["processed_at"].timestamp() for r in rows) - clock - t0
+    out = {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part, "last_row_s": round(last, 2)}
     timings = {r["run_id"]: r.get("timings") or {} for r in records or []}
     requests = {k: round(first[k] - timings[k]["first_row_s"] + timings[k]["first_request_s"], 1)
                 for k in by_part if "first_row_s" in timings.get(k, {}) and "first_request_s" in timings[k]}
@@ -349,6 +350,13 @@ def main() -> None:
             rec["pages_per_s"] = round(pages / wall, 3)
             rec["rows_pages_per_s"] = round(pages / rec["rows_span_s"], 3) if rec["rows_span_s"] else None
             rec["output_tokens_per_s"] = round(rec["output_tokens"] / wall, 1)
+            # issue 53's measure: from the first page handed to an engine to the last row committed
+            # (the engines' load and compile apart), and the GPU's busy share over that span
+            if rec.get("first_request_s") is not None and rec.get("last_row_s") is not None:
+                span = rec["last_row_s"] - rec["first_request_s"]
+                rec["engine_span_s"] = round(span, 2)
+                rec["engine_span_output_tokens_per_s"] = round(rec["output_tokens"] / span, 1) if span > 0 else None
+                rec["gpu_busy_pct_engine_span"] = sampler.gpu_between(t0 + rec["first_request_s"], t0 + rec["last_row_s"])
         if args.caches == "seeded" and not report["runs"]:  # what the first run left: the later runs' seed
             shutil.rmtree(args.work / "cache-seed", ignore_errors=True)
             shutil.copytree(args.work / "cache", args.work / "cache-seed", symlinks=True)

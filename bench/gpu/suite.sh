@@ -403,6 +403,12 @@ run() {  # one named run of the suite
     # PROC_ARGS: e.g. "--processes 2 --lengths B" (lognormal lengths), "--mode document" (groups of 4)
     uocr-processes) PY_TIMEOUT=1700 py uocr-processes bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                       --pages 4096 --timeout 900 ${PROC_ARGS:-} ;;
+    # issue 53's throughput goal: jobs/aks-vllm.yaml's `processes: auto` (2 on an 80 GB card, 3 on a 141 GB one)
+    # against one process, 4,096 pages, lognormal lengths, whole commands at equal work; the goal's measure is
+    # each run's engine_span_output_tokens_per_s (first page handed to an engine to the last row) and
+    # gpu_busy_pct_steady (~15 min on an H100)
+    uocr-auto) PY_TIMEOUT=1700 py uocr-auto bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
+                 --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 --processes "${UOCR_AUTO_PROCS:-1,auto}" ;;
     # a command's start (docs/history/GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
