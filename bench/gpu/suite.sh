@@ -431,6 +431,12 @@ run() {  # one named run of the suite
     # issue 53: where the engine core's host time goes, sampled (bench/gpu/pyspy.py): page b at the preset's
     # defaults, 1,024 pages, lognormal lengths, py-spy on the engine core from 30 s in for 30 s (the steady
     # state: 256 running); by thread and function in b_batchocr.py_spy, the raw samples beside the JSON (~3 min)
+    # issue 53's start: fewer CUDA graphs to capture (vLLM 0.26 captures 51 piecewise sizes up to 512 and 35
+    # full ones up to 256 for 256 sequences: ~15 s of an engine's build on the H200); page b against b with 13
+    # sizes up to 256, 1,024 pages at equal work: llm_init_s of each (b's in the JSON's top level, the
+    # variant's in b_cg13) and pages/s (a decode batch pads up to the next size: at most 31 rows of 256) (~6 min)
+    uocr-cg) uocr uocr-cg --pages "${UOCR_CG_PAGES:-1024}" --lengths B --modes b \
+               --variant 'cg13=--engine-arg compilation_config={"cudagraph_capture_sizes":[1,2,4,8,16,32,64,96,128,160,192,224,256]}' ;;  # no spaces: a variant splits on them
     uocr-spy) uocr uocr-spy --pages "${UOCR_SPY_PAGES:-1024}" --lengths B --modes b --py-spy "${UOCR_SPY:-30,30}" ;;
     qwen7b-ab) tp qwen7b-ab "--model=$MODELS/qwen2.5-vl-7b" --pages "${QWEN7B_PAGES:-512}" --modes a,b ;;
     rebuild-7b) trees rebuild-7b tp "--model=$MODELS/qwen2.5-vl-7b" --pages "${REBUILD_7B_PAGES:-256}" ;;
