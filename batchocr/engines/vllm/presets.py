@@ -213,9 +213,9 @@ def unlimited_ocr() -> Preset:
                   # document mode in groups of 4 pages: faster than page mode end to end at equal work;
                   # the groups the context allows (8 of a 16-page document) were slower than page mode
                   group_pages=4,
-                  # one engine keeps an H100 49% busy, an H200 52-65%: its engine core is the limit.
-                  # A process holds ~10 GB besides its KV, and 256 sequences' KV peaked at 16.5 GB
-                  # (H200, 2026-12-06): 30 GiB a process, so 2 on an 80 GB card, 3 on a 141 GB one
+                  # one engine leaves a GPU half idle: its engine core is the limit. A process holds
+                  # ~10 GB besides its KV, and 256 sequences' KV peaked at 16.5 GB (docs/PERFORMANCE.md):
+                  # 30 GiB a process, so 2 on an 80 GB card, 3 on a 141 GB one
                   process_gib=30,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,

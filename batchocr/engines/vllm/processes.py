@@ -24,7 +24,7 @@ from batchocr.engines import parse_options
 from batchocr.engines.vllm.options import VLLMOptions
 from batchocr.engines.vllm.presets import get_preset
 
-MOST = 3  # the most measured to pay: 3 made 1.215x of one, 2 made 1.183x (Unlimited-OCR, H200)
+MOST = 3  # the most measured to pay: 3 made more than 2, which made more than 1 (docs/PERFORMANCE.md)
 CPUS_A_PROCESS = 4  # a part's engine core (~2.5 cores while full), its main thread and render share
 HOST_GIB_A_PROCESS = 20  # a part's host memory at its peak (19 GB, 4,096 pages of Unlimited-OCR)
 
