@@ -214,7 +214,7 @@ def unlimited_ocr() -> Preset:
                   # the groups the context allows (8 of a 16-page document) were slower than page mode
                   group_pages=4,
                   # one engine leaves a GPU half idle: its engine core is the limit. A process holds
-                  # ~10 GB besides its KV, and 256 sequences' KV peaked at 16.5 GB (docs/PERFORMANCE.md):
+                  # 11 GiB besides its KV, and 256 sequences' KV peaked at 16.5 GB (docs/PERFORMANCE.md):
                   # 30 GiB a process, so 2 on an 80 GB card, 3 on a 141 GB one
                   process_gib=30,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
