@@ -68,6 +68,8 @@ def test_one_process_where_one_engine_fills_the_gpu_or_there_is_none(tmp_path, h
     assert processes.auto({"model": "/m", "preset": "qwen2.5-vl"}, _smi(tmp_path, H200)) == (
         1, "one qwen2.5-vl engine keeps a GPU busy")
     assert processes.auto(UOCR | {"instances": 2}, _smi(tmp_path, H200))[0] == 1
+    assert processes.auto(UOCR | {"tensor_parallel_size": 2}, _smi(tmp_path, H200)) == (
+        1, "engines.vllm.tensor_parallel_size 2 spreads one engine over several GPUs")
     no_smi = {"PATH": str(tmp_path / "empty")}
     assert processes.auto(UOCR, no_smi) == (1, "no GPU found (nvidia-smi)")
     assert processes.auto(UOCR, _smi(tmp_path, None)) == (1, "no GPU found (nvidia-smi)")  # it failed

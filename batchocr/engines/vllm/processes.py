@@ -61,6 +61,8 @@ def auto(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ) ->
     preset = get_preset(o.preset)
     if o.instances > 1:
         return 1, f"engines.vllm.instances {o.instances} shares the GPU in one process"
+    if o.tensor_parallel_size > 1:
+        return 1, f"engines.vllm.tensor_parallel_size {o.tensor_parallel_size} spreads one engine over several GPUs"
     if preset.process_gib is None:
         return 1, f"one {preset.name} engine keeps a GPU busy"
     gpu = card(environ)
