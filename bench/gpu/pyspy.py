@@ -42,7 +42,8 @@ def engine_cores(pid: int | None = None) -> list[int]:
     found = []
     for p in me.children(recursive=True):
         try:
-            if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()[:2]):
+            # vLLM titles it VLLM::EngineCore; the kernel keeps 15 characters of a name (VLLM::EngineCor)
+            if "EngineCor" in p.name() or "EngineCore" in " ".join(p.cmdline()[:2]):
                 found.append(p.pid)
         except psutil.Error:
             pass
