@@ -17,7 +17,7 @@ from batchocr.pipeline import resolve_processes
 from batchocr.spec import load_job
 from conftest import ROOT, SAMPLES, count_pages, sample_documents
 
-H100 = "NVIDIA H100 80GB HBM3, 81559"  # what nvidia-smi --query-gpu=name,memory.total says
+H100 = "NVIDIA H100 80GB HBM3, 81559"  # nvidia-smi --query-gpu=name,memory.total on the lent H100 (docs/history/GPU.md)
 H200 = "NVIDIA H200, 143771"
 UOCR = {"model": "/models/uocr", "preset": "unlimited-ocr"}
 
