@@ -74,7 +74,7 @@ def main():
 @click.option("--workers", type=int, help="render worker processes [default: one per usable CPU, at most 4]")
 @click.option("--shard", "shard", help="process shard I of N, as I/N [default: JOB_COMPLETION_INDEX/BATCHOCR_SHARDS, else the "
                    "job spec's shard:, else 0/1]")
-@click.option("--processes", callback=lambda ctx, param, value: cliargs.processes(value), metavar="N|auto",
+@click.option("--processes", callback=cliargs.processes, metavar="N|auto",
               help="run the shard as N processes side by side, each with its own render pool and engine over a "
                    "share of the documents (vllm: 1/N of the GPU's memory each; two keep busy a GPU that one "
                    "leaves half idle); auto: as many as pay for the model on this GPU and host "

@@ -65,7 +65,7 @@ def not_empty(ctx, param, value):
     return value
 
 
-def processes(value: str | int | None) -> int | str | None:
+def processes(ctx, param, value: str | int | None) -> int | str | None:
     """--processes: N (1 to 8, checked with the job spec's key) or auto."""
     if value is None or isinstance(value, int) or value == "auto":
         return value

@@ -98,11 +98,11 @@ def run(model: str, running: int, steps: int, warm: int, prompt: int, image: int
         scheduler.add_request(_request(i, prompt, image, max_tokens=warm + steps + profile + 64))
     # The engine core's step with a batch queue of 2 (async scheduling): schedule step N+1,
     # then take step N's output. Prefill first (not timed), then the decode steps.
-    queue, step, times, parts = [], 0, [], {"schedule": [], "update": [], "encode": []}
+    queue, step, parts, tokens = [], 0, [], 0  # parts: a timed step's (schedule, update, encode) seconds
     profiler = cProfile.Profile()
 
     def one(timed: bool, prof: bool):
-        nonlocal step
+        nonlocal step, tokens
         t0 = time.perf_counter()
         if prof:
             profiler.enable()
@@ -116,18 +116,14 @@ def run(model: str, running: int, steps: int, warm: int, prompt: int, image: int
         t2 = time.perf_counter()
         outputs = scheduler.update_from_output(done, mro)
         t3 = time.perf_counter()
-        n = 0
-        for client, eco in outputs.items():
-            n += len(eco.outputs)
+        for eco in outputs.values():
             encoder.encode(eco)
         t4 = time.perf_counter()
         if prof:
             profiler.disable()
         if timed:
-            parts["schedule"].append(t1 - t0)
-            parts["update"].append(t3 - t2)
-            parts["encode"].append(t4 - t3)
-            times.append((t1 - t0) + (t4 - t2))
+            parts.append((t1 - t0, t3 - t2, t4 - t3))
+            tokens += sum(map(len, mro.sampled_token_ids))
 
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running) or scheduler.waiting:
         one(False, False)
@@ -141,11 +137,15 @@ def run(model: str, running: int, steps: int, warm: int, prompt: int, image: int
     stats = io.StringIO()
     if profile:
         pstats.Stats(profiler, stream=stats).sort_stats("tottime").print_stats(25)
+    schedule, update, encode = zip(*parts)
     ms = lambda xs: round(statistics.median(xs) * 1e3, 3)  # noqa: E731
+    step_s = [sum(p) for p in parts]
+    # equal work: the same requests, steps and tokens sampled in every run of one --running
     return {"scheduler": name, "log_stats": log_stats, "running": running_now, "rswa_window": window, "prompt_tokens": prompt,
-            "steps": steps, "ms_a_step": ms(times), "us_a_request": round(statistics.median(times) * 1e6 / running_now, 2),
-            "ms_schedule": ms(parts["schedule"]), "ms_update_from_output": ms(parts["update"]),
-            "ms_encode_outputs": ms(parts["encode"]), "profile": stats.getvalue()}
+            "steps": steps, "tokens_sampled": tokens, "ms_a_step": ms(step_s),
+            "us_a_request": round(statistics.median(step_s) * 1e6 / running_now, 2),
+            "ms_schedule": ms(schedule), "ms_update_from_output": ms(update), "ms_encode_outputs": ms(encode),
+            "profile": stats.getvalue()}
 
 
 def main() -> None:
@@ -166,8 +166,8 @@ def main() -> None:
     result = run(args.model, args.running, args.steps, args.warm, args.prompt, args.image, args.profile, args.log_stats)
     result = {"vllm": vllm.__version__, "python": platform.python_version(), "cpu": platform.processor() or
               platform.machine(), "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d")} | result
-    print(result.pop("profile") if not args.json else result["profile"][:4000])
-    print(json.dumps(result, indent=1))
+    print(result["profile"])
+    print(json.dumps({k: v for k, v in result.items() if k != "profile"}, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

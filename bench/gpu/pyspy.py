@@ -24,15 +24,16 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 FRAME = re.compile(r"^(.*) \((.*?)(?::\d+)?\)$")
 
 
+SITE2_BIN = Path("/tmp/site2/bin/py-spy")  # where device.sh's wheels put it
+
+
 def binary() -> str | None:
-    return os.environ.get("PYSPY") or shutil.which("py-spy") or next(
-        (str(p) for p in (Path("/tmp/site2/bin/py-spy"),) if p.exists()), None)
+    return os.environ.get("PYSPY") or shutil.which("py-spy") or (str(SITE2_BIN) if SITE2_BIN.exists() else None)
 
 
 def engine_cores(pid: int | None = None) -> list[int]:
@@ -56,7 +57,6 @@ class PySpy(threading.Thread):
         self.delay_s, self.seconds, self.folder, self.rate, self.label = delay_s, seconds, Path(folder), rate, name
         self.files: dict[str, Path] = {}
         self.errors: list[str] = []
-        self.started_at: float | None = None
         self.done = threading.Event()  # the run ended: nothing to sample if it ended before the delay
 
     def run(self) -> None:
@@ -69,7 +69,6 @@ class PySpy(threading.Thread):
             return
         pids = engine_cores()
         targets = {f"engine_core_{pid}": pid for pid in pids} or {"main": os.getpid()}
-        self.started_at = time.monotonic()
         procs = []
         for what, pid in targets.items():
             out = self.folder / f"py-spy-{self.label}-{what}.txt"
