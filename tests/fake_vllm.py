@@ -401,3 +401,11 @@ def package(folder: Path) -> str:
                                      "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
     (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
     return str(folder)
+
+
+def pythonpath(folder: Path) -> str:
+    """PYTHONPATH for a process a test spawns: package(folder)'s stand-in as `vllm`, this file's
+    folder (the stand-in itself) and the repository's root (batchocr)."""
+    here = Path(__file__).resolve().parent
+    return os.pathsep.join([package(folder), str(here), str(here.parent)])
+

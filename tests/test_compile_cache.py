@@ -18,7 +18,6 @@ import pytest
 from batchocr.engines.vllm import compilecache
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ROOT / "tests"
 SAMPLES = ROOT / "samples"
 
 
@@ -28,7 +27,7 @@ def _env(tmp_path: Path, home: str) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
     (tmp_path / home).mkdir(exist_ok=True)
-    return env | {"PYTHONPATH": os.pathsep.join([fake_vllm.package(tmp_path / "shim"), str(TESTS), str(ROOT)]),
+    return env | {"PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim"),
                   "HOME": str(tmp_path / home), "BATCHOCR_FAKE_COMPILE": str(tmp_path / f"{home}.jsonl")}
 
 

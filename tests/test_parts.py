@@ -23,9 +23,8 @@ import pytest
 
 from batchocr.parts import shares
 from batchocr.sources import DocRef
-from conftest import HANG_S, ROOT, SAMPLES, count_pages, read_table, sample_documents
+from conftest import HANG_S, SAMPLES, count_pages, read_table, sample_documents
 
-TESTS = Path(__file__).parent
 TOTAL = sum(count_pages(p) for p in sample_documents())
 
 
@@ -51,7 +50,7 @@ def test_each_engine_takes_its_share_of_the_machine():
 
 def _stand_in(tmp_path: Path) -> dict:
     """The environment under which a spawned process imports the vLLM stand-in as `vllm`."""
-    return {"PYTHONPATH": os.pathsep.join([fake_vllm.package(tmp_path / "shim"), str(TESTS), str(ROOT)])}
+    return {"PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim")}
 
 
 def _cli(*args: str, env: dict, **kw) -> subprocess.Popen:

@@ -15,7 +15,7 @@ import pytest
 from batchocr.engines.vllm import processes
 from batchocr.pipeline import resolve_processes
 from batchocr.spec import load_job
-from conftest import ROOT, SAMPLES, count_pages, sample_documents
+from conftest import SAMPLES, count_pages, sample_documents
 
 H100 = "NVIDIA H100 80GB HBM3, 81559"  # nvidia-smi --query-gpu=name,memory.total on the lent H100 (docs/history/GPU.md)
 H200 = "NVIDIA H200, 143771"
@@ -101,7 +101,7 @@ def test_run_processes_auto_with_vllm_parts(tmp_path):
 
     expected = max(1, min(3, 2, available_cpus() // 4, int(available_memory_gib() // 20)))
     env = {**os.environ, **_smi(tmp_path, H100),
-           "PYTHONPATH": os.pathsep.join([fake_vllm.package(tmp_path / "shim"), str(Path(__file__).parent), str(ROOT)])}
+           "PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim")}
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", str(SAMPLES), str(out), "--engine", "vllm",
                            "--model", "fake-model", "--preset", "unlimited-ocr", "--route", "model",
