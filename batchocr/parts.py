@@ -9,7 +9,9 @@ How: the parent prepares the shard once (batchocr/shard.py) and deals the docume
 pages to do into N shares balanced by bytes; each part runs its share in a spawned process
 (batchocr/runner.py; vLLM and onnxruntime hold threads a fork must not copy). The parts
 build their engines one after the other (vLLM measures the GPU's free memory while it
-starts: two at once would each count the other's), each with its share of the accelerator
+starts: two at once would each count the other's, and memory given back meanwhile fails its
+start, so a part done early keeps its engine until the later parts have built theirs), each
+with its share of the accelerator
 (`engines.shared`: vLLM's gpu_memory_utilization / N), or all at once where the engine
 needs no measure (`engines.starts_alone`: vLLM with kv_cache_gib, the KV cache's size,
 given). The parent forwards SIGTERM and SIGINT to the parts (each commits what finished, as
@@ -117,7 +119,8 @@ class _Parts:
         for j in range(n):
             if stop.is_set():  # SIGTERM before every part has started: none more starts
                 break
-            part = Part(j, n, dealt[j], self.built[j - 1] if j and in_turn else None, self.built[j], self.judged)
+            part = Part(j, n, dealt[j], self.built[j - 1] if j and in_turn else None, self.built[j], self.judged,
+                        tuple(self.built[j + 1:]) if in_turn else ())
             recv, send = self.ctx.Pipe(duplex=False)
             p = self.ctx.Process(target=_part_main, args=(one, part, progress, send, os.getpid()),
                                  name=f"batchocr-part-{j + 1}")
@@ -151,6 +154,7 @@ class _Parts:
             for conn in wait(list(left), timeout=0.5):
                 j = left[conn]
                 self.results[j] = self._result(j, conn, stop)
+                self.built[j].set()  # a part gone builds nothing: the parts before it wait no more
                 systemic.Parts.finished(self.judged, j)  # a part waiting to judge does not wait on it
                 if self.results[j][0] == "error":
                     self.stop()

@@ -47,7 +47,10 @@ def run_shard(spec: JobSpec, progress: bool, engine: Engine | None, stop: thread
                 return idle
         engine = _build(spec, part, stop, start)
     try:
-        return _run(shard, engine, new_run_id(), started, started_at, progress, stop, part, start)
+        summary = _run(shard, engine, new_run_id(), started, started_at, progress, stop, part, start)
+        if part is not None:
+            part.wait_for_later_builds(stop)  # its engine's memory held while theirs is measured
+        return summary
     except NotBatchocrs:  # a file of OUT's to move out, as it says: a rerun alone meets it again
         raise
     except StorageError as exc:  # said here, not by the store: `status` and `report` resume nothing

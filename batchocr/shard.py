@@ -80,6 +80,7 @@ class Part:
     after: Any = None  # an Event: the part before it has built its engine (None: the first part)
     ready: Any = None  # an Event this part sets once its engine is built
     judged: Any = None  # what the parts share to tell a broken engine from bad pages (systemic.Parts)
+    later: tuple = ()  # Events: each later part has built its engine, or is gone (none: they build at once)
 
     def __str__(self) -> str:
         return f"{self.index + 1}/{self.count}"
@@ -93,6 +94,15 @@ class Part:
     def built(self) -> None:
         if self.ready is not None:
             self.ready.set()
+
+    def wait_for_later_builds(self, stop: threading.Event) -> None:
+        """Until every later part has built its engine (or is gone, or the run stops): vLLM
+        measures the GPU's free memory while it builds and fails its start if that grows, so a
+        part done first keeps its engine's memory until then."""
+        for event in self.later:
+            while not event.wait(0.2):
+                if stop.is_set():
+                    return
 
 
 @dataclass

@@ -106,7 +106,12 @@ def test_two_parts_give_every_page_one_row_and_the_text_of_one_process(tmp_path)
 
 def _builds(path: Path) -> list[dict]:
     """The stand-in's engine builds (BATCHOCR_FAKE_BUILDS), in the order they started."""
-    return sorted((json.loads(x) for x in path.read_text().splitlines()), key=lambda b: b["t0"])
+    return sorted((b for b in map(json.loads, path.read_text().splitlines()) if "t0" in b), key=lambda b: b["t0"])
+
+
+def _releases(path: Path) -> list[dict]:
+    """When each of the stand-in's engines gave its GPU memory back (its engine core's shutdown)."""
+    return [b for b in map(json.loads, path.read_text().splitlines()) if "released" in b]
 
 
 def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory_each(tmp_path):
@@ -146,6 +151,26 @@ def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
     assert {r["engine"] for r in rows} == {"vllm"} and all(r["output_tokens"] > 0 for r in rows)
     assert stdout.startswith(f"batchocr: done: {len(sample_documents())} documents, {TOTAL} pages") and "(runs " in stdout
+
+
+def test_a_part_done_before_the_next_has_built_keeps_its_engine_until_then(tmp_path):
+    """vLLM measures the GPU's free memory while it builds, and fails its start when the memory
+    grows meanwhile (another engine's memory given back: "Error in memory profiling"). A part
+    whose pages are done while a later part still builds keeps its engine until that build ends.
+    Here the first part's few pages take well under the second's 3-s build."""
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"), "BATCHOCR_FAKE_BUILD_S": "3"}
+    out = tmp_path / "out"
+    proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+                "--processes", "2", "-q", env=env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    builds, releases = _builds(tmp_path / "builds.jsonl"), _releases(tmp_path / "builds.jsonl")
+    assert len(builds) == 2 and sorted(r["pid"] for r in releases) == sorted(b["pid"] for b in builds)
+    first, second = builds
+    released = next(r["released"] for r in releases if r["pid"] == first["pid"])
+    assert released >= second["t1"], (first, second, released)  # not while the second measured
+    rows = _rows(out)
+    assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
 
 
 def _wait_for_parts(out: Path, deadline_s: float = HANG_S) -> None:
