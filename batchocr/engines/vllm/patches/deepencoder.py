@@ -35,7 +35,13 @@ PRESETS = ("unlimited-ocr", "deepseek-ocr")
 
 # Views a SAM call takes: its global-attention blocks hold a bias of heads x tokens^2 a view
 # (12 x 4096^2 in bf16, ~0.4 GB, for a 1024-pixel view; 12 x 1600^2, ~61 MB, for a 640 crop).
-GLOBAL_CHUNK = 8
+# No more than vLLM's start-up profile puts through the encoder at once, so that the memory it
+# measures then (and sizes the KV cache after) holds a step's encoder: the profile encodes
+# max_num_batched_tokens // 3,553 images of the most tokens (Unlimited-OCR's 4 x 8 crops): 4
+# global views and 128 crops at the default 16,384, where a step of pages can bring 18 global
+# views: a bigger global chunk takes GiBs the profile did not count, beyond gpu_memory_utilization
+# (several engines on one GPU then run out of memory).
+GLOBAL_CHUNK = 4
 LOCAL_CHUNK = 48
 
 # The vLLM code the batched method stands for (its steps, as vLLM 0.26.0 writes them).
