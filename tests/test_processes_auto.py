@@ -117,3 +117,50 @@ def test_run_processes_auto_with_vllm_parts(tmp_path):
     table = pq.read_table(out / "pages")
     keys = list(zip(table.column("doc_id").to_pylist(), table.column("page_index").to_pylist()))
     assert len(keys) == len(set(keys)) == sum(count_pages(p) for p in sample_documents())
+
+
+def test_parts_share_the_card_less_what_each_engine_but_one_takes_beyond_vllms_profile(tmp_path, monkeypatch):
+    """Unlimited-OCR's engine takes GiBs beyond the memory vLLM's start-up profile counts
+    (`beyond_profile_gib`): one engine's fits in the card's memory beyond gpu_memory_utilization,
+    and n engines sharing it leave it to each of the others, so that together they peak where one
+    would alone."""
+    from batchocr import engines
+    from batchocr.engines.vllm.presets import get_preset
+    from batchocr.errors import ConfigError
+
+    extra = get_preset("unlimited-ocr").beyond_profile_gib
+    assert extra > 0
+    monkeypatch.setenv("PATH", _smi(tmp_path, H100)["PATH"])
+    gib = 81559 / 1024
+    for n in (2, 3):
+        share = engines.shared("vllm", UOCR, n)["gpu_memory_utilization"]
+        assert share < 0.9 / n
+        assert n * (share * gib + extra) == pytest.approx(0.9 * gib + extra, abs=0.05)  # share rounded to 1e-4
+    assert engines.shared("vllm", UOCR, 1)["gpu_memory_utilization"] == 0.9
+    # a model without such a figure, the KV's size given, or no card to size it on: 1/n as before
+    assert engines.shared("vllm", UOCR | {"preset": "deepseek-ocr"}, 2)["gpu_memory_utilization"] == 0.45
+    assert engines.shared("vllm", UOCR | {"kv_cache_gib": 20}, 2)["gpu_memory_utilization"] == 0.45
+    # more engines than the card holds so: a configuration error naming the key (exit 2)
+    with pytest.raises(ConfigError, match=r"^processes: 8 unlimited-ocr engines do not fit NVIDIA H100 80GB HBM3 "):
+        engines.shared("vllm", UOCR, 8)
+    monkeypatch.setenv("PATH", _smi(tmp_path, None)["PATH"])
+    assert engines.shared("vllm", UOCR, 2)["gpu_memory_utilization"] == 0.45
+
+
+def test_a_run_of_more_parts_than_the_card_holds_is_exit_2_in_one_line(tmp_path):
+    import shutil
+
+    import fake_vllm
+
+    src = tmp_path / "src"  # 8 documents: 8 parts
+    src.mkdir()
+    for i in range(8):
+        shutil.copy(sample_documents()[0], src / f"{i}{sample_documents()[0].suffix}")
+    env = {**os.environ, **_smi(tmp_path, H100), "PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim")}
+    proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", str(src), str(tmp_path / "out"),
+                           "--engine", "vllm", "--model", "fake-model", "--preset", "unlimited-ocr",
+                           "--processes", "8", "-q"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("Error: processes: 8 unlimited-ocr engines do not fit NVIDIA H100 80GB HBM3 at "
+                           "gpu_memory_utilization 0.9"), line

@@ -27,7 +27,9 @@ from batchocr.engines.vllm.instances import VLLMInstances
 from batchocr.engines.vllm.options import CHECK_EVERY, VLLMOptions, prompt_setting, render_hints
 from batchocr.engines.vllm.presets import get_preset
 from batchocr.engines.vllm.processes import auto as auto_processes
+from batchocr.engines.vllm.processes import card
 from batchocr.engines.vllm.scheduler import VLLMEngine
+from batchocr.errors import ConfigError
 
 __all__ = ["CHECK_EVERY", "ENGINE", "VLLMEngine", "VLLMInstances", "VLLMOptions", "create", "settings", "shared",
            "split_pages", "starts_alone"]
@@ -43,12 +45,22 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
-    """One of n processes on the GPU (a shard's parts): gpu_memory_utilization / n of it,
-    and kv_cache_gib / n where it is set. Asked before the parts start: this vLLM and the patches
-    are checked here, once for all of them (their own checks then say nothing again)."""
+    """One of n processes on the GPU (a shard's parts): gpu_memory_utilization / n of it, less
+    what each engine but one takes beyond vLLM's profile where the preset says (its
+    `beyond_profile_gib`, on the card nvidia-smi names): the n together peak where one engine
+    alone would. kv_cache_gib / n where it is set. Asked before the parts start: this vLLM and
+    the patches are checked here, once for all of them (their own checks then say nothing again)."""
     o = parse_options(VLLMOptions, options, "vllm")
     o.check_patches()
-    out = {**options, "gpu_memory_utilization": round(o.gpu_memory_utilization / n, 4)}
+    share = o.gpu_memory_utilization / n
+    extra = get_preset(o.preset).beyond_profile_gib
+    if n > 1 and extra and o.kv_cache_gib is None and (gpu := card()) is not None:
+        share = (o.gpu_memory_utilization * gpu.gib - (n - 1) * extra) / n / gpu.gib
+        if share * gpu.gib <= extra:
+            raise ConfigError(f"processes: {n} {o.preset} engines do not fit {gpu.name} at gpu_memory_utilization "
+                              f"{o.gpu_memory_utilization:g} (each takes {extra:g} GiB beyond its share); "
+                              f"'auto' says how many do")
+    out = {**options, "gpu_memory_utilization": round(share, 4)}
     if o.kv_cache_gib is not None:
         out["kv_cache_gib"] = o.kv_cache_gib / n
     return out

@@ -83,6 +83,11 @@ class Preset:
     # GPU busy (its engine core's host work a step is the limit, measured): `processes: auto`
     # runs as many as the card holds (engines/vllm/processes.py). None: one engine fills a GPU.
     process_gib: float | None = None
+    # GPU memory (GiB) an engine of this model takes while it runs beyond what vLLM's start-up
+    # profile counted (and gpu_memory_utilization bounds): several engines on one GPU leave it
+    # to each but the first (`engines.vllm.shared`), as one engine's is left to the GPU's
+    # memory beyond gpu_memory_utilization.
+    beyond_profile_gib: float = 0.0
     engine_args: dict[str, Any] = field(default_factory=dict)
     sampling_args: dict[str, Any] = field(default_factory=dict)
     postprocess: Callable[[str], str] = _identity
@@ -217,6 +222,9 @@ def unlimited_ocr() -> Preset:
                   # 11 GiB besides its KV, and 256 sequences' KV peaked at 16.5 GB (docs/PERFORMANCE.md):
                   # 30 GiB a process, so 2 on an 80 GB card, 3 on a 141 GB one
                   process_gib=30,
+                  # two engines at 0.45 each of an 80 GB card peaked at 38.8 and 40.1 GiB against
+                  # their 35.6 (docs/PERFORMANCE.md)
+                  beyond_profile_gib=5,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
                   document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},
