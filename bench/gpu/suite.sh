@@ -437,6 +437,12 @@ run() {  # one named run of the suite
     # variant's in b_cg13) and pages/s (a decode batch pads up to the next size: at most 31 rows of 256) (~6 min)
     uocr-cg) uocr uocr-cg --pages "${UOCR_CG_PAGES:-1024}" --lengths B --modes b \
                --variant 'cg13=--engine-arg compilation_config={"cudagraph_capture_sizes":[1,2,4,8,16,32,64,96,128,160,192,224,256]}' ;;  # no spaces: a variant splits on them
+    # vLLM's encoder CUDA graphs (DeepSeek-OCR's global and local paths, V1 runner) against the batched
+    # encoder's eager calls, which took 15.7% of the engine core's thread (uocr-spy, 2026-12-06); at most 4
+    # global views and 48 crops a graph, what vLLM's start-up profile encodes at once; 0.85 for both (the
+    # graphs' memory is taken after the KV cache's)
+    uocr-encgraphs) uocr uocr-encgraphs --pages "${UOCR_ENCG_PAGES:-1024}" --lengths B --modes b --gpu-memory-utilization 0.85 \
+               --variant 'encg=--engine-arg compilation_config={"cudagraph_mm_encoder":true,"encoder_cudagraph_token_budgets":[1200,2400,4800],"encoder_cudagraph_max_vision_items_per_batch":4}' ;;
     uocr-spy) uocr uocr-spy --pages "${UOCR_SPY_PAGES:-1024}" --lengths B --modes b --py-spy "${UOCR_SPY:-30,30}" ;;
     qwen7b-ab) tp qwen7b-ab "--model=$MODELS/qwen2.5-vl-7b" --pages "${QWEN7B_PAGES:-512}" --modes a,b ;;
     rebuild-7b) trees rebuild-7b tp "--model=$MODELS/qwen2.5-vl-7b" --pages "${REBUILD_7B_PAGES:-256}" ;;
