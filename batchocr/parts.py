@@ -12,7 +12,8 @@ build their engines one after the other (vLLM measures the GPU's free memory whi
 starts: two at once would each count the other's, and memory given back meanwhile fails its
 start, so a part done early keeps its engine until the later parts have built theirs), each
 with its share of the accelerator
-(`engines.shared`: vLLM's gpu_memory_utilization / N), or all at once where the engine
+(`engines.shared`: vLLM's gpu_memory_utilization / N, less what the model takes beyond
+vLLM's profile), or all at once where the engine
 needs no measure (`engines.starts_alone`: vLLM with kv_cache_gib, the KV cache's size,
 given). The parent forwards SIGTERM and SIGINT to the parts (each commits what finished, as
 a run alone does), stops the others when one fails (a systemic failure is the run's: one

@@ -150,7 +150,8 @@ def settings(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 def shared(name: str, options: Mapping[str, Any], n: int) -> Mapping[str, Any]:
     """The options of one of n engines that share a machine's accelerator (a shard's
-    parts: batchocr/parts.py); vllm's: 1/n of gpu_memory_utilization."""
+    parts: batchocr/parts.py); vllm's: 1/n of gpu_memory_utilization, less what its model
+    takes beyond vLLM's profile (engines.vllm.shared)."""
     engine_type = kind(name)
     with _installed(name):
         return engine_type.shared(options, n)
