@@ -64,6 +64,8 @@ def _build(spec: JobSpec, part: Part | None, stop: threading.Event, start: dict[
     memory while it starts). Bad options or a missing extra fail here, early."""
     t = time.monotonic()
     if part is not None:
+        if part.after is not None:
+            engines.preload(spec.engine)  # its imports while the part before it builds
         part.wait_turn(stop)
     start["turn_wait_s"] = (t_build := time.monotonic()) - t
     engine = engines.create(spec.engine, spec.engine_options)

@@ -402,12 +402,24 @@ def vllm_tree(root: Path, version: str = "0.26.0", edit: dict[str, tuple[str, st
     return root
 
 
+def imported() -> None:
+    """`vllm` imported in this process (the stand-in's package): with BATCHOCR_FAKE_BUILDS set,
+    an import of BATCHOCR_FAKE_IMPORT_S seconds (vLLM's and torch's take tens), its span noted
+    there beside the builds."""
+    builds = os.environ.get("BATCHOCR_FAKE_BUILDS")
+    if builds:
+        t0 = time.time()
+        time.sleep(float(os.environ.get("BATCHOCR_FAKE_IMPORT_S", "0")))
+        with open(builds, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "import_t0": t0, "import_t1": time.time()}) + "\n")
+
+
 def package(folder: Path) -> str:
     """A `vllm` package under folder that is this stand-in, for processes a test or a bench
     spawns (with this file's folder on their path too); the folder to put on PYTHONPATH."""
     pkg = Path(folder) / "vllm"
     pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text("import fake_vllm\n__version__ = 'fake'\n"
+    (pkg / "__init__.py").write_text("import fake_vllm\nfake_vllm.imported()\n__version__ = 'fake'\n"
                                      "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
     (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
     return str(folder)

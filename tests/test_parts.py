@@ -109,6 +109,11 @@ def _builds(path: Path) -> list[dict]:
     return sorted((b for b in map(json.loads, path.read_text().splitlines()) if "t0" in b), key=lambda b: b["t0"])
 
 
+def _imports(path: Path) -> dict[int, dict]:
+    """When each process imported the stand-in's `vllm`, by pid."""
+    return {b["pid"]: b for b in map(json.loads, path.read_text().splitlines()) if "import_t0" in b}
+
+
 def _releases(path: Path) -> list[dict]:
     """When each of the stand-in's engines gave its GPU memory back (its engine core's shutdown)."""
     return [b for b in map(json.loads, path.read_text().splitlines()) if "released" in b]
@@ -171,6 +176,26 @@ def test_a_part_done_before_the_next_has_built_keeps_its_engine_until_then(tmp_p
     assert released >= second["t1"], (first, second, released)  # not while the second measured
     rows = _rows(out)
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
+
+
+def test_a_part_waiting_for_its_turn_makes_its_engines_imports_meanwhile(tmp_path):
+    """vLLM's imports (torch's among them) take tens of seconds a process: the second part makes
+    them while the first builds, so its own build, once its turn comes, starts without them."""
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"), "BATCHOCR_FAKE_BUILD_S": "3",
+                                 "BATCHOCR_FAKE_IMPORT_S": "1"}
+    out = tmp_path / "out"
+    proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
+                "--processes", "2", "-q", env=env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    first, second = _builds(tmp_path / "builds.jsonl")
+    imports = _imports(tmp_path / "builds.jsonl")
+    assert imports[second["pid"]]["import_t1"] <= first["t1"], (imports, first)  # while the first built
+    # The first part, which waits for nothing, imports as it builds; the second's build is 1 s shorter
+    records = sorted((json.loads(r.read_text())["timings"] for r in (out / "_runs").glob("*.json")),
+                     key=lambda t: t["turn_wait_s"])
+    assert len(records) == 2 and records[1]["turn_wait_s"] > 1
+    assert records[1]["engine_start_s"] < records[0]["engine_start_s"] - 0.5, records
 
 
 def _wait_for_parts(out: Path, deadline_s: float = HANG_S) -> None:

@@ -74,6 +74,10 @@ def _one_process(options: Mapping[str, Any]) -> tuple[int, str]:
     return 1, "its engine uses the machine alone"
 
 
+def _nothing() -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class EngineType:
     """An engine type, registered once in its own module as `ENGINE`: everything the spec, the
@@ -96,6 +100,9 @@ class EngineType:
     # Its build costs more than listing a shard again (a model loaded onto the GPU): a run of
     # one process lists its shard first and builds nothing where no document has pages to do.
     slow_to_build: bool = False
+    # The imports its build makes, made ahead: a part waiting for its turn to build (the part
+    # before it building) makes them meanwhile.
+    preload: Callable[[], None] = _nothing
 
 
 # The registry: each engine type's name and the module that declares it (`ENGINE`). Each
@@ -129,6 +136,13 @@ def kind(name: str) -> EngineType:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(_MODULES)}")
     with _installed(name):
         return importlib.import_module(_MODULES[name]).ENGINE
+
+
+def preload(name: str) -> None:
+    """The imports the engine's build makes, now (a missing extra: the error its build would give)."""
+    engine_type = kind(name)
+    with _installed(name):
+        engine_type.preload()
 
 
 def create(name: str, options: Mapping[str, Any]) -> Engine:

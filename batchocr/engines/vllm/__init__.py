@@ -31,8 +31,8 @@ from batchocr.engines.vllm.processes import card
 from batchocr.engines.vllm.scheduler import VLLMEngine
 from batchocr.errors import ConfigError
 
-__all__ = ["CHECK_EVERY", "ENGINE", "VLLMEngine", "VLLMInstances", "VLLMOptions", "create", "settings", "shared",
-           "split_pages", "starts_alone"]
+__all__ = ["CHECK_EVERY", "ENGINE", "VLLMEngine", "VLLMInstances", "VLLMOptions", "create", "preload", "settings",
+           "shared", "split_pages", "starts_alone"]
 
 
 def settings(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,6 +75,12 @@ def starts_alone(options: Mapping[str, Any]) -> bool:
     return parse_options(VLLMOptions, options, "vllm").kv_cache_gib is None
 
 
+def preload() -> None:
+    """vLLM's imports (torch's among them), made by a part while the part before it builds: its
+    own build starts without them, and its engine core, forked, inherits them."""
+    from vllm import LLM  # noqa: F401
+
+
 def _chosen(options: Mapping[str, Any]) -> VLLMOptions:
     """The options of a run whose engine this is."""
     o = parse_options(VLLMOptions, options, "vllm")
@@ -89,4 +95,5 @@ def create(options: Mapping[str, Any]) -> VLLMEngine | VLLMInstances:
 
 
 ENGINE = EngineType(name="vllm", options=VLLMOptions, create=create, settings=settings, shared=shared,
-                    starts_alone=starts_alone, auto_processes=auto_processes, slow_to_build=True)
+                    starts_alone=starts_alone, auto_processes=auto_processes, slow_to_build=True,
+                    preload=preload)
