@@ -119,15 +119,22 @@ def _releases(path: Path) -> list[dict]:
     return [b for b in map(json.loads, path.read_text().splitlines()) if "released" in b]
 
 
-def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory_each(tmp_path):
-    # A build of 1.5 s: the second part's checks of OUT before its wait (up to ~0.5 s on a loaded
-    # machine) end well inside the first's build, so its wait is long enough to see
-    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"), "BATCHOCR_FAKE_BUILD_S": "1.5"}
+def _two_vllm_parts(tmp_path: Path, **env: str) -> tuple[Path, str]:
+    """`batchocr run --processes 2` over the samples on the stand-in, its engines' builds noted in
+    tmp_path/builds.jsonl (BATCHOCR_FAKE_* settings in `env`): OUT, and the command's stdout."""
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")} | env
     out = tmp_path / "out"
     proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
                 "--processes", "2", "-q", env=env)
     stdout, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
+    return out, stdout
+
+
+def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory_each(tmp_path):
+    # A build of 1.5 s: the second part's checks of OUT before its wait (up to ~0.5 s on a loaded
+    # machine) end well inside the first's build, so its wait is long enough to see
+    out, stdout = _two_vllm_parts(tmp_path, BATCHOCR_FAKE_BUILD_S="1.5")
     builds = _builds(tmp_path / "builds.jsonl")
     assert len(builds) == 2 and builds[0]["pid"] != builds[1]["pid"]
     assert builds[1]["t0"] >= builds[0]["t1"], builds  # the second waits for the first: no overlap
@@ -163,12 +170,7 @@ def test_a_part_done_before_the_next_has_built_keeps_its_engine_until_then(tmp_p
     grows meanwhile (another engine's memory given back: "Error in memory profiling"). A part
     whose pages are done while a later part still builds keeps its engine until that build ends.
     Here the first part's few pages take well under the second's 3-s build."""
-    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"), "BATCHOCR_FAKE_BUILD_S": "3"}
-    out = tmp_path / "out"
-    proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
-                "--processes", "2", "-q", env=env)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
+    out, _ = _two_vllm_parts(tmp_path, BATCHOCR_FAKE_BUILD_S="3")
     builds, releases = _builds(tmp_path / "builds.jsonl"), _releases(tmp_path / "builds.jsonl")
     assert len(builds) == 2 and sorted(r["pid"] for r in releases) == sorted(b["pid"] for b in builds)
     first, second = builds
@@ -181,13 +183,7 @@ def test_a_part_done_before_the_next_has_built_keeps_its_engine_until_then(tmp_p
 def test_a_part_waiting_for_its_turn_makes_its_engines_imports_meanwhile(tmp_path):
     """vLLM's imports (torch's among them) take tens of seconds a process: the second part makes
     them while the first builds, so its own build, once its turn comes, starts without them."""
-    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"), "BATCHOCR_FAKE_BUILD_S": "3",
-                                 "BATCHOCR_FAKE_IMPORT_S": "1"}
-    out = tmp_path / "out"
-    proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--route", "model",
-                "--processes", "2", "-q", env=env)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
+    out, _ = _two_vllm_parts(tmp_path, BATCHOCR_FAKE_BUILD_S="3", BATCHOCR_FAKE_IMPORT_S="1")
     first, second = _builds(tmp_path / "builds.jsonl")
     imports = _imports(tmp_path / "builds.jsonl")
     assert imports[second["pid"]]["import_t1"] <= first["t1"], (imports, first)  # while the first built
