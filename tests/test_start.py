@@ -1,6 +1,7 @@
-"""A pod's start: vLLM and torch are imported by the engine's build alone. Reading the job spec,
+"""A pod's start: vLLM and torch are imported for the engine's build alone (by the build itself,
+or by a part while it waits for its turn to build: engines.preload). Reading the job spec,
 checking OUT's settings and planning (the parent of `--processes N`, and each part before its
-turn to build) import neither: on a GPU node each import is seconds of every start."""
+build) import neither: on a GPU node each import is seconds of every start."""
 
 from __future__ import annotations
 

@@ -138,17 +138,20 @@ def kind(name: str) -> EngineType:
         return importlib.import_module(_MODULES[name]).ENGINE
 
 
-def preload(name: str) -> None:
-    """The imports the engine's build makes, now (a missing extra: the error its build would give)."""
+def _ask(name: str, what: str, *args) -> Any:
+    """Engine type `name`'s `what`(*args), a missing dependency said as one line (_installed)."""
     engine_type = kind(name)
     with _installed(name):
-        engine_type.preload()
+        return getattr(engine_type, what)(*args)
+
+
+def preload(name: str) -> None:
+    """The imports the engine's build makes, now (a missing extra: the error its build would give)."""
+    _ask(name, "preload")
 
 
 def create(name: str, options: Mapping[str, Any]) -> Engine:
-    engine_type = kind(name)
-    with _installed(name):
-        return engine_type.create(options)
+    return _ask(name, "create", options)
 
 
 def settings(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,32 +160,24 @@ def settings(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     has none), without building the engine (no model loaded, vLLM not imported), so
     that a run OUT would refuse stops before the engine loads. The run checks it against
     the built engine's run record."""
-    engine_type = kind(name)
-    with _installed(name):
-        return {"preset": None, "prompt": None, "render_hints": {}} | engine_type.settings(options)
+    return {"preset": None, "prompt": None, "render_hints": {}} | _ask(name, "settings", options)
 
 
 def shared(name: str, options: Mapping[str, Any], n: int) -> Mapping[str, Any]:
     """The options of one of n engines that share a machine's accelerator (a shard's
     parts: batchocr/parts.py); vllm's: 1/n of gpu_memory_utilization, less what its model
     takes beyond vLLM's profile (engines.vllm.shared)."""
-    engine_type = kind(name)
-    with _installed(name):
-        return engine_type.shared(options, n)
+    return _ask(name, "shared", options, n)
 
 
 def auto_processes(name: str, options: Mapping[str, Any]) -> tuple[int, str]:
     """`processes: auto`: how many processes of engine `name` pay on this machine, and why."""
-    engine_type = kind(name)
-    with _installed(name):
-        return engine_type.auto_processes(options)
+    return _ask(name, "auto_processes", options)
 
 
 def starts_alone(name: str, options: Mapping[str, Any]) -> bool:
     """Whether the engine must be built while no other engine of the machine is being built."""
-    engine_type = kind(name)
-    with _installed(name):
-        return engine_type.starts_alone(options)
+    return _ask(name, "starts_alone", options)
 
 
 def parse_options(cls: type, options: Mapping[str, Any], engine: str, where: str = "engine options"):

@@ -147,7 +147,7 @@ def shim_of(work: Path, lengths: bool, trace: bool) -> list[str]:
     traces each process's start (--trace-start), in every process of a run; none where neither."""
     if not (lengths or trace):
         return []
-    d = work / "lengths"
+    d = work / "shim"
     d.mkdir(parents=True, exist_ok=True)
     (d / "sitecustomize.py").write_text((LENGTHS.format(gpu=str(Path(__file__).parent)) if lengths else "")
                                         + (TRACE if trace else ""))

@@ -427,10 +427,6 @@ run() {  # one named run of the suite
     # a lease cut short still has it), then the 7B layout; ~16 min on an H100 (REBUILD_CALLS.txt)
     rebuild) run rebuild-uocr; run rebuild-7b ;;
     rebuild-uocr) trees rebuild-uocr uocr --pages "${REBUILD_UOCR_PAGES:-512}" ;;
-    # issue 53: the 7B layout's b/a at equal work, a and b in one process (no regression elsewhere: 1.07 end to end)
-    # issue 53: where the engine core's host time goes, sampled (bench/gpu/pyspy.py): page b at the preset's
-    # defaults, 1,024 pages, lognormal lengths, py-spy on the engine core from 30 s in for 30 s (the steady
-    # state: 256 running); by thread and function in b_batchocr.py_spy, the raw samples beside the JSON (~3 min)
     # issue 53's start: fewer CUDA graphs to capture (vLLM 0.26 captures 51 piecewise sizes up to 512 and 35
     # full ones up to 256 for 256 sequences: ~15 s of an engine's build on the H200); page b against b with 13
     # sizes up to 256, 1,024 pages at equal work: llm_init_s of each (b's in the JSON's top level, the
@@ -443,7 +439,11 @@ run() {  # one named run of the suite
     # graphs' memory is taken after the KV cache's)
     uocr-encgraphs) uocr uocr-encgraphs --pages "${UOCR_ENCG_PAGES:-1024}" --lengths B --modes b --gpu-memory-utilization 0.85 \
                --variant 'encg=--engine-arg compilation_config={"cudagraph_mm_encoder":true,"encoder_cudagraph_token_budgets":[1200,2400,4800],"encoder_cudagraph_max_vision_items_per_batch":4}' ;;
+    # issue 53: where the engine core's host time goes, sampled (bench/gpu/pyspy.py): page b at the preset's
+    # defaults, 1,024 pages, lognormal lengths, py-spy on the engine core from 30 s in for 30 s (the steady
+    # state: 256 running); by thread and function in b_batchocr.py_spy, the raw samples beside the JSON (~3 min)
     uocr-spy) uocr uocr-spy --pages "${UOCR_SPY_PAGES:-1024}" --lengths B --modes b --py-spy "${UOCR_SPY:-30,30}" ;;
+    # issue 53: the 7B layout's b/a at equal work, a and b in one process (no regression elsewhere: 1.07 end to end)
     qwen7b-ab) tp qwen7b-ab "--model=$MODELS/qwen2.5-vl-7b" --pages "${QWEN7B_PAGES:-512}" --modes a,b ;;
     rebuild-7b) trees rebuild-7b tp "--model=$MODELS/qwen2.5-vl-7b" --pages "${REBUILD_7B_PAGES:-256}" ;;
     *) echo "unknown run $1" >>"$RES/suite.log" ;;
