@@ -13,6 +13,12 @@ __version__ = "0.1.0"
 _os.environ["ORT_DISABLE_TELEMETRY"] = "1"
 if "onnxruntime" in _sys.modules:  # loaded before us (a notebook): switch it off too
     _sys.modules["onnxruntime"].disable_telemetry_events()
+# vLLM reports its usage (the GPU, the model's architecture, the engine's settings) to
+# stats.vllm.ai from a thread of every engine (usage/usage_lib.py) unless one of these is set;
+# DO_NOT_TRACK turns off Hugging Face Hub's telemetry too. Read when an engine starts, which
+# inherits them from here.
+_os.environ["VLLM_NO_USAGE_STATS"] = "1"
+_os.environ["DO_NOT_TRACK"] = "1"
 
 
 def read_pages(out, storage_options=None):

@@ -287,6 +287,9 @@ class LLM:
             with open(builds, "a") as f:
                 f.write(json.dumps({"pid": os.getpid(), "t0": t0, "t1": time.time(),
                                     "gpu_memory_utilization": kwargs.get("gpu_memory_utilization"),
+                                    # what vLLM's usage reporting reads as it starts (usage_lib.is_usage_stats_enabled)
+                                    "no_usage_stats": os.environ.get("VLLM_NO_USAGE_STATS"),
+                                    "do_not_track": os.environ.get("DO_NOT_TRACK"),
                                     "kv_cache_memory_bytes": kwargs.get("kv_cache_memory_bytes")}) + "\n")
 
     def start_profile(self):

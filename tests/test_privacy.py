@@ -38,6 +38,26 @@ def test_onnxruntime_telemetry_is_off_before_it_loads(tmp_path):
     assert set(values) == {"1"}
 
 
+def test_vllm_engines_start_with_their_usage_reports_off(tmp_path):
+    """vLLM sends its usage (GPU, model architecture, settings) to stats.vllm.ai from every
+    engine unless VLLM_NO_USAGE_STATS, VLLM_DO_NOT_TRACK or DO_NOT_TRACK is set: every engine
+    of a run, in each part's process, starts with them set, though the user's environment has
+    none (the stand-in notes what its engines saw)."""
+    import json
+
+    import fake_vllm
+
+    builds = tmp_path / "builds.jsonl"
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK")}
+    env |= {"PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim"), "BATCHOCR_FAKE_BUILDS": str(builds)}
+    proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", str(SAMPLES), str(tmp_path / "out"),
+                           "--engine", "vllm", "--model", "fake-model", "--route", "model", "--processes", "2", "-q"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    seen = [json.loads(line) for line in builds.read_text().splitlines() if '"t0"' in line]
+    assert len(seen) == 2 and {(b["no_usage_stats"], b["do_not_track"]) for b in seen} == {("1", "1")}
+
+
 def test_a_run_makes_no_network_connection(tmp_path):
     """strace every process of a real rapidocr run: no connect() or DNS query leaves
     the machine (this caught onnxruntime's telemetry)."""
