@@ -308,6 +308,7 @@ def main() -> None:
         seen[item] = seen.get(item, 0) + 1
         item = item if seen[item] == 1 else f"{item}#{seen[item]}"  # the same N again: its own key
         out = args.work / f"out-{item}"
+        shutil.rmtree(out, ignore_errors=True)  # an earlier run's OUT in the same --work would have nothing to do
         spec = job(args.work / f"job-{item}.yaml", src, out, model, args, float(kv or 0))
         from throughput import Sampler
 
