@@ -332,6 +332,9 @@ run() {  # one named run of the suite
     # perturbs b, so these are runs of their own): vLLM's encoder, then the batched one
     # (1,024 pages: the sixth lease's 512 with a delay of 1,500 steps profiled the tail, 120-144 running)
     uocr-prof) uocr uocr-prof --pages 1024 --modes b --no-batch-encoder --profile 1000,150 ;;
+    # where the GPU's time goes at today's defaults (the engines' host no longer the limit with two of
+    # them: the card 94% busy, 2026-12-06): 150 steps of b's steady state, GPU time by kernel
+    uocr-prof-now) uocr uocr-prof-now --pages 1024 --modes b --profile 1000,150 ;;
     uocr-prof-be) uocr uocr-prof-be --pages 1024 --modes b --batch-encoder --profile 1000,150 ;;
     # the decode step's host time by Python function (the sixth lease's profile: 12.6 ms of host work a step
     # against 6.5 ms of kernels, unattributed): Python calls traced too, 30 steps (the tracer slows the host)
@@ -343,6 +346,9 @@ run() {  # one named run of the suite
     uocr-encoder-prof) py uocr-encoder-prof bench/gpu/check_encoder_batch.py --pages 16 --profile --compile ;;
     # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)
     uocr-ban-sync) py uocr-ban-sync bench/gpu/check_ban_sync.py ;;
+    # vLLM 0.26 has no fused-MoE config for Unlimited-OCR's experts (E=64, N=896): the default's tiles
+    # against a grid's at each token count a step has, the best written as vLLM's config file
+    uocr-moe-tune) py uocr-moe-tune bench/gpu/moe_tune.py --model "$MODELS/unlimited-ocr" ;;
     # document mode sends 8 pages' base views a request, which vLLM's encoder takes one at a time: a and b
     # with the batched encoder (a's engine too: batchocr's engine arguments), then b in page mode on the
     # same pages and output tokens (a group's max_tokens is its pages' lengths): the issue's mode goal
