@@ -275,6 +275,34 @@ def test_vllm_parts_with_the_kv_size_given_build_their_engines_at_once(tmp_path)
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
 
 
+def test_unlimited_ocr_parts_on_a_known_card_build_at_once_with_equal_kv(tmp_path):
+    """No kv_cache_gib in the job: on a card nvidia-smi names, Unlimited-OCR's parts each get the
+    KV their share leaves (engines.vllm.shared, the preset's non_kv_gib), the same for each, and
+    so build at once, as with kv_cache_gib given."""
+    from batchocr.engines.vllm.presets import get_preset
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 81559'\n")
+    (bin_ / "nvidia-smi").chmod(0o755)
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"),
+                                 "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "out"
+    proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--preset",
+                "unlimited-ocr", "--route", "model", "--processes", "2", "-q", env=env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    builds = _builds(tmp_path / "builds.jsonl")
+    share = builds[0]["gpu_memory_utilization"]
+    kv = round(share * 81559 / 1024 - get_preset("unlimited-ocr").non_kv_gib, 2)
+    assert [b["kv_cache_memory_bytes"] for b in builds] == [int(kv * 2**30)] * 2
+    records = [json.loads(r.read_text()) for r in (out / "_runs").glob("*.json")]
+    assert len(records) == 2 and all(r["timings"]["turn_wait_s"] < 0.2 for r in records), \
+        [r["timings"] for r in records]
+    rows = _rows(out)
+    assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
+
+
 def test_a_part_holding_refusals_waits_for_the_others_verdict_or_their_end():
     """systemic.Parts in one process (threads for parts): a part that ended holding a refused
     page waits until another part reads a page (its row is the page's own) or every other part

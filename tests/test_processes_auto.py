@@ -164,3 +164,39 @@ def test_a_run_of_more_parts_than_the_card_holds_is_exit_2_in_one_line(tmp_path)
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("Error: processes: 8 unlimited-ocr engines do not fit NVIDIA H100 80GB HBM3 at "
                            "gpu_memory_utilization 0.9"), line
+
+
+def test_parts_get_the_kv_their_share_leaves_and_build_at_once(tmp_path, monkeypatch):
+    """Where the preset knows what an engine holds besides its KV (`non_kv_gib`, at the default
+    batch sizes), each of n parts gets the KV its share of the card leaves, as vLLM's
+    kv_cache_memory_bytes: no engine measures free memory (one measuring beside a running engine
+    counts that engine's growth as its own use and takes less KV), and the parts build at once."""
+    from batchocr import engines
+    from batchocr.engines.vllm.presets import get_preset
+    from batchocr.errors import ConfigError
+
+    non_kv = get_preset("unlimited-ocr").non_kv_gib
+    assert non_kv
+    monkeypatch.setenv("PATH", _smi(tmp_path, H100)["PATH"])
+    gib = 81559 / 1024
+    one = engines.shared("vllm", UOCR, 2)
+    assert one["kv_cache_gib"] == pytest.approx(one["gpu_memory_utilization"] * gib - non_kv, abs=0.01)
+    assert 16.5 * 1e9 / 2**30 < one["kv_cache_gib"] < 0.45 * gib - non_kv  # 256 pages' KV fits; within 1/2 of 0.9
+    assert engines.starts_alone("vllm", one) is False
+    assert engines.starts_alone("vllm", UOCR) is True  # one engine measures what it has
+    assert "kv_cache_gib" not in engines.shared("vllm", UOCR, 1)
+    # batch sizes other than those the figure holds for, the KV given, a preset without the figure:
+    # vLLM measures, the parts in turn
+    for options in (UOCR | {"max_num_batched_tokens": 32768}, UOCR | {"engine_args": {"max_num_seqs": 512}},
+                    UOCR | {"engine_args": {"gpu_memory_utilization": 0.8}}, UOCR | {"preset": "deepseek-ocr"}):
+        part = engines.shared("vllm", options, 2)
+        assert "kv_cache_gib" not in part and engines.starts_alone("vllm", part), options
+    assert engines.shared("vllm", UOCR | {"max_num_seqs": 128}, 2)["kv_cache_gib"] == one["kv_cache_gib"]
+    assert engines.shared("vllm", UOCR | {"kv_cache_gib": 20}, 2)["kv_cache_gib"] == 10
+    # a share that leaves no KV: exit 2 naming the key
+    with pytest.raises(ConfigError, match=r"^processes: 3 unlimited-ocr engines do not fit NVIDIA H100 80GB HBM3 at "
+                                          r"gpu_memory_utilization 0.5 \(each holds 11.5 GiB besides its KV\)"):
+        engines.shared("vllm", UOCR | {"gpu_memory_utilization": 0.5}, 3)
+    monkeypatch.setenv("PATH", _smi(tmp_path, None)["PATH"])  # no card to size it on
+    part = engines.shared("vllm", UOCR, 2)
+    assert "kv_cache_gib" not in part and engines.starts_alone("vllm", part)

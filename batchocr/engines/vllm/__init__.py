@@ -48,13 +48,18 @@ def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
     """One of n processes on the GPU (a shard's parts): gpu_memory_utilization / n of it, less
     what each engine but one takes beyond vLLM's profile where the preset says (its
     `beyond_profile_gib`, on the card nvidia-smi names): the n together peak where one engine
-    alone would. kv_cache_gib / n where it is set. Asked before the parts start: this vLLM and
-    the patches are checked here, once for all of them (their own checks then say nothing again)."""
+    alone would. kv_cache_gib / n where it is set; else, where the preset knows what an engine
+    holds besides its KV (`non_kv_gib`, at the default batch sizes), the KV that share leaves:
+    the parts then build at once, each with the same KV. Asked before the parts start: this vLLM
+    and the patches are checked here, once for all of them (their own checks then say nothing
+    again)."""
     o = parse_options(VLLMOptions, options, "vllm")
     o.check_patches()
+    preset = get_preset(o.preset)
     share = o.gpu_memory_utilization / n
-    extra = get_preset(o.preset).beyond_profile_gib
-    if n > 1 and extra and o.kv_cache_gib is None and (gpu := card()) is not None:
+    extra = preset.beyond_profile_gib
+    gpu = card() if n > 1 and o.kv_cache_gib is None and (extra or preset.non_kv_gib) else None
+    if gpu is not None and extra:
         share = (o.gpu_memory_utilization * gpu.gib - (n - 1) * extra) / n / gpu.gib
         if share * gpu.gib <= extra:
             raise ConfigError(f"processes: {n} {o.preset} engines do not fit {gpu.name} at gpu_memory_utilization "
@@ -63,7 +68,23 @@ def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
     out = {**options, "gpu_memory_utilization": round(share, 4)}
     if o.kv_cache_gib is not None:
         out["kv_cache_gib"] = o.kv_cache_gib / n
+    elif gpu is not None and preset.non_kv_gib and _default_batches(o):
+        kv = share * gpu.gib - preset.non_kv_gib
+        if kv <= 0:
+            raise ConfigError(f"processes: {n} {o.preset} engines do not fit {gpu.name} at gpu_memory_utilization "
+                              f"{o.gpu_memory_utilization:g} (each holds {preset.non_kv_gib:g} GiB besides its KV); "
+                              f"'auto' says how many do")
+        out["kv_cache_gib"] = round(kv, 2)
     return out
+
+
+def _default_batches(o: VLLMOptions) -> bool:
+    """Whether the engine's batch sizes are those a preset's non_kv_gib was measured at (a larger
+    max_num_batched_tokens makes a larger peak activation)."""
+    defaults = VLLMOptions()
+    keys = ("max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes", "gpu_memory_utilization")
+    return (o.max_num_batched_tokens <= defaults.max_num_batched_tokens and o.max_num_seqs <= defaults.max_num_seqs
+            and not set(keys) & set(o.engine_args))
 
 
 def starts_alone(options: Mapping[str, Any]) -> bool:

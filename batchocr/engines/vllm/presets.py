@@ -88,6 +88,13 @@ class Preset:
     # to each but the first (`engines.vllm.shared`), as one engine's is left to the GPU's
     # memory beyond gpu_memory_utilization.
     beyond_profile_gib: float = 0.0
+    # GPU memory (GiB) an engine of this model holds besides its KV cache at VLLMOptions' default
+    # max_num_batched_tokens and max_num_seqs, as vLLM's start log counts it (weights, peak
+    # activation, non-torch memory, CUDA graphs), with room for nvidia-smi's total exceeding
+    # CUDA's. Set, the parts of `processes` N each get the KV their share leaves
+    # (`engines.vllm.shared`), so that no engine measures free memory (where one would count a
+    # running engine's growth as its own use, and take less KV) and the parts build at once.
+    non_kv_gib: float | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
     sampling_args: dict[str, Any] = field(default_factory=dict)
     postprocess: Callable[[str], str] = _identity
@@ -225,6 +232,8 @@ def unlimited_ocr() -> Preset:
                   # two engines at 0.45 each of an 80 GB card peaked at 38.8 and 40.1 GiB against
                   # their 35.6 (docs/PERFORMANCE.md)
                   beyond_profile_gib=5,
+                  # vLLM counted 11.1 GiB besides the KV (docs/PERFORMANCE.md)
+                  non_kv_gib=11.5,
                   document_template="{images}{instruction}", document_instruction="Multi page parsing.",
                   image_placeholder="<image>", document_page_tokens=273,
                   document_sampling_args={"extra_args": {"ngram_size": 35, "window_size": 1024}},
