@@ -139,12 +139,15 @@ case "${1:-}" in
     cat "$RES/suite.log" 2>/dev/null
     ;;
   wait)
+    # the suite is done when its log's last line says so: a second start on the same machine appends
+    # to the first suite's log, whose "suite done" would otherwise end the wait at once
+    done_() { tail -n 1 "$RES/suite.log" 2>/dev/null | grep -q "suite done"; }
     # nothing to wait for (the start failed: a part missing, say): say so now, not after the wait
-    if ! pgrep -f "bash $REPO/bench/gpu/suite.sh" >/dev/null && ! grep -q "suite done" "$RES/suite.log" 2>/dev/null; then
+    if ! pgrep -f "bash $REPO/bench/gpu/suite.sh" >/dev/null && ! done_; then
       echo "no suite running (did start fail? /tmp/install.log:)"; tail -5 /tmp/install.log 2>/dev/null; exit 1
     fi
     end=$(( $(date +%s) + ${2:-540} ))
-    while [ "$(date +%s)" -lt "$end" ] && ! grep -q "suite done" "$RES/suite.log" 2>/dev/null; do
+    while [ "$(date +%s)" -lt "$end" ] && ! done_; do
       pack; sleep 20
     done
     pack; summary
