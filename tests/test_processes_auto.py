@@ -185,10 +185,12 @@ def test_parts_get_the_kv_their_share_leaves_and_build_at_once(tmp_path, monkeyp
     assert engines.starts_alone("vllm", one) is False
     assert engines.starts_alone("vllm", UOCR) is True  # one engine measures what it has
     assert "kv_cache_gib" not in engines.shared("vllm", UOCR, 1)
-    # batch sizes other than those the figure holds for, the KV given, a preset without the figure:
+    # batches other than those the figure holds for (document mode's requests hold several images;
+    # larger batch sizes), a preset without the figure:
     # vLLM measures, the parts in turn
     for options in (UOCR | {"max_num_batched_tokens": 32768}, UOCR | {"engine_args": {"max_num_seqs": 512}},
-                    UOCR | {"engine_args": {"gpu_memory_utilization": 0.8}}, UOCR | {"preset": "deepseek-ocr"}):
+                    UOCR | {"engine_args": {"gpu_memory_utilization": 0.8}}, UOCR | {"preset": "deepseek-ocr"},
+                    UOCR | {"mode": "document"}):
         part = engines.shared("vllm", options, 2)
         assert "kv_cache_gib" not in part and engines.starts_alone("vllm", part), options
     assert engines.shared("vllm", UOCR | {"max_num_seqs": 128}, 2)["kv_cache_gib"] == one["kv_cache_gib"]

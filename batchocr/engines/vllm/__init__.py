@@ -49,7 +49,7 @@ def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
     what each engine but one takes beyond vLLM's profile where the preset says (its
     `beyond_profile_gib`, on the card nvidia-smi names): the n together peak where one engine
     alone would. kv_cache_gib / n where it is set; else, where the preset knows what an engine
-    holds besides its KV (`non_kv_gib`, at the default batch sizes), the KV that share leaves:
+    holds besides its KV (`non_kv_gib`, in page mode at the default batch sizes), the KV that share leaves:
     the parts then build at once, each with the same KV. Asked before the parts start: this vLLM
     and the patches are checked here, once for all of them (their own checks then say nothing
     again)."""
@@ -79,12 +79,15 @@ def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def _default_batches(o: VLLMOptions) -> bool:
-    """Whether the engine's batch sizes are those a preset's non_kv_gib was measured at (a larger
-    max_num_batched_tokens makes a larger peak activation)."""
+    """Whether the engine's batches are those a preset's non_kv_gib was measured at: page mode (a
+    document's request holds several images, and vLLM's profile encodes as many as fit its
+    budget), the default batch sizes or less (a larger max_num_batched_tokens makes a larger peak
+    activation)."""
     defaults = VLLMOptions()
-    keys = ("max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes", "gpu_memory_utilization")
-    return (o.max_num_batched_tokens <= defaults.max_num_batched_tokens and o.max_num_seqs <= defaults.max_num_seqs
-            and not set(keys) & set(o.engine_args))
+    keys = ("max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes", "gpu_memory_utilization",
+            "limit_mm_per_prompt")
+    return (o.mode == "page" and o.max_num_batched_tokens <= defaults.max_num_batched_tokens
+            and o.max_num_seqs <= defaults.max_num_seqs and not set(keys) & set(o.engine_args))
 
 
 def starts_alone(options: Mapping[str, Any]) -> bool:
