@@ -6,10 +6,10 @@ On the lent GPU, vLLM's own fused_experts alone:
 vLLM 0.26 ships no fused-MoE config for this model's routed experts (E=64 experts, N=896, the
 log says "Using default MoE config. Performance might be sub-optimal!"), so each call takes
 get_default_config's tiles. This times fused_experts at the model's shapes (random weights and
-routing, bf16; replayed from CUDA graphs, as an engine runs its steps) for the token counts an engine step has (decode ~1-512, prefill chunks up to
-max_num_batched_tokens), under the default config and under each config of a small grid, and
-writes the best per token count as vLLM's config file (VLLM_TUNED_CONFIG_FOLDER reads it) beside
-the JSON. Equal work: each config computes the same M x top_k expert products of the same
+routing, bf16; replayed from CUDA graphs, as an engine runs its steps) for the token counts an
+engine step has (decode ~1-512, prefill chunks up to max_num_batched_tokens), under the
+default config and under each config of a small grid, and writes the best per token count as
+vLLM's config file (VLLM_TUNED_CONFIG_FOLDER reads it) beside the JSON. Equal work: each config computes the same M x top_k expert products of the same
 inputs; the JSON records the shapes, the calls timed and each M's default and best time.
 
 Triton compiles each config on first use (~1 s each, two kernels a config): a pool of processes

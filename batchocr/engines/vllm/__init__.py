@@ -49,8 +49,8 @@ def shared(options: Mapping[str, Any], n: int) -> dict[str, Any]:
     what each engine but one takes beyond vLLM's profile where the preset says (its
     `beyond_profile_gib`, on the card nvidia-smi names): the n together peak where one engine
     alone would. kv_cache_gib / n where it is set; else, where the preset knows what an engine
-    holds besides its KV (`non_kv_gib`, in page mode at the default batch sizes), the KV that share leaves:
-    the parts then build at once, each with the same KV. Asked before the parts start: this vLLM
+    holds besides its KV (`non_kv_gib`, in page mode at the default batch sizes), the KV that
+    share leaves: the parts then build at once, each with the same KV. Asked before the parts start: this vLLM
     and the patches are checked here, once for all of them (their own checks then say nothing
     again)."""
     o = parse_options(VLLMOptions, options, "vllm")

@@ -89,9 +89,9 @@ class Preset:
     # memory beyond gpu_memory_utilization.
     beyond_profile_gib: float = 0.0
     # GPU memory (GiB) an engine of this model holds besides its KV cache in page mode at
-    # VLLMOptions' default max_num_batched_tokens and max_num_seqs, as vLLM's start log counts it (weights, peak
-    # activation, non-torch memory, CUDA graphs), with room for nvidia-smi's total exceeding
-    # CUDA's. Set, the parts of `processes` N each get the KV their share leaves
+    # VLLMOptions' default max_num_batched_tokens and max_num_seqs, as vLLM's start log counts
+    # it (weights, peak activation, non-torch memory, CUDA graphs), with room for nvidia-smi's
+    # total exceeding CUDA's. Set, the parts of `processes` N each get the KV their share leaves
     # (`engines.vllm.shared`), so that no engine measures free memory (where one would count a
     # running engine's growth as its own use, and take less KV) and the parts build at once.
     non_kv_gib: float | None = None
