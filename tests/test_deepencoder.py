@@ -91,6 +91,31 @@ def test_the_extension_installs_the_batched_method_when_vllm_resolves_its_name(m
         deepencoder.NoSuchExtension  # noqa: B018
 
 
+def test_sam_flex_installs_with_the_batched_encoder_only_where_its_switch_is_on(monkeypatch):
+    """BATCHOCR_SAM_FLEX=1 in the engine's environment: the batched encoder's install puts SAM's
+    attention with the bias in the kernel (patches.samattn) in place of vLLM's RelPosAttention
+    forward too; without it vLLM's stays. (Its arithmetic against vLLM's, on vLLM's real modules:
+    bench/gpu/check_encoder_batch.py --sam-flex.)"""
+    from batchocr.engines.vllm.patches import samattn
+
+    def vllm_forward(self, x):
+        return "vllm's"
+
+    for switch, expected in ((None, vllm_forward), ("1", samattn.forward)):
+        cls, _, _ = _fake_vllm_model(monkeypatch)
+        attn = type("RelPosAttention", (), {"forward": vllm_forward})
+        fake_vllm.model_module(monkeypatch, "deepencoder", RelPosAttention=attn)
+        if switch is None:
+            monkeypatch.delenv("BATCHOCR_SAM_FLEX", raising=False)
+        else:
+            monkeypatch.setenv("BATCHOCR_SAM_FLEX", switch)
+        deepencoder.install()
+        assert cls._pixel_values_to_embedding is deepencoder.pixel_values_to_embedding
+        assert attn.forward is expected, switch
+    samattn.uninstall()
+    assert attn.forward is vllm_forward
+
+
 def test_with_the_sampler_both_patches_install(monkeypatch):
     cls, _, _ = _fake_vllm_model(monkeypatch)
     installed = []

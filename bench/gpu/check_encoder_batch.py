@@ -4,13 +4,18 @@ embeddings for every image, and what each costs a page.
 
     python3 bench/gpu/check_encoder_batch.py --pages 16 --json enc.json        # on the GPU (bf16)
     python3 bench/gpu/check_encoder_batch.py --pages 16 --profile --compile    # + where it goes, compiled
+    python3 bench/gpu/check_encoder_batch.py --pages 16 --sam-flex --profile   # + SAM's attention in FlexAttention
     PYTHONPATH=/tmp/vsite python bench/gpu/check_encoder_batch.py --pages 3    # CPU, float32: slow
 
 `--profile`: one batched call under torch's profiler, summed as throughput.py sums a run's
 profile (its kernels by name, the device's busy share of the call): whether a page's ~20 ms is
 arithmetic or launches. `--compile`: the batched encoder again with SAM, CLIP and the projector
 under torch.compile (dynamic batch), its embeddings checked against vLLM's too, its ms a page and
-its first call's seconds (the compile, paid once at an engine's start).
+its first call's seconds (the compile, paid once at an engine's start). `--sam-flex`: the
+batched encoder again with SAM's attention adding its relative-position bias inside a
+FlexAttention kernel (batchocr.engines.vllm.patches.samattn) instead of making it in full for
+PyTorch's memory-efficient kernel: its embeddings against vLLM's, its ms a page, its first call
+(FlexAttention's compile).
 
 The pages mix tilings as A4 pages and small images do: (2 x 3) crops mostly, some (1 x 1) (no
 crops), one (3 x 2) and one (2 x 2). Exit 1 where an image's embedding differs (beyond
@@ -27,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from batchocr import deepencoder  # noqa: E402
+from batchocr.engines.vllm.patches import deepencoder  # noqa: E402
 
 _CONTEXT = None
 
@@ -150,6 +155,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="one batched call profiled: its kernels, the device's busy share")
     ap.add_argument("--compile", action="store_true", help="the batched encoder under torch.compile too")
+    ap.add_argument("--sam-flex", action="store_true",
+                    help="the batched encoder again with SAM's attention in FlexAttention (patches.samattn)")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -179,6 +186,24 @@ def main() -> int:
                   "speedup": round(vllm_s / batched_s, 3), "repeats": repeats}
         if args.profile:
             report["batched_profile"] = profiled(batched, device)
+        if args.sam_flex:
+            from batchocr.engines.vllm.patches import samattn
+
+            samattn.install()
+            t0 = time.perf_counter()
+            flexed = batched()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            f_errors, f_same = compare(ref, flexed, tol)
+            flex_s = timed(batched, device, repeats)
+            report |= {"sam_flex_relative_error_max": f_errors, "sam_flex_same": f_same,
+                       "sam_flex_first_call_s": round(first_s, 1),
+                       "sam_flex_ms_a_page": round(flex_s * 1000 / args.pages, 2),
+                       "sam_flex_speedup": round(batched_s / flex_s, 3)}
+            if args.profile:
+                report["sam_flex_profile"] = profiled(batched, device)
+            samattn.uninstall()
         if args.compile:
             for name in ("sam_model", "vision_model", "projector"):  # the same weights, compiled forwards
                 setattr(model, name, torch.compile(getattr(model, name), dynamic=True))
@@ -198,7 +223,7 @@ def main() -> int:
     print(json.dumps(report), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
-    return 0 if same and report.get("compiled_same", True) else 1
+    return 0 if same and report.get("compiled_same", True) and report.get("sam_flex_same", True) else 1
 
 
 if __name__ == "__main__":

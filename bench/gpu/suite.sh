@@ -344,6 +344,12 @@ run() {  # one named run of the suite
     # where the batched encoder's ~20 ms a page go (its kernels, the GPU's busy share of a call), and the same
     # under torch.compile (equal embeddings, ms a page, the compile's seconds): a prefill is ~28 ms a page
     uocr-encoder-prof) py uocr-encoder-prof bench/gpu/check_encoder_batch.py --pages 16 --profile --compile ;;
+    # SAM's attention with its relative-position bias inside a FlexAttention kernel (patches.samattn) against
+    # the bias made in full for PyTorch's memory-efficient kernel: 18% of a page's GPU time (uocr-prof-now)
+    uocr-samflex) py uocr-samflex bench/gpu/check_encoder_batch.py --pages 16 --sam-flex --profile ;;
+    # the same in the engine (the batched encoder installs it with BATCHOCR_SAM_FLEX=1): page b against it, equal work
+    uocr-samflex-e2e) uocr uocr-samflex-e2e --pages "${UOCR_SAMFLEX_PAGES:-1024}" --lengths B --modes b \
+                        --variant "samflex=--env BATCHOCR_SAM_FLEX=1" ;;
     # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)
     uocr-ban-sync) py uocr-ban-sync bench/gpu/check_ban_sync.py ;;
     # vLLM 0.26 has no fused-MoE config for Unlimited-OCR's experts (E=64, N=896): the default's tiles

@@ -107,10 +107,19 @@ def pixel_values_to_embedding(self, pixel_values, images_crop, images_spatial_cr
 
 
 def install() -> None:
-    """Put the batched method in place of vLLM's (idempotent; Unlimited-OCR's class inherits it)."""
+    """Put the batched method in place of vLLM's (idempotent; Unlimited-OCR's class inherits it).
+    With BATCHOCR_SAM_FLEX=1 in the engine's environment, SAM's attention too (patches.samattn:
+    a bench's switch, `throughput.py --variant 'samflex=--env BATCHOCR_SAM_FLEX=1'`, until its
+    measurements make it an option)."""
+    import os
+
     from vllm.model_executor.models import deepseek_ocr
 
     deepseek_ocr.DeepseekOCRForCausalLM._pixel_values_to_embedding = pixel_values_to_embedding
+    if os.environ.get("BATCHOCR_SAM_FLEX") == "1":
+        from batchocr.engines.vllm.patches import samattn
+
+        samattn.install()
 
 
 # The extensions install when vLLM asks for them, and only then (workerext.py).
