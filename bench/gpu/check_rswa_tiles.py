@@ -1,6 +1,7 @@
 """batchocr.engines.vllm.patches.rswa_tiles' kernel against vLLM's own, on the same R-SWA attention inputs.
 
     python3 bench/gpu/check_rswa_tiles.py --json rswa.json                  # the GPU, vLLM installed
+    python3 bench/gpu/check_rswa_tiles.py --prefill-tiles 50 --json t.json  # + prefill launch sizes, timed
     TRITON_INTERPRET=1 python bench/gpu/check_rswa_tiles.py --device cpu \\
         --vllm-src .gpu/build/site --json rswa.json                         # a CPU: Triton's interpreter
 
@@ -12,6 +13,10 @@ the keys R-SWA lets a query see). Reports the largest differences (and whether t
 are identical: on the CPU's interpreter they are), the tiles each kernel reads, and on the GPU
 the kernel's time both ways. Exit 1 where a difference is over tolerance (1e-4 float32 on a CPU,
 2e-2 bf16 on the GPU).
+
+`--prefill-tiles N`: a page-mode prefill step's attention (10 pages of 906 tokens, alone and beside
+246 decodes) under vLLM's launch sizes for a prefill (16-row query blocks for Unlimited-OCR's one
+query a KV head, 32-key tiles) and larger ones (`launcher`): the same output, ms a call.
 
 On a CPU without vLLM's dependencies, --vllm-src names a folder holding vLLM's source (the kit's
 staged site-packages): the two kernel files load from there, with the few vLLM names they import
@@ -76,13 +81,14 @@ def stand_in_vllm(src: Path) -> None:
 
 def inputs(torch, device, decode_lens, prompts, prefill, seed=0):
     """q, a paged KV cache, block tables and R-SWA prompt lengths for decode requests of
-    `decode_lens` tokens (prompt `prompts[i]`) and one prefill request of `prefill` tokens
-    (its whole prompt), in bf16 on the GPU, float32 on a CPU."""
+    `decode_lens` tokens (prompt `prompts[i]`) and prefill requests of `prefill` tokens each
+    (their whole prompts; an int: one, or none where 0), in bf16 on the GPU, float32 on a CPU."""
     g = torch.Generator().manual_seed(seed)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    seq_lens = list(decode_lens) + ([prefill] if prefill else [])
-    q_lens = [1] * len(decode_lens) + ([prefill] if prefill else [])
-    prefix = list(prompts) + ([prefill] if prefill else [])
+    prefills = [n for n in ([prefill] if isinstance(prefill, int) else prefill) if n]
+    seq_lens = list(decode_lens) + prefills
+    q_lens = [1] * len(decode_lens) + prefills
+    prefix = list(prompts) + prefills
     blocks = [-(-n // BLOCK) for n in seq_lens]
     total = sum(blocks) + 4
     order = torch.randperm(total, generator=g).tolist()  # blocks anywhere in the cache
@@ -99,6 +105,38 @@ def inputs(torch, device, decode_lens, prompts, prefill, seed=0):
     return dict(q=t(q), k=t(k), v=t(v), cu=t(cu), seq_lens=t(torch.tensor(seq_lens, dtype=torch.int32)),
                 table=t(table), prefix=t(torch.tensor(prefix, dtype=torch.int32)),
                 q_lens=q_lens, seq_lens_host=seq_lens, prefix_host=prefix)
+
+
+# vLLM's launcher picks a query block of 16 rows for Unlimited-OCR's heads (10 queries, 10 KV heads: one
+# query a KV head) and prefill tiles of 32 keys, sizes made for decode; a prefill step's attention took
+# ~7 ms a page of its kernels on the H100 (uocr-prof-now). The launcher's lines a variant replaces:
+_BLOCK_M = "    )\n    BLOCK_Q = BLOCK_M // num_queries_per_kv\n"
+_TILE = "    if tuned_large_head:\n        TILE_SIZE_PREFILL = 128\n"
+
+
+def launcher(ops, block_m: int, tile: int, warps: int | None):
+    """vLLM's unified_attention whose launches with a prefill (a query of more than one token) take
+    query blocks of `block_m` rows, key tiles of `tile` and `warps` warps; its kernel the rswa_tiles
+    rewrite's, as batchocr's engine runs it. A module of its own, loaded from a file (Triton reads a
+    kernel's source from its file)."""
+    import hashlib
+    import tempfile
+
+    from batchocr.engines.vllm.patches import rswa_tiles
+
+    src = rswa_tiles.patch_source(Path(ops.__file__).read_text())
+    if src.count(_BLOCK_M) != 1 or src.count(_TILE) != 1:
+        raise ValueError("vLLM's unified_attention launcher moved: no variant")
+    src = src.replace(_BLOCK_M, _BLOCK_M.replace("    BLOCK_Q", f"    if max_seqlen_q > 1:\n        BLOCK_M = max(BLOCK_M, {block_m})\n    BLOCK_Q"))
+    src = src.replace(_TILE, _TILE + f"    if max_seqlen_q > 1:\n        TILE_SIZE_PREFILL = {tile}\n"
+                      + (f"        launch_num_warps = {warps}\n" if warps else ""))
+    path = Path(tempfile.gettempdir()) / f"batchocr_tiles_{hashlib.sha256(src.encode()).hexdigest()[:16]}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"batchocr_tiles_{block_m}_{tile}_{warps}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def attend(ops, torch, x, kernel, split: bool):
@@ -148,6 +186,52 @@ def reference(torch, x):
     return torch.cat(outs)
 
 
+def launch(mod, x, out):
+    """`mod`'s unified_attention over the inputs x (a 2D launch: any prefill makes it one)."""
+    mod.unified_attention(q=x["q"], k=x["k"], v=x["v"], out=out, cu_seqlens_q=x["cu"], max_seqlen_q=max(x["q_lens"]),
+                          seqused_k=x["seq_lens"], max_seqlen_k=max(x["seq_lens_host"]),
+                          softmax_scale=HEAD_SIZE ** -0.5, causal=True, window_size=(-1, -1),
+                          block_table=x["table"], softcap=0, q_descale=None, k_descale=None, v_descale=None,
+                          rswa_prefix_lens=x["prefix"], rswa_window=WINDOW)
+    return out
+
+
+def prefill_tiles(ops, torch, device, calls: int, report: dict, tol: float) -> bool:
+    """The rswa_tiles kernel under vLLM's launch sizes (16-row query blocks, 32-key tiles) and
+    under larger ones, on two steps: 10 prefills of a page's 906 tokens, and the same with 246
+    decodes beside them (their prompts 903, up to ~2,000 generated), as a page-mode step admits
+    them. The same output (max |difference| <= tol) and ms a call for each."""
+    decodes = [903 + 64 + (i * 1936) // 246 for i in range(246)]
+    steps = {"prefill10": inputs(torch, device, [], [], [906] * 10, seed=3),
+             "mixed": inputs(torch, device, decodes, [903] * 246, [906] * 10, seed=4)}
+    variants = [(16, 32, None), (32, 64, 4), (64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)]
+    out, ok = {}, True
+    for name, x in steps.items():
+        base = None
+        for bm, tile, warps in variants:
+            key = f"m{bm}_t{tile}_w{warps or 'auto'}"
+            try:
+                mod = launcher(ops, bm, tile, warps)
+                o = torch.empty_like(x["q"])
+                run = lambda: launch(mod, x, o)  # noqa: E731
+                run()
+                base = o if base is None else base
+                diff = float((o.float() - base.float()).abs().max())
+                for _ in range(3):
+                    run()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(calls):
+                    run()
+                torch.cuda.synchronize()
+                out[f"{name}_{key}"] = {"ms": round((time.perf_counter() - t) * 1e3 / calls, 3), "max_abs_diff": diff}
+                ok &= diff <= tol
+            except Exception as exc:  # noqa: BLE001 - a size Triton cannot build is a finding, not the end
+                out[f"{name}_{key}"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    report["prefill_tiles"] = out
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -157,6 +241,9 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=400, help="the longest's generated tokens so far")
     ap.add_argument("--prefill", type=int, default=96, help="a prefill request's tokens (0: none)")
     ap.add_argument("--time", type=int, default=0, help="GPU: time each kernel over N calls at 256 requests")
+    ap.add_argument("--prefill-tiles", type=int, default=0,
+                    help="GPU: N calls of a prefill step (10 pages of 906 tokens, with and without 246 decodes) "
+                         "under launch sizes other than vLLM's for prefill (query block, key tile, warps)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     import torch
@@ -204,6 +291,8 @@ def main() -> None:
                 attend(ops, torch, xt, kernel, False)
             torch.cuda.synchronize()
             report[f"ms_{name}_256"] = round((time.perf_counter() - t) * 1e3 / args.time, 3)
+    if args.prefill_tiles and device.type == "cuda":
+        ok &= prefill_tiles(ops, torch, device, args.prefill_tiles, report, tol)
     report["same"] = bool(ok)
     print(json.dumps(report, indent=1))
     if args.json:

@@ -347,6 +347,9 @@ run() {  # one named run of the suite
     # SAM's attention with its relative-position bias inside a FlexAttention kernel (patches.samattn) against
     # the bias made in full for PyTorch's memory-efficient kernel: 18% of a page's GPU time (uocr-prof-now)
     uocr-samflex) py uocr-samflex bench/gpu/check_encoder_batch.py --pages 16 --sam-flex --profile ;;
+    # the prefill step's attention (~7 ms a page of kernels, uocr-prof-now) under larger launch sizes than vLLM's
+    # 16-row query blocks and 32-key tiles: the same output, ms a call (bench/gpu/check_rswa_tiles.py)
+    uocr-prefill-tiles) py uocr-prefill-tiles bench/gpu/check_rswa_tiles.py --prefill-tiles 50 ;;
     # the same in the engine (the batched encoder installs it with BATCHOCR_SAM_FLEX=1): page b against it, equal work
     uocr-samflex-e2e) uocr uocr-samflex-e2e --pages "${UOCR_SAMFLEX_PAGES:-1024}" --lengths B --modes b \
                         --variant "samflex=--env BATCHOCR_SAM_FLEX=1" ;;
