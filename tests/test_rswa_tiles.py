@@ -53,6 +53,45 @@ def test_a_kernel_that_moved_is_refused_not_half_patched():
         rswa_tiles.patch_source(src.replace("USE_R_SWA: tl.constexpr", "USE_RSWA: tl.constexpr"))
 
 
+def _launcher(src: str) -> ast.FunctionDef:
+    return next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "unified_attention")
+
+
+def test_a_prefill_s_launch_sizes_change_only_for_launches_with_a_prefill():
+    """prefill_launch (BATCHOCR_PREFILL_TILES): after vLLM's launcher has chosen its query block and
+    prefill tile, a launch whose longest query is more than one token takes at least ROWS rows,
+    TILE keys and WARPS warps; the kernel, and the launcher's other lines, as before."""
+    src = rswa_tiles.patch_source(KERNEL.read_text())
+    new = rswa_tiles.prefill_launch(src, 64, 128, 8)
+    old_body = [ast.unparse(n) for n in _launcher(src).body]
+    body = [ast.unparse(n) for n in _launcher(new).body]
+    added = [b for b in body if b not in old_body]
+    assert added == ["if max_seqlen_q > 1:\n    BLOCK_M = max(BLOCK_M, 64)",
+                     "if max_seqlen_q > 1:\n    TILE_SIZE_PREFILL = 128\n    launch_num_warps = 8"]
+    assert [b for b in body if b not in added] == old_body
+    # each after the line it overrides: BLOCK_Q derives from the new BLOCK_M; the tile before the clamp USE_TD needs
+    assert body.index(added[0]) < body.index("BLOCK_Q = BLOCK_M // num_queries_per_kv")
+    assert body.index("BLOCK_M = 16 if num_queries_per_kv <= 16 else triton.next_power_of_2(num_queries_per_kv)") \
+        < body.index(added[0])
+    assert body.index("if tuned_large_head:\n    TILE_SIZE_PREFILL = 128") < body.index(added[1]) \
+        < next(i for i, b in enumerate(body) if b.startswith("if use_td:"))
+    rest = lambda t: [ast.dump(n) for n in ast.parse(t).body if getattr(n, "name", "") != "unified_attention"]  # noqa: E731
+    assert rest(new) == rest(src)
+    assert rswa_tiles.prefill_launch(src, 64, 64).count("launch_num_warps =") == src.count("launch_num_warps =")
+    with pytest.raises(ValueError, match="launcher is not the one"):
+        rswa_tiles.prefill_launch(src.replace("    BLOCK_Q = BLOCK_M // num_queries_per_kv\n", "    BLOCK_Q = 1\n"),
+                                  64, 64)
+
+
+def test_the_prefill_switch_reads_powers_of_two():
+    assert rswa_tiles.prefill_sizes({}) is None and rswa_tiles.prefill_sizes({"BATCHOCR_PREFILL_TILES": ""}) is None
+    assert rswa_tiles.prefill_sizes({"BATCHOCR_PREFILL_TILES": "64,128,8"}) == (64, 128, 8)
+    assert rswa_tiles.prefill_sizes({"BATCHOCR_PREFILL_TILES": " 32,64 "}) == (32, 64, None)
+    for bad in ("64", "48,64", "64,x", "64,64,8,2", "0,64"):
+        with pytest.raises(ValueError, match="ROWS,TILE"):
+            rswa_tiles.prefill_sizes({"BATCHOCR_PREFILL_TILES": bad})
+
+
 def test_tiles_read_are_the_prompt_s_and_the_window_s():
     # 1,000 keys, a 273-token prompt, the query at 999, window 128, tiles of 16: the prompt's
     # 18 tiles (0-17) and the window's, which starts at key 872 (tile 54): 54-62

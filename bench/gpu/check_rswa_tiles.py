@@ -107,36 +107,14 @@ def inputs(torch, device, decode_lens, prompts, prefill, seed=0):
                 q_lens=q_lens, seq_lens_host=seq_lens, prefix_host=prefix)
 
 
-# vLLM's launcher picks a query block of 16 rows for Unlimited-OCR's heads (10 queries, 10 KV heads: one
-# query a KV head) and prefill tiles of 32 keys, sizes made for decode; a prefill step's attention took
-# ~7 ms a page of its kernels on the H100 (uocr-prof-now). The launcher's lines a variant replaces:
-_BLOCK_M = "    )\n    BLOCK_Q = BLOCK_M // num_queries_per_kv\n"
-_TILE = "    if tuned_large_head:\n        TILE_SIZE_PREFILL = 128\n"
-
-
 def launcher(ops, block_m: int, tile: int, warps: int | None):
     """vLLM's unified_attention whose launches with a prefill (a query of more than one token) take
-    query blocks of `block_m` rows, key tiles of `tile` and `warps` warps; its kernel the rswa_tiles
-    rewrite's, as batchocr's engine runs it. A module of its own, loaded from a file (Triton reads a
-    kernel's source from its file)."""
-    import hashlib
-    import tempfile
-
+    query blocks of `block_m` rows, key tiles of `tile` and `warps` warps (rswa_tiles.prefill_launch:
+    vLLM's are 16 rows and 32 keys for Unlimited-OCR's one query a KV head, sizes made for decode);
+    its kernel the rswa_tiles rewrite's, as batchocr's engine runs it."""
     from batchocr.engines.vllm.patches import rswa_tiles
 
-    src = rswa_tiles.patch_source(Path(ops.__file__).read_text())
-    if src.count(_BLOCK_M) != 1 or src.count(_TILE) != 1:
-        raise ValueError("vLLM's unified_attention launcher moved: no variant")
-    src = src.replace(_BLOCK_M, _BLOCK_M.replace("    BLOCK_Q", f"    if max_seqlen_q > 1:\n        BLOCK_M = max(BLOCK_M, {block_m})\n    BLOCK_Q"))
-    src = src.replace(_TILE, _TILE + f"    if max_seqlen_q > 1:\n        TILE_SIZE_PREFILL = {tile}\n"
-                      + (f"        launch_num_warps = {warps}\n" if warps else ""))
-    path = Path(tempfile.gettempdir()) / f"batchocr_tiles_{hashlib.sha256(src.encode()).hexdigest()[:16]}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"batchocr_tiles_{block_m}_{tile}_{warps}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return rswa_tiles.patched_module(ops, (block_m, tile, warps))
 
 
 def attend(ops, torch, x, kernel, split: bool):

@@ -350,6 +350,18 @@ run() {  # one named run of the suite
     # the prefill step's attention (~7 ms a page of kernels, uocr-prof-now) under larger launch sizes than vLLM's
     # 16-row query blocks and 32-key tiles: the same output, ms a call (bench/gpu/check_rswa_tiles.py)
     uocr-prefill-tiles) py uocr-prefill-tiles bench/gpu/check_rswa_tiles.py --prefill-tiles 50 ;;
+    # the fastest of those sizes on the mixed step (64,64,8 where uocr-prefill-tiles has not run) in the engine
+    # (BATCHOCR_PREFILL_TILES: rswa_tiles' install rewrites the launcher too): page b against it, equal work
+    uocr-prefill-e2e) sizes=$(python3 -c "import json, sys
+try:
+    d = json.load(open(sys.argv[1]))['prefill_tiles']
+    ok = {k: v['ms'] for k, v in d.items() if k.startswith('mixed_') and 'ms' in v and v['max_abs_diff'] <= 2e-2}
+    m, t, w = min(ok, key=ok.get)[len('mixed_'):].split('_')
+    print(','.join([m[1:], t[1:]] + ([w[1:]] if w[1:] != 'auto' else [])))
+except Exception:
+    print('64,64,8')" "$RES/uocr-prefill-tiles.json")
+      uocr uocr-prefill-e2e --pages "${UOCR_PREFILL_PAGES:-1024}" --lengths B --modes b \
+        --variant "tiles=--env BATCHOCR_PREFILL_TILES=$sizes" ;;
     # the same in the engine (the batched encoder installs it with BATCHOCR_SAM_FLEX=1): page b against it, equal work
     uocr-samflex-e2e) uocr uocr-samflex-e2e --pages "${UOCR_SAMFLEX_PAGES:-1024}" --lengths B --modes b \
                         --variant "samflex=--env BATCHOCR_SAM_FLEX=1" ;;

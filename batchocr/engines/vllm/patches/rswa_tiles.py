@@ -24,6 +24,12 @@ vLLM is built (`check_source`): where the preset turned it on, vLLM's own kernel
 
 bench/gpu/check_rswa_tiles.py runs both kernels on the same inputs (the CPU with Triton's
 interpreter, or the GPU) and compares them.
+
+`prefill_launch` rewrites the launcher too, for launches with a prefill: vLLM gives a model of
+one query a KV head (Unlimited-OCR's 10 x 10) 16-row query blocks and 32-key tiles, sizes made
+for decode. With BATCHOCR_PREFILL_TILES="ROWS,TILE[,WARPS]" in the engine's environment (a bench's
+switch until measured: `check_rswa_tiles.py --prefill-tiles`, `throughput.py --variant`),
+`install` points vLLM's Triton backend at the rewritten launcher as well.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from pathlib import Path
 from batchocr.engines.vllm.patches import TESTED, vllm_root, workerext
 
 MODULE = "vllm.v1.attention.ops.triton_unified_attention"
+BACKEND = "vllm.v1.attention.backends.triton_attn"
 PATCHED = MODULE + "_batchocr_rswa"
 
 # The tile loop and the statement that ends its body (the epilogue's first line): the anchors.
@@ -65,6 +72,39 @@ def patch_source(src: str) -> str:
     body, tail = rest.split(_EPILOGUE)
     body = "".join(("    " + line if line.strip() else line) for line in body.splitlines(keepends=True))
     return head + _SETUP + _LOOP + _GUARD + body + _EPILOGUE + tail
+
+
+# The launcher's lines prefill_launch adds to: where it has chosen the query block, and the prefill tile.
+_BLOCK_Q = "    )\n    BLOCK_Q = BLOCK_M // num_queries_per_kv\n"
+_TILE = "    if tuned_large_head:\n        TILE_SIZE_PREFILL = 128\n"
+PREFILL_ENV = "BATCHOCR_PREFILL_TILES"
+
+
+def prefill_launch(src: str, rows: int, tile: int, warps: int | None = None) -> str:
+    """The module's source with its launcher giving a launch with a prefill (a query of more than
+    one token) query blocks of at least `rows` rows, key tiles of `tile` and `warps` warps (None:
+    Triton's choice). ValueError where the launcher is not the one this was written against."""
+    if src.count(_BLOCK_Q) != 1 or src.count(_TILE) != 1:
+        raise ValueError(f"vLLM's unified_attention launcher is not the one {__name__} rewrites")
+    src = src.replace(_BLOCK_Q, _BLOCK_Q.replace(
+        "    BLOCK_Q", f"    if max_seqlen_q > 1:\n        BLOCK_M = max(BLOCK_M, {rows})\n    BLOCK_Q"))
+    return src.replace(_TILE, _TILE + f"    if max_seqlen_q > 1:\n        TILE_SIZE_PREFILL = {tile}\n"
+                       + (f"        launch_num_warps = {warps}\n" if warps else ""))
+
+
+def prefill_sizes(environ=os.environ) -> tuple[int, int, int | None] | None:
+    """BATCHOCR_PREFILL_TILES as (rows, tile, warps); None where unset. ValueError where it is not
+    two or three powers of two."""
+    value = environ.get(PREFILL_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        sizes = [int(x) for x in value.split(",")]
+    except ValueError:
+        sizes = []
+    if len(sizes) not in (2, 3) or any(n < 1 or n & (n - 1) for n in sizes):
+        raise ValueError(f"{PREFILL_ENV}={value!r}: ROWS,TILE[,WARPS], powers of two")
+    return sizes[0], sizes[1], sizes[2] if len(sizes) == 3 else None
 
 
 def kernel_file() -> Path | None:
@@ -96,9 +136,12 @@ def moved() -> str | None:
     return None
 
 
-def patched_module(original):
-    """The rewritten copy of vLLM's kernel module `original`, loaded beside it."""
+def patched_module(original, prefill: tuple[int, int, int | None] | None = None):
+    """The rewritten copy of vLLM's kernel module `original`, loaded beside it; with `prefill`
+    (rows, tile, warps) its launcher rewritten too (prefill_launch)."""
     src = patch_source(Path(original.__file__).read_text())
+    if prefill:
+        src = prefill_launch(src, *prefill)
     # Triton reads a kernel's source from its file: the rewritten module is a file of its own
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / f"batchocr_rswa_{digest}.py"
@@ -106,9 +149,10 @@ def patched_module(original):
         tmp = path.with_suffix(f".{os.getpid()}.tmp")  # engine processes may write it at once
         tmp.write_text(src)
         tmp.replace(path)
-    spec = importlib.util.spec_from_file_location(PATCHED, path)
+    name = PATCHED + ("_{}_{}_{}".format(*prefill) if prefill else "")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[PATCHED] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -121,7 +165,11 @@ def install() -> None:
     original = importlib.import_module(MODULE)
     if getattr(original, "_batchocr_rswa_tiles", False):
         return
-    original.kernel_unified_attention = patched_module(original).kernel_unified_attention
+    prefill = prefill_sizes()
+    module = patched_module(original, prefill)
+    original.kernel_unified_attention = module.kernel_unified_attention
+    if prefill:  # the backend calls the launcher it imported by name: the rewritten one there
+        importlib.import_module(BACKEND).unified_attention = module.unified_attention
     original._batchocr_rswa_tiles = True
 
 
