@@ -409,3 +409,34 @@ def test_a_py_spy_record_is_summed_by_thread_and_by_the_main_threads_functions(t
     spy = PySpy(delay_s=30, seconds=5, folder=tmp_path)
     spy.start()
     assert spy.result()["errors"] == ["the run ended before 30 s: nothing sampled"]
+
+
+def test_every_gpu_bench_script_imports_batchocr_names_that_exist():
+    """Each `from batchocr... import NAME` of bench/gpu/*.py names a module of this tree and, in it,
+    a name it defines, a submodule, or one its module-level __getattr__ serves (names built from
+    vLLM, absent here). check_encoder_batch.py and check_vit_pad.py imported modules the layout's
+    rebuild had moved, and only the GPU would have said so."""
+    import importlib
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    from check_imports import batchocr_imports
+
+    scripts = sorted((ROOT / "bench" / "gpu").glob("*.py"))
+    assert len(scripts) > 10
+    missing = []
+    for script in scripts:
+        for module, name in batchocr_imports(script):
+            try:
+                got = importlib.import_module(module)
+            except ImportError as exc:
+                missing.append(f"{script.name}: {module}: {exc}")
+                continue
+            if name and name not in vars(got) and "__getattr__" not in vars(got):
+                try:
+                    found = importlib.util.find_spec(f"{module}.{name}") is not None
+                except ImportError:  # the module is not a package
+                    found = False
+                if not found:
+                    missing.append(f"{script.name}: from {module} import {name}")
+    assert not missing, missing

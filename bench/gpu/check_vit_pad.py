@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from check_encoder_batch import compare, enter_vllm, profiled, timed  # noqa: E402
 
-from batchocr import vitpad  # noqa: E402
+from batchocr.engines.vllm.patches import vitpad  # noqa: E402
 
 
 def build(model_dir: str, device: str, dtype):
