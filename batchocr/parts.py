@@ -11,16 +11,15 @@ pages to do into N shares balanced by bytes; each part runs its share in a spawn
 build their engines one after the other (vLLM measures the GPU's free memory while it
 starts: two at once would each count the other's, and memory given back meanwhile fails its
 start, so a part done early keeps its engine until the later parts have built theirs), each
-with its share of the accelerator
-(`engines.shared`: vLLM's gpu_memory_utilization / N, less what the model takes beyond
-vLLM's profile), or all at once where the engine needs no measure (`engines.starts_alone`:
-vLLM with kv_cache_gib, the KV cache's size, given, or set by `engines.shared` from the card
-and the preset). The parent forwards SIGTERM and SIGINT to the parts (each commits what
-finished, as a run alone does), stops the others when one fails (a systemic failure is the run's: one
-line, its exit code), and finishes the shard once every part is done. Whether page errors
-before any page was read are the engine's or the pages' is judged over all parts
-(batchocr.engines.systemic.Parts). Each part writes its own run record, holding 1/N of the
-accelerator, so `report` counts the GPU once.
+with its share of the accelerator (`engines.shared`: vLLM's gpu_memory_utilization / N, less
+what the model takes beyond vLLM's profile), or all at once where the engine needs no measure
+(`engines.starts_alone`: vLLM with kv_cache_gib, the KV cache's size, given, or set by
+`engines.shared` from the card and the preset). The parent forwards SIGTERM and SIGINT to the
+parts (each commits what finished, as a run alone does), stops the others when one fails (a
+systemic failure is the run's: one line, its exit code), and finishes the shard once every
+part is done. Whether page errors before any page was read are the engine's or the pages' is
+judged over all parts (batchocr.engines.systemic.Parts). Each part writes its own run record,
+holding 1/N of the accelerator, so `report` counts the GPU once.
 """
 
 from __future__ import annotations

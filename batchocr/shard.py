@@ -87,9 +87,8 @@ class Part:
 
     def wait_turn(self, stop: threading.Event) -> None:
         """Until the part before this one has its engine (or the run stops)."""
-        while self.after is not None and not self.after.wait(0.2):
-            if stop.is_set():
-                raise Interrupted(f"batchocr: part {self}: interrupted before its engine started (nothing done)")
+        if self.after is not None and not _until(self.after, stop):
+            raise Interrupted(f"batchocr: part {self}: interrupted before its engine started (nothing done)")
 
     def built(self) -> None:
         if self.ready is not None:
@@ -100,9 +99,17 @@ class Part:
         measures the GPU's free memory while it builds and fails its start if that grows, so a
         part done first keeps its engine's memory until then."""
         for event in self.later:
-            while not event.wait(0.2):
-                if stop.is_set():
-                    return
+            if not _until(event, stop):
+                return
+
+
+def _until(event: Any, stop: threading.Event) -> bool:
+    """Wait for `event` (another process's), looking at `stop` five times a second: whether the
+    event came (False: the run stopped first)."""
+    while not event.wait(0.2):
+        if stop.is_set():
+            return False
+    return True
 
 
 @dataclass

@@ -16,6 +16,20 @@ DOC_SUFFIXES = {".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff"}
 HANG_S = 600
 
 
+H100 = "NVIDIA H100 80GB HBM3, 81559"  # nvidia-smi --query-gpu=name,memory.total on the lent H100 (docs/history/GPU.md)
+
+
+def nvidia_smi(tmp_path: Path, answer: str | None) -> dict[str, str]:
+    """PATH with an nvidia-smi that prints `answer` (None: one that fails) and keeps its arguments."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    smi = bin_ / "nvidia-smi"
+    body = f"echo '{answer}'" if answer is not None else "echo 'NVIDIA-SMI has failed' >&2; exit 9"
+    smi.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'smi-args'}\n{body}\n")
+    smi.chmod(0o755)
+    return {"PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+
+
 def sample_documents() -> list[Path]:
     return sorted(p for p in SAMPLES.iterdir() if p.suffix.lower() in DOC_SUFFIXES)
 

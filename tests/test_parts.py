@@ -23,7 +23,7 @@ import pytest
 
 from batchocr.parts import shares
 from batchocr.sources import DocRef
-from conftest import HANG_S, SAMPLES, count_pages, read_table, sample_documents
+from conftest import H100, HANG_S, SAMPLES, count_pages, nvidia_smi, read_table, sample_documents
 
 TOTAL = sum(count_pages(p) for p in sample_documents())
 
@@ -281,12 +281,7 @@ def test_unlimited_ocr_parts_on_a_known_card_build_at_once_with_equal_kv(tmp_pat
     so build at once, as with kv_cache_gib given."""
     from batchocr.engines.vllm.presets import get_preset
 
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 81559'\n")
-    (bin_ / "nvidia-smi").chmod(0o755)
-    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"),
-                                 "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+    env = _stand_in(tmp_path) | nvidia_smi(tmp_path, H100) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")}
     out = tmp_path / "out"
     proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--preset",
                 "unlimited-ocr", "--route", "model", "--processes", "2", "-q", env=env)

@@ -8,29 +8,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from batchocr.engines.vllm import processes
 from batchocr.pipeline import resolve_processes
 from batchocr.spec import load_job
-from conftest import SAMPLES, count_pages, sample_documents
+from conftest import H100, SAMPLES, count_pages, nvidia_smi, sample_documents
 
-H100 = "NVIDIA H100 80GB HBM3, 81559"  # nvidia-smi --query-gpu=name,memory.total on the lent H100 (docs/history/GPU.md)
 H200 = "NVIDIA H200, 143771"
 UOCR = {"model": "/models/uocr", "preset": "unlimited-ocr"}
-
-
-def _smi(tmp_path: Path, answer: str | None) -> dict[str, str]:
-    """PATH with an nvidia-smi that prints `answer` (None: one that fails) and keeps its arguments."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir(exist_ok=True)
-    smi = bin_ / "nvidia-smi"
-    body = f"echo '{answer}'" if answer is not None else "echo 'NVIDIA-SMI has failed' >&2; exit 9"
-    smi.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'smi-args'}\n{body}\n")
-    smi.chmod(0o755)
-    return {"PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
 
 
 @pytest.fixture
@@ -44,40 +31,40 @@ def host(monkeypatch):
 
 
 def test_a_host_bound_model_gets_as_many_processes_as_the_card_holds(tmp_path, host):
-    n, why = processes.auto(UOCR, _smi(tmp_path, H100))
+    n, why = processes.auto(UOCR, nvidia_smi(tmp_path, H100))
     assert n == 2, why
     assert why == ("unlimited-ocr's engine core is its limit: NVIDIA H100 80GB HBM3 (80 GiB x 0.9) holds 2 of 30 GiB; "
                    "16 CPUs carry 4, 96 GiB of memory 4; at most 3")
-    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 3  # 4 fit: the most measured to pay is 3
+    assert processes.auto(UOCR, nvidia_smi(tmp_path, H200))[0] == 3  # 4 fit: the most measured to pay is 3
     # a smaller share of the card holds fewer
-    assert processes.auto(UOCR | {"gpu_memory_utilization": 0.4}, _smi(tmp_path, H100))[0] == 1
+    assert processes.auto(UOCR | {"gpu_memory_utilization": 0.4}, nvidia_smi(tmp_path, H100))[0] == 1
 
 
 def test_the_hosts_cpus_and_memory_bound_the_processes_too(tmp_path, host):
     host(8, 96.0)
-    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 2
+    assert processes.auto(UOCR, nvidia_smi(tmp_path, H200))[0] == 2
     host(16, 48.0)
-    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 2
+    assert processes.auto(UOCR, nvidia_smi(tmp_path, H200))[0] == 2
     host(2, 16.0)  # below one process's share of both: still one
-    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 1
+    assert processes.auto(UOCR, nvidia_smi(tmp_path, H200))[0] == 1
     host(16, None)  # memory unknown: the GPU and CPUs decide
-    assert processes.auto(UOCR, _smi(tmp_path, H200))[0] == 3
+    assert processes.auto(UOCR, nvidia_smi(tmp_path, H200))[0] == 3
 
 
 def test_one_process_where_one_engine_fills_the_gpu_or_there_is_none(tmp_path, host):
-    assert processes.auto({"model": "/m", "preset": "qwen2.5-vl"}, _smi(tmp_path, H200)) == (
+    assert processes.auto({"model": "/m", "preset": "qwen2.5-vl"}, nvidia_smi(tmp_path, H200)) == (
         1, "one qwen2.5-vl engine keeps a GPU busy")
-    assert processes.auto(UOCR | {"instances": 2}, _smi(tmp_path, H200))[0] == 1
-    assert processes.auto(UOCR | {"tensor_parallel_size": 2}, _smi(tmp_path, H200)) == (
+    assert processes.auto(UOCR | {"instances": 2}, nvidia_smi(tmp_path, H200))[0] == 1
+    assert processes.auto(UOCR | {"tensor_parallel_size": 2}, nvidia_smi(tmp_path, H200)) == (
         1, "engines.vllm.tensor_parallel_size 2 spreads one engine over several GPUs")
     no_smi = {"PATH": str(tmp_path / "empty")}
     assert processes.auto(UOCR, no_smi) == (1, "no GPU found (nvidia-smi)")
-    assert processes.auto(UOCR, _smi(tmp_path, None)) == (1, "no GPU found (nvidia-smi)")  # it failed
-    assert processes.auto(UOCR, _smi(tmp_path, H200) | {"CUDA_VISIBLE_DEVICES": ""})[0] == 1
+    assert processes.auto(UOCR, nvidia_smi(tmp_path, None)) == (1, "no GPU found (nvidia-smi)")  # it failed
+    assert processes.auto(UOCR, nvidia_smi(tmp_path, H200) | {"CUDA_VISIBLE_DEVICES": ""})[0] == 1
 
 
 def test_the_card_asked_for_is_the_first_this_process_may_use(tmp_path):
-    env = _smi(tmp_path, H200)
+    env = nvidia_smi(tmp_path, H200)
     assert processes.card(env | {"CUDA_VISIBLE_DEVICES": "3,1"}) == processes.Card("NVIDIA H200", 143771 / 1024)
     assert processes.card(env) is not None
     calls = (tmp_path / "smi-args").read_text().splitlines()
@@ -100,7 +87,7 @@ def test_run_processes_auto_with_vllm_parts(tmp_path):
     import fake_vllm
 
     expected = max(1, min(3, 2, available_cpus() // 4, int(available_memory_gib() // 20)))
-    env = {**os.environ, **_smi(tmp_path, H100),
+    env = {**os.environ, **nvidia_smi(tmp_path, H100),
            "PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim")}
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", str(SAMPLES), str(out), "--engine", "vllm",
@@ -130,7 +117,7 @@ def test_parts_share_the_card_less_what_each_engine_but_one_takes_beyond_vllms_p
 
     extra = get_preset("unlimited-ocr").beyond_profile_gib
     assert extra > 0
-    monkeypatch.setenv("PATH", _smi(tmp_path, H100)["PATH"])
+    monkeypatch.setenv("PATH", nvidia_smi(tmp_path, H100)["PATH"])
     gib = 81559 / 1024
     for n in (2, 3):
         share = engines.shared("vllm", UOCR, n)["gpu_memory_utilization"]
@@ -143,7 +130,7 @@ def test_parts_share_the_card_less_what_each_engine_but_one_takes_beyond_vllms_p
     # more engines than the card holds so: a configuration error naming the key (exit 2)
     with pytest.raises(ConfigError, match=r"^processes: 8 unlimited-ocr engines do not fit NVIDIA H100 80GB HBM3 "):
         engines.shared("vllm", UOCR, 8)
-    monkeypatch.setenv("PATH", _smi(tmp_path, None)["PATH"])
+    monkeypatch.setenv("PATH", nvidia_smi(tmp_path, None)["PATH"])
     assert engines.shared("vllm", UOCR, 2)["gpu_memory_utilization"] == 0.45
 
 
@@ -156,7 +143,7 @@ def test_a_run_of_more_parts_than_the_card_holds_is_exit_2_in_one_line(tmp_path)
     src.mkdir()
     for i in range(8):
         shutil.copy(sample_documents()[0], src / f"{i}{sample_documents()[0].suffix}")
-    env = {**os.environ, **_smi(tmp_path, H100), "PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim")}
+    env = {**os.environ, **nvidia_smi(tmp_path, H100), "PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim")}
     proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", str(src), str(tmp_path / "out"),
                            "--engine", "vllm", "--model", "fake-model", "--preset", "unlimited-ocr",
                            "--processes", "8", "-q"], env=env, capture_output=True, text=True, timeout=600)
@@ -177,7 +164,7 @@ def test_parts_get_the_kv_their_share_leaves_and_build_at_once(tmp_path, monkeyp
 
     non_kv = get_preset("unlimited-ocr").non_kv_gib
     assert non_kv
-    monkeypatch.setenv("PATH", _smi(tmp_path, H100)["PATH"])
+    monkeypatch.setenv("PATH", nvidia_smi(tmp_path, H100)["PATH"])
     gib = 81559 / 1024
     one = engines.shared("vllm", UOCR, 2)
     assert one["kv_cache_gib"] == pytest.approx(one["gpu_memory_utilization"] * gib - non_kv, abs=0.01)
@@ -199,6 +186,6 @@ def test_parts_get_the_kv_their_share_leaves_and_build_at_once(tmp_path, monkeyp
     with pytest.raises(ConfigError, match=r"^processes: 3 unlimited-ocr engines do not fit NVIDIA H100 80GB HBM3 at "
                                           r"gpu_memory_utilization 0.5 \(each holds 11.5 GiB besides its KV\)"):
         engines.shared("vllm", UOCR | {"gpu_memory_utilization": 0.5}, 3)
-    monkeypatch.setenv("PATH", _smi(tmp_path, None)["PATH"])  # no card to size it on
+    monkeypatch.setenv("PATH", nvidia_smi(tmp_path, None)["PATH"])  # no card to size it on
     part = engines.shared("vllm", UOCR, 2)
     assert "kv_cache_gib" not in part and engines.starts_alone("vllm", part)

@@ -164,16 +164,6 @@ def reference(torch, x):
     return torch.cat(outs)
 
 
-def launch(mod, x, out):
-    """`mod`'s unified_attention over the inputs x (a 2D launch: any prefill makes it one)."""
-    mod.unified_attention(q=x["q"], k=x["k"], v=x["v"], out=out, cu_seqlens_q=x["cu"], max_seqlen_q=max(x["q_lens"]),
-                          seqused_k=x["seq_lens"], max_seqlen_k=max(x["seq_lens_host"]),
-                          softmax_scale=HEAD_SIZE ** -0.5, causal=True, window_size=(-1, -1),
-                          block_table=x["table"], softcap=0, q_descale=None, k_descale=None, v_descale=None,
-                          rswa_prefix_lens=x["prefix"], rswa_window=WINDOW)
-    return out
-
-
 def prefill_tiles(ops, torch, device, calls: int, report: dict, tol: float) -> bool:
     """The rswa_tiles kernel under vLLM's launch sizes (16-row query blocks, 32-key tiles) and
     under larger ones, on two steps: 10 prefills of a page's 906 tokens, and the same with 246
@@ -190,9 +180,8 @@ def prefill_tiles(ops, torch, device, calls: int, report: dict, tol: float) -> b
             key = f"m{bm}_t{tile}_w{warps or 'auto'}"
             try:
                 mod = launcher(ops, bm, tile, warps)
-                o = torch.empty_like(x["q"])
-                run = lambda: launch(mod, x, o)  # noqa: E731
-                run()
+                run = lambda: attend(mod, torch, x, mod.kernel_unified_attention, False)  # noqa: E731
+                o = run()
                 base = o if base is None else base
                 diff = float((o.float() - base.float()).abs().max())
                 for _ in range(3):

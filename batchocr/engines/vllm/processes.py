@@ -9,6 +9,9 @@ activations and graphs, and the KV of max_num_seqs pages, measured); a model who
 the GPU alone gets one. Then as many as the card holds at gpu_memory_utilization, at most
 MOST, and no more than the host's CPUs and memory carry (CPUS_A_PROCESS, HOST_GIB_A_PROCESS:
 what a process used at its peak). Measured figures: docs/PERFORMANCE.md, several engines on one GPU.
+
+`share`: what each of those processes takes of the card (gpu_memory_utilization, and the KV
+cache where the preset knows the rest of an engine's memory).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from batchocr.cpus import available_cpus, available_memory_gib
 from batchocr.engines import parse_options
 from batchocr.engines.vllm.options import VLLMOptions
 from batchocr.engines.vllm.presets import get_preset
+from batchocr.errors import ConfigError
 
 MOST = 3  # the most measured to pay: 3 made more than 2, which made more than 1 (docs/PERFORMANCE.md)
 CPUS_A_PROCESS = 4  # a part's engine core (~2.5 cores while full), its main thread and render share
@@ -78,3 +82,46 @@ def auto(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ) ->
     if memory is not None:
         why += f", {memory:.0f} GiB of memory {by_memory}"
     return n, why + f"; at most {MOST}"
+
+
+def share(o: VLLMOptions, n: int) -> dict[str, Any]:
+    """One of n processes' gpu_memory_utilization and kv_cache_gib. gpu_memory_utilization / n,
+    less what each engine but one takes beyond vLLM's profile where the preset says (its
+    `beyond_profile_gib`, on the card nvidia-smi names): the n together peak where one engine
+    alone would. kv_cache_gib / n where it is set; else, where the preset knows what an engine
+    holds besides its KV (`non_kv_gib`, in page mode at the default batch sizes), the KV that
+    share leaves: the parts then build at once, each with the same KV."""
+    preset = get_preset(o.preset)
+    fraction = o.gpu_memory_utilization / n
+    extra = preset.beyond_profile_gib
+    gpu = card() if n > 1 and o.kv_cache_gib is None and (extra or preset.non_kv_gib) else None
+
+    def unfit(why: str) -> ConfigError:
+        return ConfigError(f"processes: {n} {o.preset} engines do not fit {gpu.name} at gpu_memory_utilization "
+                           f"{o.gpu_memory_utilization:g} ({why}); 'auto' says how many do")
+
+    if gpu is not None and extra:
+        fraction = (o.gpu_memory_utilization * gpu.gib - (n - 1) * extra) / n / gpu.gib
+        if fraction * gpu.gib <= extra:
+            raise unfit(f"each takes {extra:g} GiB beyond its share")
+    out: dict[str, Any] = {"gpu_memory_utilization": round(fraction, 4)}
+    if o.kv_cache_gib is not None:
+        out["kv_cache_gib"] = o.kv_cache_gib / n
+    elif gpu is not None and preset.non_kv_gib and _default_batches(o):
+        kv = fraction * gpu.gib - preset.non_kv_gib
+        if kv <= 0:
+            raise unfit(f"each holds {preset.non_kv_gib:g} GiB besides its KV")
+        out["kv_cache_gib"] = round(kv, 2)
+    return out
+
+
+def _default_batches(o: VLLMOptions) -> bool:
+    """Whether the engine's batches are those a preset's non_kv_gib was measured at: page mode (a
+    document's request holds several images, and vLLM's profile encodes as many as fit its
+    budget), the default batch sizes or less (a larger max_num_batched_tokens makes a larger peak
+    activation)."""
+    defaults = VLLMOptions()
+    keys = ("max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes", "gpu_memory_utilization",
+            "limit_mm_per_prompt")
+    return (o.mode == "page" and o.max_num_batched_tokens <= defaults.max_num_batched_tokens
+            and o.max_num_seqs <= defaults.max_num_seqs and not set(keys) & set(o.engine_args))

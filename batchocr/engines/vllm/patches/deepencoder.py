@@ -25,6 +25,8 @@ embeddings) and times both.
 
 from __future__ import annotations
 
+import os
+
 from batchocr.engines.vllm.patches import moved as _moved
 from batchocr.engines.vllm.patches import workerext
 
@@ -111,8 +113,6 @@ def install() -> None:
     With BATCHOCR_SAM_FLEX=1 in the engine's environment, SAM's attention too (patches.samattn:
     a bench's switch, `throughput.py --variant 'samflex=--env BATCHOCR_SAM_FLEX=1'`, until its
     measurements make it an option)."""
-    import os
-
     from vllm.model_executor.models import deepseek_ocr
 
     deepseek_ocr.DeepseekOCRForCausalLM._pixel_values_to_embedding = pixel_values_to_embedding

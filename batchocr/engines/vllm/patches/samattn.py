@@ -26,6 +26,7 @@ TARGETS = {
 }
 
 _flex = None  # flex_attention, compiled where a GPU runs it (its first call for a shape compiles)
+_original = None  # vLLM's RelPosAttention.forward, once installed over
 
 
 def moved() -> str | None:
@@ -72,13 +73,15 @@ def forward(self, x):
     return self.proj(out)
 
 
-_original = None
-
-
 def install() -> None:
-    """Put the method in place of vLLM's (idempotent)."""
+    """Put the method in place of vLLM's (idempotent); RuntimeError where this vLLM's is not the
+    one it replaces (moved)."""
     global _original
     from vllm.model_executor.models import deepencoder
+
+    why = moved()
+    if why is not None:
+        raise RuntimeError(f"BATCHOCR_SAM_FLEX: {why}")
 
     if deepencoder.RelPosAttention.forward is not forward:
         _original = deepencoder.RelPosAttention.forward
