@@ -169,6 +169,19 @@ uocr_v2() {  # NAME ARGS...: uocr, and once more with piecewise graphs where it 
   fi
 }
 
+tiles_pick() {  # "SIZES GAIN": uocr-prefill-tiles' fastest launch sizes on the mixed step with the same output,
+  # as BATCHOCR_PREFILL_TILES reads them, and vLLM's sizes' ms over theirs ("64,64,8 0" where it has not run)
+  python3 -c "import json, sys
+try:
+    d = json.load(open(sys.argv[1]))['prefill_tiles']
+    ok = {k: v['ms'] for k, v in d.items() if k.startswith('mixed_') and 'ms' in v and v['max_abs_diff'] <= 2e-2}
+    best = min(ok, key=ok.get)
+    m, t, w = best[len('mixed_'):].split('_')
+    print(','.join([m[1:], t[1:]] + ([w[1:]] if w[1:] != 'auto' else [])), round(ok['mixed_m16_t32_wauto'] / ok[best], 3))
+except Exception:
+    print('64,64,8 0')" "$RES/uocr-prefill-tiles.json"
+}
+
 py() {  # NAME SCRIPT ARGS...: a script's run, its JSON and log
   local name=$1; shift
   echo "$(date +%T) start $name" >>"$RES/suite.log"
@@ -352,14 +365,7 @@ run() {  # one named run of the suite
     uocr-prefill-tiles) py uocr-prefill-tiles bench/gpu/check_rswa_tiles.py --prefill-tiles 50 ;;
     # the fastest of those sizes on the mixed step (64,64,8 where uocr-prefill-tiles has not run) in the engine
     # (BATCHOCR_PREFILL_TILES: rswa_tiles' install rewrites the launcher too): page b against it, equal work
-    uocr-prefill-e2e) sizes=$(python3 -c "import json, sys
-try:
-    d = json.load(open(sys.argv[1]))['prefill_tiles']
-    ok = {k: v['ms'] for k, v in d.items() if k.startswith('mixed_') and 'ms' in v and v['max_abs_diff'] <= 2e-2}
-    m, t, w = min(ok, key=ok.get)[len('mixed_'):].split('_')
-    print(','.join([m[1:], t[1:]] + ([w[1:]] if w[1:] != 'auto' else [])))
-except Exception:
-    print('64,64,8')" "$RES/uocr-prefill-tiles.json")
+    uocr-prefill-e2e) sizes=$(tiles_pick); sizes=${sizes% *}
       uocr uocr-prefill-e2e --pages "${UOCR_PREFILL_PAGES:-1024}" --lengths B --modes b \
         --variant "tiles=--env BATCHOCR_PREFILL_TILES=$sizes" ;;
     # the same in the engine (the batched encoder installs it with BATCHOCR_SAM_FLEX=1): page b against it, equal work
@@ -436,6 +442,17 @@ except Exception:
     # gpu_busy_pct_steady (~15 min on an H100)
     uocr-auto) PY_TIMEOUT=1700 py uocr-auto bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                  --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-} ;;
+    # the same with the GPU-time levers that won at kernel level in this suite's earlier runs, in every
+    # engine's environment: SAM's bias inside FlexAttention (uocr-samflex: the same embeddings, >= 1.05x) and
+    # the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step); their names in
+    # the log. Equal work with uocr-auto (the same pages, lengths and seeds); its own caches
+    uocr-auto-fast) local levers="" tiles; tiles=$(tiles_pick)
+      said uocr-samflex "d.get('sam_flex_same') and d.get('sam_flex_speedup', 0) >= 1.05" && levers="BATCHOCR_SAM_FLEX=1"
+      python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.05)" "${tiles#* }" && levers="$levers BATCHOCR_PREFILL_TILES=${tiles% *}"
+      echo "$(date +%T) uocr-auto-fast levers: ${levers:-none}" >>"$RES/suite.log"
+      [ -n "$levers" ] && (export $levers; PY_TIMEOUT=1700 py uocr-auto-fast bench/gpu/processes.py --models "$MODELS" \
+        --work /tmp/proc-fast --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
+        --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-}) ;;
     # a command's start (docs/history/GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
