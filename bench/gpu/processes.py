@@ -237,6 +237,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=Path, default=Path("/tmp/models"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/proc"))
+    ap.add_argument("--src", type=Path,
+                    help="the documents' folder, made where absent (default WORK/src): a page's length (--lengths B) "
+                         "follows its document's id, a hash of its path, so runs compared at equal work read one folder")
     ap.add_argument("--pages", type=int, default=4096)
     ap.add_argument("--per-doc", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=1000, help="--lengths A: every page's length")
@@ -268,7 +271,7 @@ def main() -> None:
     args = ap.parse_args()
     from e2e import a4_documents
 
-    src = args.work / "src"
+    src = args.src or args.work / "src"
     if not src.exists():
         a4_documents(src, [args.per_doc] * (args.pages // args.per_doc))
     pages = (args.pages // args.per_doc) * args.per_doc

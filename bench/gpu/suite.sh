@@ -445,13 +445,13 @@ run() {  # one named run of the suite
     # the same with the GPU-time levers that won at kernel level in this suite's earlier runs, in every
     # engine's environment: SAM's bias inside FlexAttention (uocr-samflex: the same embeddings, >= 1.05x) and
     # the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step); their names in
-    # the log. Equal work with uocr-auto (the same pages, lengths and seeds); its own caches
+    # the log. Equal work with uocr-auto: its documents' folder (a page's length follows its path); its own caches
     uocr-auto-fast) local levers="" tiles; tiles=$(tiles_pick)
       said uocr-samflex "d.get('sam_flex_same') and d.get('sam_flex_speedup', 0) >= 1.05" && levers="BATCHOCR_SAM_FLEX=1"
       python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.05)" "${tiles#* }" && levers="$levers BATCHOCR_PREFILL_TILES=${tiles% *}"
       echo "$(date +%T) uocr-auto-fast levers: ${levers:-none}" >>"$RES/suite.log"
       [ -n "$levers" ] && (export $levers; PY_TIMEOUT=1700 py uocr-auto-fast bench/gpu/processes.py --models "$MODELS" \
-        --work /tmp/proc-fast --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
+        --work /tmp/proc-fast --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
         --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-}) ;;
     # a command's start (docs/history/GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
