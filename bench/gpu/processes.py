@@ -31,6 +31,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,8 +45,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0) -> Path:
-    attention = "" if args.fake else "    engine_args: {attention_config: {backend: TRITON_ATTN}}\n"  # the kit's R-SWA
+def kv_of(item: str) -> tuple[str, tuple[float, float]]:
+    """--processes' N, N@GIB or N%GIB: N and job()'s (kv_gib, kv_each_gib)."""
+    n, how, gib = re.fullmatch(r"([^@%]+)([@%]?)(.*)", item).groups()
+    return n, (float(gib or 0) if how == "@" else 0, float(gib or 0) if how == "%" else 0)
+
+
+def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0, kv_each_gib: float = 0) -> Path:
+    """KV_GIB: kv_cache_gib (split over the parts, which build at once); KV_EACH_GIB: each engine's KV
+    as vLLM's own kv_cache_memory_bytes (engine_args: the parts build in turn)."""
+    engine_args = ([] if args.fake else ["attention_config: {backend: TRITON_ATTN}"]) + (  # the kit's R-SWA
+        [f"kv_cache_memory_bytes: {int(kv_each_gib * 2**30)}"] if kv_each_gib else [])
+    attention = f"    engine_args: {{{', '.join(engine_args)}}}\n" if engine_args else ""
     path.write_text(
         f"source: {src}\nout: {out}\nengine: vllm\nroute: model\n"  # born-digital pages: the model reads them all
         f"engines:\n  vllm:\n    model: {model}\n    preset: unlimited-ocr\n    load_format: dummy\n"
@@ -252,7 +263,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--processes", default="1,2",
                     help="the runs, in order, the first the baseline: N, or N@GIB with kv_cache_gib GIB (the KV's "
-                         "size given, so the N parts build their engines at once), e.g. 2,2@48")
+                         "size given, so the N parts build their engines at once), or N%%GIB with each engine's KV "
+                         "GIB in engine_args (the parts build in turn, each that KV), e.g. 2,2@48,2%%21.8")
     ap.add_argument("--caches", choices=["fresh", "seeded", "shared", "warm"], default="fresh",
                     help="fresh: each run its own empty vLLM/Triton/Inductor caches, as a new pod; seeded: the "
                          "first run's from empty, each later one's a copy of what the first left; shared: the machine's; "
@@ -290,9 +302,8 @@ def main() -> None:
             args.json.write_text(json.dumps(report, indent=2, default=str))
 
     if args.caches == "warm":  # the compile cache as a pod's volume gets it: `batchocr warm`, its own caches
-        first = args.processes.split(",")[0]
-        n, _, kv = first.partition("@")
-        spec = job(args.work / "job-warm.yaml", src, args.work / "out-warm", model, args, float(kv or 0))
+        _, kv = kv_of(args.processes.split(",")[0])
+        spec = job(args.work / "job-warm.yaml", src, args.work / "out-warm", model, args, *kv)
         shutil.rmtree(args.work / "compile-cache", ignore_errors=True)
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "warm", str(args.work / "compile-cache"), "--job",
@@ -307,12 +318,12 @@ def main() -> None:
 
     seen: dict[str, int] = {}
     for item in args.processes.split(","):
-        n, _, kv = item.partition("@")
+        n, kv = kv_of(item)
         seen[item] = seen.get(item, 0) + 1
         item = item if seen[item] == 1 else f"{item}#{seen[item]}"  # the same N again: its own key
         out = args.work / f"out-{item}"
         shutil.rmtree(out, ignore_errors=True)  # an earlier run's OUT in the same --work would have nothing to do
-        spec = job(args.work / f"job-{item}.yaml", src, out, model, args, float(kv or 0))
+        spec = job(args.work / f"job-{item}.yaml", src, out, model, args, *kv)
         from throughput import Sampler
 
         if args.caches == "fresh":
