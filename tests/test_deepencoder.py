@@ -91,29 +91,34 @@ def test_the_extension_installs_the_batched_method_when_vllm_resolves_its_name(m
         deepencoder.NoSuchExtension  # noqa: B018
 
 
-def test_sam_flex_installs_with_the_batched_encoder_only_where_its_switch_is_on(monkeypatch):
-    """BATCHOCR_SAM_FLEX=1 in the engine's environment: the batched encoder's install puts SAM's
-    attention with the bias in the kernel (patches.samattn) in place of vLLM's RelPosAttention
-    forward too; without it vLLM's stays. (Its arithmetic against vLLM's, on vLLM's real modules:
-    bench/gpu/check_encoder_batch.py --sam-flex.)"""
+def test_sam_attention_installs_with_the_batched_encoder_only_where_its_switch_is_on(monkeypatch):
+    """BATCHOCR_SAM_ATTN=fold (or fold-pad) in the engine's environment: the batched encoder's
+    install puts SAM's attention with the bias folded into its dot products (patches.samattn) in
+    place of vLLM's RelPosAttention forward too, in that mode; without it vLLM's stays; a mode it
+    does not know fails the install, naming the switch. (Its arithmetic against vLLM's, on vLLM's
+    real modules: bench/gpu/check_encoder_batch.py --sam-attn fold,fold-pad.)"""
     from batchocr.engines.vllm.patches import samattn
 
     def vllm_forward(self, x):
         return "vllm's"
 
-    for switch, expected in ((None, vllm_forward), ("1", samattn.forward)):
+    for switch, expected in ((None, vllm_forward), ("fold", samattn.forward), ("fold-pad", samattn.forward)):
         cls, _, _ = _fake_vllm_model(monkeypatch)
         attn = type("RelPosAttention", (), {"forward": vllm_forward})
         fake_vllm.model_module(monkeypatch, "deepencoder", RelPosAttention=attn)
         if switch is None:
-            monkeypatch.delenv("BATCHOCR_SAM_FLEX", raising=False)
+            monkeypatch.delenv("BATCHOCR_SAM_ATTN", raising=False)
         else:
-            monkeypatch.setenv("BATCHOCR_SAM_FLEX", switch)
+            monkeypatch.setenv("BATCHOCR_SAM_ATTN", switch)
         deepencoder.install()
         assert cls._pixel_values_to_embedding is deepencoder.pixel_values_to_embedding
         assert attn.forward is expected, switch
-    samattn.uninstall()
-    assert attn.forward is vllm_forward
+        assert samattn._mode == (switch or "fold")
+        samattn.uninstall()
+        assert attn.forward is vllm_forward
+    monkeypatch.setenv("BATCHOCR_SAM_ATTN", "flex")
+    with pytest.raises(ValueError, match="BATCHOCR_SAM_ATTN='flex': one of fold, fold-pad"):
+        deepencoder.install()
 
 
 def test_with_the_sampler_both_patches_install(monkeypatch):

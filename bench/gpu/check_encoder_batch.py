@@ -4,18 +4,18 @@ embeddings for every image, and what each costs a page.
 
     python3 bench/gpu/check_encoder_batch.py --pages 16 --json enc.json        # on the GPU (bf16)
     python3 bench/gpu/check_encoder_batch.py --pages 16 --profile --compile    # + where it goes, compiled
-    python3 bench/gpu/check_encoder_batch.py --pages 16 --sam-flex --profile   # + SAM's attention in FlexAttention
+    python3 bench/gpu/check_encoder_batch.py --pages 16 --sam-attn fold,fold-pad --profile  # + SAM's bias folded in
     PYTHONPATH=/tmp/vsite python bench/gpu/check_encoder_batch.py --pages 3    # CPU, float32: slow
 
 `--profile`: one batched call under torch's profiler, summed as throughput.py sums a run's
 profile (its kernels by name, the device's busy share of the call): whether a page's ~20 ms is
 arithmetic or launches. `--compile`: the batched encoder again with SAM, CLIP and the projector
 under torch.compile (dynamic batch), its embeddings checked against vLLM's too, its ms a page and
-its first call's seconds (the compile, paid once at an engine's start). `--sam-flex`: the
-batched encoder again with SAM's attention adding its relative-position bias inside a
-FlexAttention kernel (batchocr.engines.vllm.patches.samattn) instead of making it in full for
-PyTorch's memory-efficient kernel: its embeddings against vLLM's, its ms a page, its first call
-(FlexAttention's compile).
+its first call's seconds (the compile, paid once at an engine's start). `--sam-attn MODES`:
+the batched encoder again with SAM's relative-position bias folded into its attention's dot
+products (batchocr.engines.vllm.patches.samattn) instead of made in full for PyTorch's
+memory-efficient kernel, in each mode (fold, fold-pad): its embeddings against vLLM's, its ms a
+page, its first call.
 
 The pages mix tilings as A4 pages and small images do: (2 x 3) crops mostly, some (1 x 1) (no
 crops), one (3 x 2) and one (2 x 2). Exit 1 where an image's embedding differs (beyond
@@ -176,8 +176,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="one batched call profiled: its kernels, the device's busy share")
     ap.add_argument("--compile", action="store_true", help="the batched encoder under torch.compile too")
-    ap.add_argument("--sam-flex", action="store_true",
-                    help="the batched encoder again with SAM's attention in FlexAttention (patches.samattn)")
+    ap.add_argument("--sam-attn", default="",
+                    help="the batched encoder again with SAM's bias folded into its attention (patches.samattn), "
+                         "in each of these modes: e.g. fold,fold-pad")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -209,11 +210,11 @@ def main() -> int:
             report["batched_profile"] = profiled(batched, device)
         variant = lambda name: again(name, batched, ref, tol, device, repeats, batched_s,  # noqa: E731
                                      args.pages, args.profile)
-        if args.sam_flex:
+        for mode in filter(None, args.sam_attn.split(",")):
             from batchocr.engines.vllm.patches import samattn
 
-            samattn.install()
-            report |= variant("sam_flex")
+            samattn.install(mode)
+            report |= variant("sam_" + mode.replace("-", "_"))
             samattn.uninstall()
         if args.compile:
             for name in ("sam_model", "vision_model", "projector"):  # the same weights, compiled forwards
@@ -222,7 +223,7 @@ def main() -> int:
     print(json.dumps(report), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
-    return 0 if same and report.get("compiled_same", True) and report.get("sam_flex_same", True) else 1
+    return 0 if same and all(v for k, v in report.items() if k.endswith("_same")) else 1
 
 
 if __name__ == "__main__":

@@ -182,6 +182,18 @@ except Exception:
     print('64,64,8 0')" "$RES/uocr-prefill-tiles.json"
 }
 
+fold_pick() {  # "MODE SPEEDUP": uocr-samfold's faster mode with vLLM's embeddings, its speedup over the
+  # batched encoder's plain call ("fold 0" where it has not run)
+  python3 -c "import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    ok = {m: d[f'sam_{m}_speedup'] for m in ('fold', 'fold_pad') if d.get(f'sam_{m}_same')}
+    best = max(ok, key=ok.get)
+    print(best.replace('_', '-'), ok[best])
+except Exception:
+    print('fold 0')" "$RES/uocr-samfold.json"
+}
+
 py() {  # NAME SCRIPT ARGS...: a script's run, its JSON and log
   local name=$1; shift
   echo "$(date +%T) start $name" >>"$RES/suite.log"
@@ -357,9 +369,10 @@ run() {  # one named run of the suite
     # where the batched encoder's ~20 ms a page go (its kernels, the GPU's busy share of a call), and the same
     # under torch.compile (equal embeddings, ms a page, the compile's seconds): a prefill is ~28 ms a page
     uocr-encoder-prof) py uocr-encoder-prof bench/gpu/check_encoder_batch.py --pages 16 --profile --compile ;;
-    # SAM's attention with its relative-position bias inside a FlexAttention kernel (patches.samattn) against
-    # the bias made in full for PyTorch's memory-efficient kernel: 18% of a page's GPU time (uocr-prof-now)
-    uocr-samflex) py uocr-samflex bench/gpu/check_encoder_batch.py --pages 16 --sam-flex --profile ;;
+    # SAM's attention with its relative-position bias folded into the dot products (patches.samattn), values as
+    # they are and padded, against the bias made in full for PyTorch's memory-efficient kernel: 18% of a page's
+    # GPU time (uocr-prof-now). (FlexAttention adding the bias in its kernel made 0.151x, 2026-12-06: gone)
+    uocr-samfold) py uocr-samfold bench/gpu/check_encoder_batch.py --pages 16 --sam-attn fold,fold-pad --profile ;;
     # the prefill step's attention (~7 ms a page of kernels, uocr-prof-now) under larger launch sizes than vLLM's
     # 16-row query blocks and 32-key tiles: the same output, ms a call (bench/gpu/check_rswa_tiles.py)
     uocr-prefill-tiles) py uocr-prefill-tiles bench/gpu/check_rswa_tiles.py --prefill-tiles 50 ;;
@@ -368,9 +381,10 @@ run() {  # one named run of the suite
     uocr-prefill-e2e) sizes=$(tiles_pick); sizes=${sizes% *}
       uocr uocr-prefill-e2e --pages "${UOCR_PREFILL_PAGES:-1024}" --lengths B --modes b \
         --variant "tiles=--env BATCHOCR_PREFILL_TILES=$sizes" ;;
-    # the same in the engine (the batched encoder installs it with BATCHOCR_SAM_FLEX=1): page b against it, equal work
-    uocr-samflex-e2e) uocr uocr-samflex-e2e --pages "${UOCR_SAMFLEX_PAGES:-1024}" --lengths B --modes b \
-                        --variant "samflex=--env BATCHOCR_SAM_FLEX=1" ;;
+    # the faster of uocr-samfold's modes in the engine (the batched encoder installs it with BATCHOCR_SAM_ATTN):
+    # page b against it, equal work
+    uocr-samfold-e2e) mode=$(fold_pick); uocr uocr-samfold-e2e --pages "${UOCR_SAMFOLD_PAGES:-1024}" --lengths B --modes b \
+                        --variant "fold=--env BATCHOCR_SAM_ATTN=${mode% *}" ;;
     # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)
     uocr-ban-sync) py uocr-ban-sync bench/gpu/check_ban_sync.py ;;
     # vLLM 0.26 has no fused-MoE config for Unlimited-OCR's experts (E=64, N=896): the default's tiles
@@ -443,16 +457,23 @@ run() {  # one named run of the suite
     uocr-auto) PY_TIMEOUT=1700 py uocr-auto bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                  --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-} ;;
     # the same with the GPU-time levers that won at kernel level in this suite's earlier runs, in every
-    # engine's environment: SAM's bias inside FlexAttention (uocr-samflex: the same embeddings, >= 1.05x) and
+    # engine's environment: SAM's bias folded into its attention (uocr-samfold: the same embeddings, >= 1.05x) and
     # the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step); their names in
     # the log. Equal work with uocr-auto: its documents' folder (a page's length follows its path); its own caches
     uocr-auto-fast) local levers="" tiles; tiles=$(tiles_pick)
-      said uocr-samflex "d.get('sam_flex_same') and d.get('sam_flex_speedup', 0) >= 1.05" && levers="BATCHOCR_SAM_FLEX=1"
+      fold=$(fold_pick); python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.05)" "${fold#* }" && levers="BATCHOCR_SAM_ATTN=${fold% *}"
       python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.05)" "${tiles#* }" && levers="$levers BATCHOCR_PREFILL_TILES=${tiles% *}"
       echo "$(date +%T) uocr-auto-fast levers: ${levers:-none}" >>"$RES/suite.log"
       [ -n "$levers" ] && (export $levers; PY_TIMEOUT=1700 py uocr-auto-fast bench/gpu/processes.py --models "$MODELS" \
         --work /tmp/proc-fast --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
         --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-}) ;;
+    # the parts' builds at once (auto: each the KV its share leaves, given) against in turn with the same KV each
+    # (2%GIB: vLLM's kv_cache_memory_bytes, so the parts take turns), then at once again: each from `batchocr
+    # warm`'s compile cache, 256 pages; first_request_s (the issue's "first page") and the runs' wall_s. The
+    # twenty-seventh lease's at once came 9 s later than the twenty-sixth's in turn, on another machine (~6 min)
+    uocr-turns) PY_TIMEOUT=1700 py uocr-turns bench/gpu/processes.py --models "$MODELS" --work /tmp/turns \
+                  --pages "${UOCR_TURNS_PAGES:-256}" --lengths B --timeout 900 --processes "auto,2%${UOCR_TURNS_KV:-21.84},auto" \
+                  --caches warm --no-cold --warm-pages 16 ${TURNS_ARGS:-} ;;
     # a command's start (docs/history/GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)

@@ -110,16 +110,17 @@ def pixel_values_to_embedding(self, pixel_values, images_crop, images_spatial_cr
 
 def install() -> None:
     """Put the batched method in place of vLLM's (idempotent; Unlimited-OCR's class inherits it).
-    With BATCHOCR_SAM_FLEX=1 in the engine's environment, SAM's attention too (patches.samattn:
-    a bench's switch, `throughput.py --variant 'samflex=--env BATCHOCR_SAM_FLEX=1'`, until its
-    measurements make it an option)."""
+    With BATCHOCR_SAM_ATTN=fold (or fold-pad) in the engine's environment, SAM's attention too
+    (patches.samattn: a bench's switch, `throughput.py --variant 'fold=--env BATCHOCR_SAM_ATTN=fold'`,
+    until its measurements make it an option)."""
     from vllm.model_executor.models import deepseek_ocr
 
     deepseek_ocr.DeepseekOCRForCausalLM._pixel_values_to_embedding = pixel_values_to_embedding
-    if os.environ.get("BATCHOCR_SAM_FLEX") == "1":
+    mode = os.environ.get("BATCHOCR_SAM_ATTN")
+    if mode:
         from batchocr.engines.vllm.patches import samattn
 
-        samattn.install()
+        samattn.install(mode)
 
 
 # The extensions install when vLLM asks for them, and only then (workerext.py).

@@ -1,18 +1,25 @@
 """vLLM 0.26.0: SAM's attention (the vision encoder of DeepSeek-OCR and Unlimited-OCR) with its
-decomposed relative-position bias added inside the attention kernel.
+decomposed relative-position bias folded into the attention's dot products.
 
 vLLM's `RelPosAttention.forward` (model_executor/models/deepencoder.py) makes the bias
 `rel_h + rel_w` in full, heads x tokens^2 a view (12 x 4,096^2 in bf16, 0.4 GB, in a 1024
 view's global blocks), and hands it to scaled_dot_product_attention, whose bias rules out the
-flash kernels: PyTorch's memory-efficient kernel reads it back. Here FlexAttention adds a
-query's `rel_h` at the key's row and its `rel_w` at the key's column to each score as the
-kernel computes it (a `score_mod`): the same sum, no bias in memory, the adds in fp32 where
-vLLM's are in the model's dtype.
+flash kernels: PyTorch's memory-efficient kernel reads it back. The bias of query q at a key in
+row r and column c of the token grid is `rel_h[q, r] + rel_w[q, c]`: the dot product of
+`[rel_h[q], rel_w[q]]` with the key's row and column written one-hot. So each query gets its
+`rel_h` and `rel_w` after its channels (scaled by 1/sqrt(d), the attention's own scale) and each
+key its one-hot row and column after its own, and attention with scale 1 and no bias computes
+vLLM's: `q'.k' = q.k / sqrt(d) + rel_h[q, r] + rel_w[q, c]`, accumulated in fp32 by the kernel
+where vLLM rounds `rel_h + rel_w` to the model's dtype first. Queries and keys grow from d to
+d + height + width channels (64 + 64 + 64 in a global block, padded to a multiple of 8); no
+bias is made. Mode `fold` hands the values as they are; `fold-pad` pads them with zeros to the
+keys' width (the flash kernels want one width; the extra output columns are zeros, dropped).
 
-Not an engine option yet: `bench/gpu/check_encoder_batch.py --sam-flex` installs it over
-vLLM's real modules and compares the embeddings and a page's encoder time with vLLM's; with
-BATCHOCR_SAM_FLEX=1 in an engine's environment the batched encoder installs it too
-(patches.deepencoder), for a throughput run's variant. Importing this module needs no torch.
+Not an engine option yet: `bench/gpu/check_encoder_batch.py --sam-attn fold,fold-pad` installs
+each over vLLM's real modules and compares the embeddings and a page's encoder time with
+vLLM's; with BATCHOCR_SAM_ATTN=fold (or fold-pad) in an engine's environment the batched
+encoder installs it too (patches.deepencoder), for a throughput run's variant. Importing this
+module needs no torch.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ TARGETS = {
     "model_executor/models/deepencoder.py:RelPosAttention.forward": "93672960282c5298",
     "model_executor/models/deepencoder.py:add_decomposed_rel_pos": "2e1a8523cf06886a",
 }
+ENV = "BATCHOCR_SAM_ATTN"
+MODES = ("fold", "fold-pad")
 
-_flex = None  # flex_attention, compiled where a GPU runs it (its first call for a shape compiles)
+_mode = "fold"  # install()'s
 _original = None  # vLLM's RelPosAttention.forward, once installed over
+_grids: dict = {}  # (tokens, height, width, device, dtype): the keys' one-hot rows and columns
 
 
 def moved() -> str | None:
@@ -34,29 +44,34 @@ def moved() -> str | None:
     return _moved("samattn", TARGETS)
 
 
-def attention(q, k, v, rel_h, rel_w):
+def attention(q, k, v, rel_h, rel_w, pad_values: bool = False):
     """softmax(q k^T / sqrt(d) + rel_h[.., q, key // width] + rel_w[.., q, key % width]) v, for
     q, k, v of (batch, heads, tokens, d) over a height x width grid of tokens, rel_h of
-    (batch, heads, tokens, height) and rel_w of (batch, heads, tokens, width)."""
-    global _flex
-    from torch.nn.attention.flex_attention import flex_attention
+    (batch, heads, tokens, height) and rel_w of (batch, heads, tokens, width): the bias folded
+    into the dot products (the module's docstring)."""
+    import torch
+    import torch.nn.functional as F
 
-    width = rel_w.shape[-1]
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score + rel_h[b, h, q_idx, kv_idx // width] + rel_w[b, h, q_idx, kv_idx % width]
-
-    if q.device.type != "cuda":
-        return flex_attention(q, k, v, score_mod=score_mod)  # eager: the reference computation
-    if _flex is None:
-        import torch
-
-        _flex = torch.compile(flex_attention, dynamic=True)
-    return _flex(q, k, v, score_mod=score_mod)
+    batch, heads, tokens, d = q.shape
+    height, width = rel_h.shape[-1], rel_w.shape[-1]
+    pad = -(d + height + width) % 8
+    key = (tokens, height, width, q.device, q.dtype)
+    grid = _grids.get(key)
+    if grid is None:
+        at = torch.arange(tokens, device=q.device)
+        grid = torch.cat([F.one_hot(at // width, height), F.one_hot(at % width, width),
+                          at.new_zeros(tokens, pad)], -1).to(q.dtype)
+        _grids[key] = grid
+    queries = torch.cat([q * d ** -0.5, rel_h, rel_w, q.new_zeros(batch, heads, tokens, pad)], -1)
+    keys = torch.cat([k, grid.expand(batch, heads, tokens, grid.shape[-1])], -1)
+    if pad_values:
+        wide = F.pad(v, (0, queries.shape[-1] - d))
+        return F.scaled_dot_product_attention(queries, keys, wide, scale=1.0)[..., :d]
+    return F.scaled_dot_product_attention(queries, keys, v, scale=1.0)
 
 
 def forward(self, x):
-    """`RelPosAttention.forward` with the bias in the kernel (attention); without relative
+    """`RelPosAttention.forward` with the bias folded in (attention); without relative
     positions, vLLM's own computation."""
     from vllm.model_executor.models.deepencoder import add_decomposed_rel_pos
 
@@ -68,21 +83,23 @@ def forward(self, x):
     q, k, v = qkv.reshape(3, B * heads, H * W, -1).unbind(0)
     rel_h, rel_w = add_decomposed_rel_pos(q, self.rel_pos_h, self.rel_pos_w, (H, W), (H, W))
     out = attention(q.view(B, heads, H * W, -1), k.view(B, heads, H * W, -1), v.view(B, heads, H * W, -1),
-                    rel_h.view(B, heads, H * W, H), rel_w.view(B, heads, H * W, W))
+                    rel_h.view(B, heads, H * W, H), rel_w.view(B, heads, H * W, W), _mode == "fold-pad")
     out = out.view(B, heads, H, W, -1).permute(0, 2, 3, 1, 4).reshape(B, H, W, -1)
     return self.proj(out)
 
 
-def install() -> None:
-    """Put the method in place of vLLM's (idempotent); RuntimeError where this vLLM's is not the
-    one it replaces (moved)."""
-    global _original
+def install(mode: str = "fold") -> None:
+    """Put the method in place of vLLM's (idempotent), values as MODE says; RuntimeError where
+    this vLLM's is not the one it replaces (moved), ValueError for a mode not in MODES."""
+    global _original, _mode
     from vllm.model_executor.models import deepencoder
 
+    if mode not in MODES:
+        raise ValueError(f"{ENV}={mode!r}: one of {', '.join(MODES)}")
     why = moved()
     if why is not None:
-        raise RuntimeError(f"BATCHOCR_SAM_FLEX: {why}")
-
+        raise RuntimeError(f"{ENV}: {why}")
+    _mode = mode
     if deepencoder.RelPosAttention.forward is not forward:
         _original = deepencoder.RelPosAttention.forward
         deepencoder.RelPosAttention.forward = forward
