@@ -236,10 +236,12 @@ def test_a_layer_the_textlayer_engine_cannot_read_goes_to_the_model(tmp_path):
     pages = {"sound": None, "size 0": size0, "0 Tz": lambda s: s.replace(b"BT", b"BT 0 Tz"),
              "singular": lambda s: s.replace(b"BT", b"BT 0 0 0 0 60 400 Tm"), "huge MediaBox": None,
              "size 0 and a footer": size0}
+    scan = pymupdf.Pixmap(pymupdf.csGRAY, pymupdf.IRect(0, 0, 60, 80), 0)  # made uninitialised: set every pixel
+    scan.clear_with(230)
     doc = pymupdf.open()
     for what, edit in pages.items():
         page = doc.new_page(width=595, height=842)
-        page.insert_image(page.rect, pixmap=pymupdf.Pixmap(pymupdf.csGRAY, pymupdf.IRect(0, 0, 60, 80), 0))  # the scan
+        page.insert_image(page.rect, pixmap=scan)  # the scan
         page.insert_text((60, 80), text, fontsize=11)
         if edit:
             page.clean_contents()
