@@ -76,6 +76,7 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event) -> RunSummar
     todo, finished = shard.pending()
     if not todo:  # nothing to do: no engine is loaded for it
         return shard.idle(finished, started)
+    engines.before_build(spec.engine, spec.engine_options)  # once, here: the parts inherit it
     dealt = shares(todo, spec.processes)
     parts = _Parts(spec, len(dealt))
     try:

@@ -33,10 +33,6 @@ def run_job(spec: JobSpec, progress: bool = True, engine: engines.Engine | None 
             return run_job(spec, progress, engine, stop, part)
     if stop.is_set():
         raise Interrupted("batchocr: interrupted before the run started (nothing done; rerun to resume)")
-    if part is None and engine is None and spec.engine == "vllm" and spec.engine_options.get("compile_cache"):
-        from batchocr.engines.vllm.compilecache import seed
-
-        seed(spec.engine_options["compile_cache"])  # once, here: a shard's parts inherit the caches' places
     if spec.processes == "auto":
         spec = resolve_processes(spec, engine)
     if spec.processes > 1:

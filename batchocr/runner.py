@@ -45,6 +45,8 @@ def run_shard(spec: JobSpec, progress: bool, engine: Engine | None, stop: thread
             idle = shard.idle_if_done(started)
             if idle is not None:  # no model loaded for a shard with nothing new
                 return idle
+        if part is None:  # a part's parent made it before the parts started
+            engines.before_build(spec.engine, spec.engine_options)
         engine = _build(spec, part, stop, start)
     try:
         summary = _run(shard, engine, new_run_id(), started, started_at, progress, stop, part, start)

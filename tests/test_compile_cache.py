@@ -88,6 +88,16 @@ def test_warm_fills_the_cache_and_a_fresh_pods_parts_start_from_it(tmp_path):
     said = [line for line in ran.stderr.splitlines() if line.startswith("compile cache:")]
     assert len(said) == 1 and f"{cache} copied into" in said[0] and "vLLM fake" in said[0], ran.stderr
 
+    # The CronJob's next pods over the same OUT, nothing new: no engine to build, so no cache is
+    # copied (in two parts or in one process alike)
+    for processes in (2, 1):
+        home = f"idle-{processes}-home"
+        again = _cli("run", str(SAMPLES), str(out), "--job", str(_spec(tmp_path, cache, processes)), "-q",
+                     env=_env(tmp_path, home))
+        assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+        assert "compile cache:" not in again.stderr, again.stderr
+        assert not (tmp_path / home / ".cache" / "vllm").exists()
+
 
 def test_a_cache_not_filled_yet_is_said_once_and_the_run_compiles(tmp_path):
     cache = tmp_path / "volume" / "compile-cache"

@@ -78,6 +78,10 @@ def _nothing() -> None:
     return None
 
 
+def _nothing_for(options: Mapping[str, Any]) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class EngineType:
     """An engine type, registered once in its own module as `ENGINE`: everything the spec, the
@@ -103,6 +107,9 @@ class EngineType:
     # The imports its build makes, made ahead: a part waiting for its turn to build (the part
     # before it building) makes them meanwhile.
     preload: Callable[[], None] = _nothing
+    # What a machine's first build of it needs first, made once a run where it has pages to do
+    # (a shard's parts inherit it): vLLM's compile cache copied into the run's caches.
+    before_build: Callable[[Mapping[str, Any]], None] = _nothing_for
 
 
 # The registry: each engine type's name and the module that declares it (`ENGINE`). Each
@@ -148,6 +155,12 @@ def _ask(name: str, what: str, *args) -> Any:
 def preload(name: str) -> None:
     """The imports the engine's build makes, now (a missing extra: the error its build would give)."""
     _ask(name, "preload")
+
+
+def before_build(name: str, options: Mapping[str, Any]) -> None:
+    """What the machine's first build of engine `name` needs, made now: once a run, where it has
+    pages to do (an idle shard's run copies no compile cache)."""
+    _ask(name, "before_build", options)
 
 
 def create(name: str, options: Mapping[str, Any]) -> Engine:

@@ -62,6 +62,15 @@ def starts_alone(options: Mapping[str, Any]) -> bool:
     return parse_options(VLLMOptions, options, "vllm").kv_cache_gib is None
 
 
+def before_build(options: Mapping[str, Any]) -> None:
+    """engines.vllm.compile_cache, where set, copied into this process's caches (its parts'
+    processes inherit where they are)."""
+    if options.get("compile_cache"):
+        from batchocr.engines.vllm.compilecache import seed
+
+        seed(options["compile_cache"])
+
+
 def preload() -> None:
     """vLLM's imports (torch's among them), made by a part while the part before it builds: its
     own build starts without them, and its engine core, forked, inherits them."""
@@ -83,4 +92,4 @@ def create(options: Mapping[str, Any]) -> VLLMEngine | VLLMInstances:
 
 ENGINE = EngineType(name="vllm", options=VLLMOptions, create=create, settings=settings, shared=shared,
                     starts_alone=starts_alone, auto_processes=auto_processes, slow_to_build=True,
-                    preload=preload)
+                    preload=preload, before_build=before_build)
