@@ -33,6 +33,19 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2
 
 
+class ImageTransform:
+    """vllm.transformers_utils.processors.deepseek_ocr's, as far as batchocr's pixels patch
+    reaches it (this stand-in's LLM processes no images)."""
+
+    def __call__(self, image):
+        raise NotImplementedError("the stand-in processes no images")
+
+
+class DeepseekOCRProcessor:
+    def tokenize_with_images(self, *args, **kwargs):
+        raise NotImplementedError("the stand-in processes no images")
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -340,7 +353,12 @@ def _modules() -> dict[str, types.ModuleType]:
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.RequestOutputKind = RequestOutputKind
     vllm.sampling_params = sampling
-    return {"vllm": vllm, "vllm.sampling_params": sampling}
+    utils, processors = types.ModuleType("vllm.transformers_utils"), types.ModuleType("vllm.transformers_utils.processors")
+    ocr = types.ModuleType("vllm.transformers_utils.processors.deepseek_ocr")
+    ocr.ImageTransform, ocr.DeepseekOCRProcessor = ImageTransform, DeepseekOCRProcessor
+    vllm.transformers_utils, utils.processors, processors.deepseek_ocr = utils, processors, ocr
+    return {"vllm": vllm, "vllm.sampling_params": sampling, utils.__name__: utils, processors.__name__: processors,
+            ocr.__name__: ocr}
 
 
 def install(monkeypatch) -> None:
@@ -425,6 +443,11 @@ def package(folder: Path) -> str:
     (pkg / "__init__.py").write_text("import fake_vllm\nfake_vllm.imported()\n__version__ = 'fake'\n"
                                      "LLM, SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams\n")
     (pkg / "sampling_params.py").write_text("from fake_vllm import RequestOutputKind\n")
+    (pkg / "transformers_utils" / "processors").mkdir(parents=True, exist_ok=True)
+    (pkg / "transformers_utils" / "__init__.py").write_text("")
+    (pkg / "transformers_utils" / "processors" / "__init__.py").write_text("")
+    (pkg / "transformers_utils" / "processors" / "deepseek_ocr.py").write_text(
+        "from fake_vllm import DeepseekOCRProcessor, ImageTransform  # noqa: F401\n")
     return str(folder)
 
 

@@ -5,6 +5,8 @@ vLLM's real modules by bench/gpu/check_encoder_batch.py (CPU with vLLM's source,
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 import pytest
 
@@ -119,6 +121,46 @@ def test_sam_attention_installs_with_the_batched_encoder_only_where_its_switch_i
     monkeypatch.setenv("BATCHOCR_SAM_ATTN", "flex")
     with pytest.raises(ValueError, match="BATCHOCR_SAM_ATTN='flex': one of fold, fold-pad"):
         deepencoder.install()
+
+
+def test_pixels_as_bytes_install_where_their_switch_is_on_and_come_out(monkeypatch):
+    """BATCHOCR_PIXELS_U8=1: the batched encoder's install wraps the model's embed_multimodal
+    (patches.pixels' half in vLLM's worker), the processor's install its ImageTransform and
+    tokenize_with_images; without the switch vLLM's stay; uninstall puts each back. (That the
+    bytes become vLLM's own input, value for value, on vLLM's real processor: bench/gpu/check_pixels.py.)"""
+    from batchocr.engines.vllm.patches import pixels
+
+    def embed(self, **kwargs):
+        return "vllm's"
+
+    def call(self, image):
+        return "floats"
+
+    def tokenize(self, *args, **kwargs):
+        return "vllm's"
+
+    for switch in (None, "1"):
+        cls, _, _ = _fake_vllm_model(monkeypatch)
+        cls.embed_multimodal = embed
+        if switch is None:
+            monkeypatch.delenv("BATCHOCR_PIXELS_U8", raising=False)
+        else:
+            monkeypatch.setenv("BATCHOCR_PIXELS_U8", switch)
+        deepencoder.install()
+        assert cls.embed_multimodal is (pixels.embed_multimodal if switch else embed), switch
+    transform = type("ImageTransform", (), {"__call__": call})
+    proc = type("DeepseekOCRProcessor", (), {"tokenize_with_images": tokenize})
+    module = types.ModuleType("vllm.transformers_utils.processors.deepseek_ocr")
+    module.ImageTransform, module.DeepseekOCRProcessor = transform, proc
+    for parent in ("vllm.transformers_utils", "vllm.transformers_utils.processors"):
+        monkeypatch.setitem(sys.modules, parent, types.ModuleType(parent))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(sys.modules["vllm.transformers_utils.processors"], "deepseek_ocr", module, raising=False)
+    pixels.install_processor()
+    pixels.install_processor()  # idempotent: vLLM's methods are what uninstall puts back
+    assert transform.__call__ is pixels.view_bytes and proc.tokenize_with_images is pixels.tokenize_with_images
+    pixels.uninstall()
+    assert (transform.__call__, proc.tokenize_with_images, cls.embed_multimodal) == (call, tokenize, embed)
 
 
 def test_with_the_sampler_both_patches_install(monkeypatch):

@@ -16,6 +16,9 @@ the batched encoder again with SAM's relative-position bias folded into its atte
 products (batchocr.engines.vllm.patches.samattn) instead of made in full for PyTorch's
 memory-efficient kernel, in each mode (fold, fold-pad): its embeddings against vLLM's, its ms a
 page, its first call.
+`--pixels-u8`: views as bytes (random ones) through batchocr.engines.vllm.patches.pixels'
+`embed_multimodal` against the same views as vLLM's processor makes them (floats in the model's
+dtype) through vLLM's own: the same embeddings, bit for bit.
 
 The pages mix tilings as A4 pages and small images do: (2 x 3) crops mostly, some (1 x 1) (no
 crops), one (3 x 2) and one (2 x 2). Exit 1 where an image's embedding differs (beyond
@@ -72,6 +75,11 @@ def build(device: str, dtype):
         _assemble_patch_grid = cls._assemble_patch_grid
         vllm_embedding = cls._pixel_values_to_embedding
         batched_embedding = deepencoder.pixel_values_to_embedding
+        # vLLM's way in from a step's kwargs, with the batched encoder as the engine runs it (--pixels-u8)
+        _parse_and_validate_image_input = cls._parse_and_validate_image_input
+        _process_image_input = cls._process_image_input
+        embed_multimodal = cls.embed_multimodal
+        _pixel_values_to_embedding = deepencoder.pixel_values_to_embedding
 
         def __init__(self):
             super().__init__()
@@ -170,6 +178,31 @@ def again(name: str, batched, ref, tol: float, device: str, repeats: int, batche
     return out
 
 
+def pixels_u8(model, spatial, crops: int, device: str, dtype) -> dict:
+    """Views as bytes through patches.pixels' embed_multimodal against the same views as vLLM's
+    processor makes them (its table: ImageTransform's floats cast to the model's dtype) through
+    vLLM's: the same embeddings, bit for bit."""
+    import torch
+
+    from batchocr.engines.vllm.patches import pixels
+
+    g = torch.Generator().manual_seed(2)
+    raw = {"pixel_values": torch.randint(0, 256, (len(spatial), 3, 1024, 1024), generator=g, dtype=torch.uint8),
+           "images_crop": torch.randint(0, 256, (crops, 3, 640, 640), generator=g, dtype=torch.uint8)}
+    raw = {k: v.to(device) for k, v in raw.items()}
+    table = pixels.table(device, dtype)
+    floats = {k: table[v.int()] for k, v in raw.items()}
+    shape = {"images_spatial_crop": torch.tensor(spatial, dtype=torch.long, device=device)}
+    ref = model.embed_multimodal(**floats, **shape)
+    pixels.install_model()  # vLLM's embed_multimodal put aside: the wrapper calls it after the bytes' conversion
+    try:
+        got = pixels.embed_multimodal(model, **raw, **shape)
+    finally:
+        pixels.uninstall()
+    equal = len(ref) == len(got) and all(torch.equal(a, b) for a, b in zip(ref, got))
+    return {"pixels_u8_same": equal, "pixels_u8_images": len(ref)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", type=int, default=16)
@@ -179,6 +212,8 @@ def main() -> int:
     ap.add_argument("--sam-attn", default="",
                     help="the batched encoder again with SAM's bias folded into its attention (patches.samattn), "
                          "in each of these modes: e.g. fold,fold-pad")
+    ap.add_argument("--pixels-u8", action="store_true",
+                    help="views as bytes through patches.pixels' embed_multimodal against vLLM's floats: equal embeddings")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -216,6 +251,8 @@ def main() -> int:
             samattn.install(mode)
             report |= variant("sam_" + mode.replace("-", "_"))
             samattn.uninstall()
+        if args.pixels_u8:
+            report |= pixels_u8(model, spatial, crops, device, dtype)
         if args.compile:
             for name in ("sam_model", "vision_model", "projector"):  # the same weights, compiled forwards
                 setattr(model, name, torch.compile(getattr(model, name), dynamic=True))
@@ -223,7 +260,7 @@ def main() -> int:
     print(json.dumps(report), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
-    return 0 if same and all(v for k, v in report.items() if k.endswith("_same")) else 1
+    return 0 if same and all(v for k, v in report.items() if k.endswith("_same")) else 1  # pixels_u8_same too
 
 
 if __name__ == "__main__":

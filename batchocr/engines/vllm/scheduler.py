@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -54,6 +55,10 @@ class VLLMEngine(VLLMBase):
         self._SamplingParams, self._delta = _sampling_api()
         options.set_runner_env()
         options.check_patches()
+        if os.environ.get("BATCHOCR_PIXELS_U8") == "1":  # a bench's switch (patches.pixels): class-wide
+            from batchocr.engines.vllm.patches import pixels
+
+            pixels.install_processor()
         if 0 < options.queue_pages < options.max_num_seqs:  # allowed (host memory), but it starves the batch
             log.warning("engines.vllm.queue_pages %d is below max_num_seqs %d: at most %d requests run at once "
                         "(a smaller batch, fewer pages/s)", options.queue_pages, options.max_num_seqs,

@@ -10,6 +10,8 @@ options choose them (options.py: VLLMOptions.llm_args):
 - ngram.py: the no-repeat n-gram bans as a logits processor, cheap at 256+ requests a step.
 - ngram_sampler.py: the same bans on the GPU, in the V2 model runner's sampler.
 - workerext.py: how the patches reach vLLM's worker, and key its compile cache.
+- samattn.py, pixels.py: a bench's switches in the environment until measured, not options: SAM's
+  bias folded into its attention; the image views handed to the engine as bytes.
 
 Each patch names the vLLM code it rewrites or copies (`TARGETS`: a file of the vllm package
 and a function or class in it, with a hash of its source in vLLM 0.26.0; rswa_tiles: the anchors
