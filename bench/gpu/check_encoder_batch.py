@@ -180,8 +180,8 @@ def again(name: str, batched, ref, tol: float, device: str, repeats: int, batche
 
 def pixels_u8(model, spatial, crops: int, device: str, dtype) -> dict:
     """Views as bytes through patches.pixels' embed_multimodal against the same views as vLLM's
-    processor makes them (its table: ImageTransform's floats cast to the model's dtype) through
-    vLLM's: the same embeddings, bit for bit."""
+    processor makes them (model_input: ImageTransform's floats cast to the model's dtype, as
+    check_pixels.py shows) through vLLM's: the same embeddings, bit for bit."""
     import torch
 
     from batchocr.engines.vllm.patches import pixels
@@ -190,8 +190,7 @@ def pixels_u8(model, spatial, crops: int, device: str, dtype) -> dict:
     raw = {"pixel_values": torch.randint(0, 256, (len(spatial), 3, 1024, 1024), generator=g, dtype=torch.uint8),
            "images_crop": torch.randint(0, 256, (crops, 3, 640, 640), generator=g, dtype=torch.uint8)}
     raw = {k: v.to(device) for k, v in raw.items()}
-    table = pixels.table(device, dtype)
-    floats = {k: table[v.int()] for k, v in raw.items()}
+    floats = {k: pixels.model_input(v, dtype) for k, v in raw.items()}
     shape = {"images_spatial_crop": torch.tensor(spatial, dtype=torch.long, device=device)}
     ref = model.embed_multimodal(**floats, **shape)
     pixels.install_model()  # vLLM's embed_multimodal put aside: the wrapper calls it after the bytes' conversion

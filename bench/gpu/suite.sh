@@ -194,6 +194,10 @@ except Exception:
     print('fold 0')" "$RES/uocr-samfold.json"
 }
 
+gains() {  # SPEEDUP: whether a kernel check's speedup is one worth an end-to-end run (>= 1.05x)
+  python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.05)" "$1"
+}
+
 py() {  # NAME SCRIPT ARGS...: a script's run, its JSON and log
   local name=$1; shift
   echo "$(date +%T) start $name" >>"$RES/suite.log"
@@ -470,11 +474,11 @@ run() {  # one named run of the suite
     # the views as bytes (uocr-pixels: the same input; a host-side lever, no kernel figure) and
     # the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step); their names in
     # the log. Equal work with uocr-auto: its documents' folder (a page's length follows its path); its own caches
-    uocr-auto-fast) local levers="" tiles; tiles=$(tiles_pick)
-      fold=$(fold_pick); python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.05)" "${fold#* }" && levers="BATCHOCR_SAM_ATTN=${fold% *}"
+    uocr-auto-fast) local levers="" tiles fold; tiles=$(tiles_pick)
+      fold=$(fold_pick); gains "${fold#* }" && levers="BATCHOCR_SAM_ATTN=${fold% *}"
       said uocr-pixels "d['same'] is True" && said uocr-pixels-embed "d['pixels_u8_same'] is True" \
         && levers="$levers BATCHOCR_PIXELS_U8=1"
-      python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.05)" "${tiles#* }" && levers="$levers BATCHOCR_PREFILL_TILES=${tiles% *}"
+      gains "${tiles#* }" && levers="$levers BATCHOCR_PREFILL_TILES=${tiles% *}"
       echo "$(date +%T) uocr-auto-fast levers: ${levers:-none}" >>"$RES/suite.log"
       [ -n "$levers" ] && (export $levers; PY_TIMEOUT=1700 py uocr-auto-fast bench/gpu/processes.py --models "$MODELS" \
         --work /tmp/proc-fast --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
