@@ -19,6 +19,7 @@
 # polars then travels in two calls of its own before start, each within 30 s of the last:
 #   run(carry=[".whl2/p1"], command='mkdir -p /tmp/whl && cp .whl2/p1/* /tmp/whl/')
 #   run(carry=[".whl2/p2"], command='mkdir -p /tmp/whl && cp .whl2/p2/* /tmp/whl/')
+#   run(carry=[".whl2/p3"], command='mkdir -p /tmp/whl && cp .whl2/p3/* /tmp/whl/')   # from `wheels`
 # start joins the pieces and installs /tmp/whl's wheels with .whl/'s (any other wheel too large to
 # travel with the last chunk can come the same way).
 #
@@ -86,13 +87,16 @@ case "${1:-}" in
     rm -rf .whl && mkdir -p .whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
       --platform manylinux_2_28_x86_64 -d .whl pymupdf==1.28.2 pyspellchecker==0.9.1 rapidfuzz==3.14.6 py-spy==0.4.3
+    # py-spy and pyspellchecker (10 MB) travel in a call of their own: the tree (~28 MB) and all four
+    # wheels (38 MB) are over a call's 64 MiB
+    mkdir -p .whl2/p3 && rm -f .whl2/p3/* && mv .whl/py_spy-* .whl/pyspellchecker-* .whl2/p3/
     grep -qx '/.whl/' .gitignore || echo "/.whl/ is not in .gitignore: it would travel with every call" >&2
-    du -b .whl/*
+    du -b .whl/* .whl2/p3/*
     ;;
   polars)
     # pieces of 28 MiB: the tree (~21 MB) and one piece stay under a call's 64 MiB
     v=${POLARS:-2.1.0}
-    rm -rf .whl2 && mkdir -p .whl2/p1 .whl2/p2 .whl2/dl
+    rm -rf .whl2/p1 .whl2/p2 .whl2/dl && mkdir -p .whl2/p1 .whl2/p2 .whl2/dl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --platform manylinux2014_x86_64 -d .whl2/dl "polars==$v" "polars-runtime-32==$v"
     mv .whl2/dl/polars-"$v"-*.whl .whl2/p1/
@@ -117,7 +121,7 @@ case "${1:-}" in
       cat "${piece%-aa}"-* > "${piece%.part-aa}" && rm -f "${piece%-aa}"-*
     done
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl $(ls /tmp/whl/*.whl 2>/dev/null)
-    rm -rf "$REPO" && mkdir -p "$REPO" && cp -r batchocr bench tests "$REPO"/  # a copy the next call cannot touch
+    rm -rf "$REPO" && mkdir -p "$REPO" && cp -r batchocr bench tests samples "$REPO"/  # a copy the next call cannot touch
     if [ -d .old ]; then cp -r .old "$REPO"/; fi  # the tree before a rebuild (suite.sh's rebuild runs)
     env_setup
     # batchocr's own dependencies the device image lacks travel in .whl/ too: without pyspellchecker
