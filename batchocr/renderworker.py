@@ -50,7 +50,8 @@ def close_server_pipe() -> bool:
     end of the pipe whose closing ends the server (multiprocessing hands one to every child, for
     children that start processes of their own), so that the server ends when the run does and
     each worker with it (PDEATHSIG). Kept, a worker hung on a page would keep the server alive,
-    and the server the worker, after a kill -9 of the run."""
+    and the server the worker, after a kill -9 of the run. A fork of the run itself (vLLM's
+    engine core) calls it too (renderpool.prestart), for the same reason."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchocr import cost, engines, router
+from batchocr import cost, engines, renderpool, router
 from batchocr.engines import Engine
 from batchocr.errors import BatchocrError, Interrupted, NotBatchocrs, StorageError
 from batchocr.progress import Progress
@@ -63,7 +63,9 @@ def run_shard(spec: JobSpec, progress: bool, engine: Engine | None, stop: thread
 
 def _build(spec: JobSpec, part: Part | None, stop: threading.Event, start: dict[str, float]) -> Engine:
     """The spec's engine; a part's waits for the part before it (vLLM measures the GPU's free
-    memory while it starts). Bad options or a missing extra fail here, early."""
+    memory while it starts). Bad options or a missing extra fail here, early. The render
+    workers' fork server starts first, its imports beside the build."""
+    renderpool.prestart()
     t = time.monotonic()
     if part is not None:
         if part.after is not None:

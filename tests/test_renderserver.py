@@ -44,6 +44,65 @@ def test_workers_are_forks_of_a_server_that_imported_batchocr(tmp_path):
     assert r["preload"] == ["batchocr.renderserver"] and (r["pages"], r["errors"]) == (3, 0)
 
 
+BUILD = """
+import json, os, sys
+from multiprocessing import forkserver
+from batchocr import engines
+from batchocr.pipeline import run_job
+from batchocr.spec import JobSpec
+seen, real = [], engines.create
+
+def create(name, options):  # the server's state as the engine's build begins
+    pid = forkserver._forkserver._forkserver_pid
+    seen.append(pid is not None and os.waitpid(pid, os.WNOHANG)[0] == 0)
+    return real(name, options)
+
+engines.create = create
+summary = run_job(JobSpec(source=sys.argv[1], out=sys.argv[2], engine="textlayer"), progress=False)
+print(json.dumps({"server_up_at_build": seen, "pages": summary.pages, "errors": summary.error_pages}))
+"""
+
+
+def test_the_fork_server_starts_before_the_engine_builds(tmp_path):
+    """The server's imports (1-2 s) ran after the engine's build, between it and the first page
+    (vLLM's 28 s of build, then 3-3.5 s to the first page on an H100): they run beside it."""
+    proc = subprocess.run([sys.executable, "-c", BUILD, str(SAMPLES / "report.pdf"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.splitlines()[-1])
+    assert r == {"server_up_at_build": [True], "pages": 3, "errors": 0}
+
+
+FORKED = """
+import os, sys, time
+from multiprocessing import forkserver
+from batchocr import renderpool
+renderpool.prestart()
+child = os.fork()  # as vLLM starts its engine core
+if child == 0:
+    time.sleep(float(sys.argv[1]))
+    os._exit(0)
+print(forkserver._forkserver._forkserver_pid, child, flush=True)
+os._exit(0)  # as kill -9 would end it: nothing closed by hand
+"""
+
+
+def test_a_process_forked_after_the_server_started_does_not_keep_it_alive(tmp_path):
+    """Started before the build, the server's pipe was inherited by vLLM's engine core (a fork of
+    the run): killed, the run would leave the server (and any worker, which dies with it) up for
+    as long as the engine core lived. A fork lets go of its copy."""
+    proc = subprocess.Popen([sys.executable, "-c", FORKED, str(HANG_S)], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # not to the pipe's end: the fork holds it
+    assert proc.wait(timeout=120) == 0 and line
+    server, child = (int(x) for x in line.split())
+    try:
+        assert running(child)
+        assert not still_running_after({server}, 30)
+        assert running(child)  # the server ended while the fork still lived
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_a_batchocr_the_server_would_not_find_still_reads_every_page(tmp_path):
     """Python 3.11's forkserver starts with a fresh interpreter's sys.path, not the run's
     (CPython gh-117378): a batchocr on a path inserted by hand is another than the server's.
