@@ -94,7 +94,7 @@ case "${1:-}" in
     du -b .whl/* .whl2/p3/*
     ;;
   polars)
-    # pieces of 28 MiB: the tree (~21 MB) and one piece stay under a call's 64 MiB
+    # pieces of 28 MiB: the tree (~28 MB) and one piece stay under a call's 64 MiB
     v=${POLARS:-2.1.0}
     rm -rf .whl2/p1 .whl2/p2 .whl2/dl && mkdir -p .whl2/p1 .whl2/p2 .whl2/dl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
