@@ -20,10 +20,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+import twotrees
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,13 +57,7 @@ print(json.dumps({
 
 def measure(tree: str, src: Path, build_s: float) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        # PYTHONPATH, not sys.path.insert: the fork server (a fresh interpreter) must find the same tree
-        proc = subprocess.run([sys.executable, "-c", CHILD, tree, str(src), str(Path(out) / "out"), str(build_s)],
-                              capture_output=True, text=True, timeout=900,
-                              env={**os.environ, "PYTHONPATH": tree}, cwd=tree)
-        if proc.returncode:
-            raise SystemExit(f"{tree}: {proc.stderr[-2000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return twotrees.measure(CHILD, tree, str(src), str(Path(out) / "out"), str(build_s))
 
 
 def main() -> None:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import twotrees
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,13 +70,7 @@ def corpus(root: Path, documents: int, pages: int, hangs: int) -> int:
 
 def measure(tree: str, src: Path, workers: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        # PYTHONPATH, not sys.path.insert: the fork server (a fresh interpreter) must find the same tree
-        proc = subprocess.run([sys.executable, "-c", CHILD, tree, str(src), str(Path(out) / "out"), str(workers),
-                               str(timeout)], capture_output=True, text=True, timeout=900,
-                              env={**os.environ, "PYTHONPATH": tree}, cwd=tree)
-        if proc.returncode:
-            raise SystemExit(f"{tree}: {proc.stderr[-2000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return twotrees.measure(CHILD, tree, str(src), str(Path(out) / "out"), str(workers), str(timeout))
 
 
 def main() -> None:
