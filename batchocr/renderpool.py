@@ -128,23 +128,20 @@ def _preload() -> list[str]:
     return ["batchocr.renderserver"] if same else []
 
 
-_let_go_in_forks = False
+# A process forked from a run (vLLM's engine core, forked while the server runs: prestart) lets
+# go of its copy of the pipe whose closing ends the server, as the workers do: kept, the server
+# would outlive a run killed with kill -9 for as long as the engine core does. Where this process
+# started no server, the handler finds nothing to close.
+os.register_at_fork(after_in_child=renderworker.close_server_pipe)
 
 
 def prestart() -> None:
     """Starts the render workers' fork server now, ahead of the pool: a run calls it before its
     engine builds, so that the server's imports (PyMuPDF, pyarrow, batchocr.render: 1-2 s) run
-    beside the build instead of between the build and the first page. A process forked from
-    this one from now on (vLLM's engine core) lets go of its copy of the pipe whose closing ends
-    the server, as the workers do (renderworker.close_server_pipe): kept, the server would
-    outlive a run killed with kill -9 for as long as the engine core does. Where the server
-    cannot start, nothing: the pool meets the same error and says why (RenderPool._spawn)."""
-    global _let_go_in_forks
+    beside the build instead of between the build and the first page. Where the server cannot
+    start, nothing: the pool meets the same error and says why (RenderPool._spawn)."""
     from multiprocessing import forkserver
 
-    if not _let_go_in_forks:
-        os.register_at_fork(after_in_child=renderworker.close_server_pipe)
-        _let_go_in_forks = True
     mp.get_context("forkserver").set_forkserver_preload(_preload())
     try:
         with signals.held_for_a_child():

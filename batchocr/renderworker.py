@@ -51,7 +51,7 @@ def close_server_pipe() -> bool:
     children that start processes of their own), so that the server ends when the run does and
     each worker with it (PDEATHSIG). Kept, a worker hung on a page would keep the server alive,
     and the server the worker, after a kill -9 of the run. A fork of the run itself (vLLM's
-    engine core) calls it too (renderpool.prestart), for the same reason."""
+    engine core) calls it too (renderpool's at-fork handler), for the same reason."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)

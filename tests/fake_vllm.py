@@ -353,12 +353,22 @@ def _modules() -> dict[str, types.ModuleType]:
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.RequestOutputKind = RequestOutputKind
     vllm.sampling_params = sampling
-    utils, processors = types.ModuleType("vllm.transformers_utils"), types.ModuleType("vllm.transformers_utils.processors")
-    ocr = types.ModuleType("vllm.transformers_utils.processors.deepseek_ocr")
-    ocr.ImageTransform, ocr.DeepseekOCRProcessor = ImageTransform, DeepseekOCRProcessor
-    vllm.transformers_utils, utils.processors, processors.deepseek_ocr = utils, processors, ocr
-    return {"vllm": vllm, "vllm.sampling_params": sampling, utils.__name__: utils, processors.__name__: processors,
-            ocr.__name__: ocr}
+    processor = _chain("transformers_utils.processors.deepseek_ocr", vllm, ImageTransform=ImageTransform,
+                       DeepseekOCRProcessor=DeepseekOCRProcessor)
+    return {"vllm": vllm, "vllm.sampling_params": sampling, **{m.__name__: m for m in processor}}
+
+
+def _chain(path: str, root: types.ModuleType, **attrs) -> list[types.ModuleType]:
+    """`vllm.PATH` (dotted) and the modules between it and `root` (vllm), each an attribute of the
+    one above it; the last holds `attrs`."""
+    chain, parent = [], root
+    for part in path.split("."):
+        module = types.ModuleType(f"{parent.__name__}.{part}")
+        setattr(parent, part, module)
+        chain.append(parent := module)
+    for key, value in attrs.items():
+        setattr(parent, key, value)
+    return chain
 
 
 def install(monkeypatch) -> None:
@@ -367,17 +377,19 @@ def install(monkeypatch) -> None:
         monkeypatch.setitem(sys.modules, name, module)
 
 
+def vllm_module(monkeypatch, path: str, **attrs) -> types.ModuleType:
+    """`vllm.PATH` (dotted) holding `attrs`, under a fresh `vllm` (for the test's duration): a
+    module one of batchocr's patches reaches (vLLM itself absent, or this stand-in)."""
+    root = types.ModuleType("vllm")
+    for module in [root, *_chain(path, root, **attrs)]:
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    return sys.modules[f"vllm.{path}"]
+
+
 def model_module(monkeypatch, name: str, **classes) -> types.ModuleType:
-    """`vllm.model_executor.models.NAME` holding `classes` (for the test's duration): the module
-    one of batchocr's worker extensions patches (vLLM itself absent, or this stand-in)."""
-    module = types.ModuleType(f"vllm.model_executor.models.{name}")
-    for key, value in classes.items():
-        setattr(module, key, value)
-    for parent in ("vllm", "vllm.model_executor", "vllm.model_executor.models"):
-        monkeypatch.setitem(sys.modules, parent, types.ModuleType(parent))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(sys.modules["vllm.model_executor.models"], name, module, raising=False)
-    return module
+    """`vllm.model_executor.models.NAME` holding `classes`: the module one of batchocr's worker
+    extensions patches."""
+    return vllm_module(monkeypatch, f"model_executor.models.{name}", **classes)
 
 
 def install_modules() -> None:

@@ -5,8 +5,6 @@ vLLM's real modules by bench/gpu/check_encoder_batch.py (CPU with vLLM's source,
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 import pytest
 
@@ -150,12 +148,8 @@ def test_pixels_as_bytes_install_where_their_switch_is_on_and_come_out(monkeypat
         assert cls.embed_multimodal is (pixels.embed_multimodal if switch else embed), switch
     transform = type("ImageTransform", (), {"__call__": call})
     proc = type("DeepseekOCRProcessor", (), {"tokenize_with_images": tokenize})
-    module = types.ModuleType("vllm.transformers_utils.processors.deepseek_ocr")
-    module.ImageTransform, module.DeepseekOCRProcessor = transform, proc
-    for parent in ("vllm.transformers_utils", "vllm.transformers_utils.processors"):
-        monkeypatch.setitem(sys.modules, parent, types.ModuleType(parent))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(sys.modules["vllm.transformers_utils.processors"], "deepseek_ocr", module, raising=False)
+    fake_vllm.vllm_module(monkeypatch, "transformers_utils.processors.deepseek_ocr", ImageTransform=transform,
+                          DeepseekOCRProcessor=proc)
     pixels.install_processor()
     pixels.install_processor()  # idempotent: vLLM's methods are what uninstall puts back
     assert transform.__call__ is pixels.view_bytes and proc.tokenize_with_images is pixels.tokenize_with_images

@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from batchocr.engines.vllm import failures
 from batchocr.engines.vllm.base import VLLMBase
 from batchocr.engines.vllm.document import Documents, grouped, shares
 from batchocr.engines.vllm.options import CHECK_EVERY, VLLMOptions, prompt_setting
+from batchocr.engines.vllm.patches import pixels
 from batchocr.engines.vllm.repetition import RepetitionCheck
 from batchocr.engines.vllm.request import Page, Request, retry
 from batchocr.errors import ConfigError
@@ -55,9 +55,7 @@ class VLLMEngine(VLLMBase):
         self._SamplingParams, self._delta = _sampling_api()
         options.set_runner_env()
         options.check_patches()
-        if os.environ.get("BATCHOCR_PIXELS_U8") == "1":  # a bench's switch (patches.pixels): class-wide
-            from batchocr.engines.vllm.patches import pixels
-
+        if pixels.switched_on():  # a bench's switch: class-wide
             pixels.install_processor()
         if 0 < options.queue_pages < options.max_num_seqs:  # allowed (host memory), but it starves the batch
             log.warning("engines.vllm.queue_pages %d is below max_num_seqs %d: at most %d requests run at once "

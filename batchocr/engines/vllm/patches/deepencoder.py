@@ -25,10 +25,8 @@ embeddings) and times both.
 
 from __future__ import annotations
 
-import os
-
 from batchocr.engines.vllm.patches import moved as _moved
-from batchocr.engines.vllm.patches import workerext
+from batchocr.engines.vllm.patches import pixels, samattn, workerext
 
 EXTENSION = f"{__name__}.BatchedEncoderExtension"
 WITH_SAMPLER = f"{__name__}.BatchedEncoderNGramSamplerExtension"
@@ -117,14 +115,10 @@ def install() -> None:
     from vllm.model_executor.models import deepseek_ocr
 
     deepseek_ocr.DeepseekOCRForCausalLM._pixel_values_to_embedding = pixel_values_to_embedding
-    mode = os.environ.get("BATCHOCR_SAM_ATTN")
+    mode = samattn.switched_to()
     if mode:
-        from batchocr.engines.vllm.patches import samattn
-
         samattn.install(mode)
-    if os.environ.get("BATCHOCR_PIXELS_U8") == "1":  # the model's half of patches.pixels
-        from batchocr.engines.vllm.patches import pixels
-
+    if pixels.switched_on():  # the model's half of patches.pixels
         pixels.install_model()
 
 

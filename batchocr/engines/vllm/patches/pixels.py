@@ -21,6 +21,8 @@ processor. Importing this module needs no torch.
 
 from __future__ import annotations
 
+import os
+
 from batchocr.engines.vllm.patches import moved as _moved
 
 # The vLLM code the methods wrap (as vLLM 0.26.0 writes it).
@@ -41,6 +43,11 @@ _tables: dict = {}  # (device, dtype): the 256 values a channel's byte becomes
 def moved() -> str | None:
     """Why this vLLM's processor or model is not the one the methods wrap (None: it is, or no vLLM here)."""
     return _moved("pixels", TARGETS)
+
+
+def switched_on() -> bool:
+    """Whether this process's environment asks for the bytes (ENV=1)."""
+    return os.environ.get(ENV) == "1"
 
 
 def _default(transform) -> bool:
@@ -67,9 +74,10 @@ def tokenize_with_images(self, *args, **kwargs):
     import torch
 
     out = list(_vllms("DeepseekOCRProcessor", "tokenize_with_images")(self, *args, **kwargs))
-    for i in (1, 2):  # pixel_values, images_crop
-        if out[i].numel() == 0 and _default(self.image_transform):
-            out[i] = out[i].to(torch.uint8)
+    if _default(self.image_transform):
+        for i in (1, 2):  # pixel_values, images_crop
+            if out[i].numel() == 0:
+                out[i] = out[i].to(torch.uint8)
     return tuple(out)
 
 

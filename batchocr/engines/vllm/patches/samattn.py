@@ -24,6 +24,8 @@ module needs no torch.
 
 from __future__ import annotations
 
+import os
+
 from batchocr.engines.vllm.patches import moved as _moved
 
 # The vLLM code the method replaces (as vLLM 0.26.0 writes it).
@@ -37,6 +39,11 @@ MODES = ("fold", "fold-pad")
 _mode = "fold"  # install()'s
 _original = None  # vLLM's RelPosAttention.forward, once installed over
 _grids: dict = {}  # (tokens, height, width, device, dtype): the keys' one-hot rows and columns
+
+
+def switched_to() -> str | None:
+    """The mode this process's environment asks for (ENV), None where it asks for none."""
+    return os.environ.get(ENV) or None
 
 
 def moved() -> str | None:
