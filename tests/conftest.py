@@ -105,6 +105,18 @@ def _run_once(tmp_path_factory, worker_id: str, name: str, *args: str):
     return out, sp.CompletedProcess(["batchocr", "run", *args], 0, kept["stdout"], kept["stderr"])
 
 
+@pytest.fixture(autouse=True)
+def _pixels_as_found(monkeypatch):
+    """An engine with engines.vllm.pixel_bytes on (the unlimited-ocr preset's default) sets its
+    switch in this process's environment and installs patches.pixels' processor half class-wide:
+    each test leaves both as it found them."""
+    from batchocr.engines.vllm.patches import pixels
+
+    monkeypatch.delenv(pixels.ENV, raising=False)
+    yield
+    pixels.uninstall()
+
+
 @pytest.fixture(scope="session")
 def rapidocr_run(tmp_path_factory, worker_id):
     """One real rapidocr run over the samples, shared by the tests that read it."""

@@ -424,7 +424,9 @@ def vllm_tree(root: Path, version: str = "0.26.0", edit: dict[str, tuple[str, st
             classes.setdefault(owner, []).append(segment)
         parts = classes.pop("", []) + [f"class {owner}:\n    " + "\n\n    ".join(methods)
                                        for owner, methods in classes.items()]
-        files[path] = "\n\n\n".join(parts) + "\n"
+        # importable as it stands (an engine imports the processor's module to install patches.pixels'
+        # half): its annotations name what the segments' imports would have brought
+        files[path] = "from __future__ import annotations\n\n\n" + "\n\n\n".join(parts) + "\n"
     for path, (old, new) in (edit or {}).items():
         if old not in files[path]:
             raise ValueError(f"{path} has no {old!r}")

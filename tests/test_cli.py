@@ -65,6 +65,12 @@ BAD_JOBS = [  # each bad value in a job spec, and the one line that must name it
      "engines.vllm.engine_args.mm_processor_cache_gb: got 4, expected 0"),
     ("engines: {vllm: {model: /m, preset: qwen3-vl, vit_pad: true}}",
      "engines.vllm.vit_pad: pads Qwen2.5-VL's vision MLPs (qwen2.5-vl, olmocr-2); preset qwen3-vl has another"),
+    ("engines: {vllm: {model: /m, preset: qwen2.5-vl, pixel_bytes: true}}",
+     "engines.vllm.pixel_bytes: hands DeepSeek-OCR's image views over as bytes (unlimited-ocr, deepseek-ocr); "
+     "preset qwen2.5-vl has another vision tower"),
+    ("engines: {vllm: {model: /m, preset: unlimited-ocr, batch_encoder: false, pixel_bytes: true}}",
+     "engines.vllm.pixel_bytes: the model takes the bytes in the batched encoder (patches.deepencoder): set "
+     "batch_encoder true, or pixel_bytes false"),
     ("engines: {vllm: {model: /m, prepare_threads: 0}}",
      "engines.vllm.prepare_threads: got 0, expected greater than or equal to 1"),
     ("engines: {vllm: {model: /m, queue_pages: -1}}", "engines.vllm.queue_pages: got -1, expected greater than or equal to 0"),

@@ -3,6 +3,7 @@
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -85,6 +86,27 @@ def _engine(monkeypatch, **options):
     options.setdefault("max_num_seqs", 4)
     llm = fake_vllm.LLM(max_num_seqs=options["max_num_seqs"], max_model_len=options.pop("max_model_len", 4096))
     return VLLMEngine(VLLMOptions(model="/models/fake", **options), llm=llm), llm.llm_engine
+
+
+def test_pixel_bytes_reach_the_engine_core_through_its_environment_and_the_processor_here(monkeypatch):
+    """engines.vllm.pixel_bytes (on in the unlimited-ocr preset, with the batched encoder): the
+    environment vLLM's engine core inherits says 1 (its batched encoder installs the model's half
+    there: test_deepencoder) and this process's processor hands the views over as bytes. An engine
+    with it off after one with it on puts vLLM's processor back and says 0, whatever the
+    environment said before."""
+    from batchocr.engines.vllm.patches import pixels
+
+    monkeypatch.setenv(pixels.ENV, "1")
+    for options, switch in [({"preset": "unlimited-ocr"}, "1"), ({"preset": "unlimited-ocr", "pixel_bytes": False}, "0"),
+                            ({"preset": "unlimited-ocr", "batch_encoder": False}, "0"), ({"preset": "deepseek-ocr"}, "0"),
+                            ({"preset": "deepseek-ocr", "batch_encoder": True}, "0"),
+                            ({"preset": "deepseek-ocr", "batch_encoder": True, "pixel_bytes": True}, "1"),
+                            ({"preset": "qwen2.5-vl"}, "0")]:
+        engine, _ = _engine(monkeypatch, **options)
+        engine.close()
+        assert os.environ[pixels.ENV] == switch, options
+        assert (fake_vllm.ImageTransform.__call__ is pixels.view_bytes) == (switch == "1"), options
+        assert (fake_vllm.DeepseekOCRProcessor.tokenize_with_images is pixels.tokenize_with_images) == (switch == "1")
 
 
 def _run(engine, batches, stop=None):

@@ -390,10 +390,11 @@ run() {  # one named run of the suite
     # (and through the model's half, vLLM's embed_multimodal with the batched encoder: the same embeddings)
     uocr-pixels) py uocr-pixels bench/gpu/check_pixels.py
                  py uocr-pixels-embed bench/gpu/check_encoder_batch.py --pages 4 --repeats 1 --pixels-u8 ;;
-    # the same in the engine (BATCHOCR_PIXELS_U8=1: the engine installs the processor's half, the batched encoder the
-    # model's): page b against it, equal work; the engine core's host time is what it saves
+    # the same in the engine (engines.vllm.pixel_bytes, on in the unlimited-ocr preset: the engine installs the
+    # processor's half, the batched encoder the model's): page b against b with vLLM's floats, equal work; the
+    # engine core's host time and the host's memory are what it saves
     uocr-pixels-e2e) uocr uocr-pixels-e2e --pages "${UOCR_PIXELS_PAGES:-1024}" --lengths B --modes b \
-                       --variant "u8=--env BATCHOCR_PIXELS_U8=1" ;;
+                       --variant "floats=--no-pixel-bytes" ;;
     # the faster of uocr-samfold's modes in the engine (the batched encoder installs it with BATCHOCR_SAM_ATTN):
     # page b against it, equal work
     uocr-samfold-e2e) mode=$(fold_pick); uocr uocr-samfold-e2e --pages "${UOCR_SAMFOLD_PAGES:-1024}" --lengths B --modes b \
@@ -470,14 +471,11 @@ run() {  # one named run of the suite
     uocr-auto) PY_TIMEOUT=1700 py uocr-auto bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                  --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-} ;;
     # the same with the GPU-time levers that won at kernel level in this suite's earlier runs, in every
-    # engine's environment: SAM's bias folded into its attention (uocr-samfold: the same embeddings, >= 1.05x),
-    # the views as bytes (uocr-pixels: the same input; a host-side lever, no kernel figure) and
+    # engine's environment: SAM's bias folded into its attention (uocr-samfold: the same embeddings, >= 1.05x) and
     # the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step); their names in
     # the log. Equal work with uocr-auto: its documents' folder (a page's length follows its path); its own caches
     uocr-auto-fast) local levers="" tiles fold; tiles=$(tiles_pick)
       fold=$(fold_pick); gains "${fold#* }" && levers="BATCHOCR_SAM_ATTN=${fold% *}"
-      said uocr-pixels "d['same'] is True" && said uocr-pixels-embed "d['pixels_u8_same'] is True" \
-        && levers="$levers BATCHOCR_PIXELS_U8=1"
       gains "${tiles#* }" && levers="$levers BATCHOCR_PREFILL_TILES=${tiles% *}"
       echo "$(date +%T) uocr-auto-fast levers: ${levers:-none}" >>"$RES/suite.log"
       [ -n "$levers" ] && (export $levers; PY_TIMEOUT=1700 py uocr-auto-fast bench/gpu/processes.py --models "$MODELS" \

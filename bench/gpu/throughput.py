@@ -639,6 +639,9 @@ def main() -> None:
                          "(batchocr.engines.vllm.patches.vitpad; default: the preset's)")
     ap.add_argument("--no-vit-pad", dest="vit_pad", action="store_const", const=False,
                     help="engines.vllm.vit_pad off")
+    ap.add_argument("--no-pixel-bytes", dest="pixel_bytes", action="store_const", const=False, default=None,
+                    help="engines.vllm.pixel_bytes off: the image views as vLLM's floats (default: the preset's, "
+                         "on for unlimited-ocr)")
     ap.add_argument("--rswa-tiles", action="store_const", const=True, default=None,
                     help="engines.vllm.rswa_tiles on: R-SWA's attention reads only the KV tiles it can see "
                          "(default: the preset's, on for unlimited-ocr in page mode)")
@@ -744,6 +747,7 @@ def main() -> None:
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
                           group_pages=args.group_pages, rswa_tiles=args.rswa_tiles,
                           ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder, vit_pad=args.vit_pad,
+                          pixel_bytes=args.pixel_bytes,
                           load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=context, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

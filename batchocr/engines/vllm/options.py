@@ -13,7 +13,7 @@ from annotated_types import Ge, Gt, Le
 
 from batchocr.config import FORBID
 from batchocr.engines.vllm import patches
-from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, rswa_tiles, vitpad, workerext
+from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, pixels, rswa_tiles, vitpad, workerext
 from batchocr.engines.vllm.presets import Preset, document_presets, get_preset
 from batchocr.errors import ConfigError
 
@@ -23,7 +23,7 @@ CHECK_EVERY = 32  # tokens between two looks for runaway repetition
 MAX_GROUP_PAGES = 50
 DOCUMENT_PROMPT_TOKENS = 16  # a group's prompt beyond its images (BOS, the instruction)
 # The patches that change only speed, by their key (each the same key in a preset, its default).
-SPEED = {"rswa_tiles": rswa_tiles, "batch_encoder": deepencoder, "vit_pad": vitpad}
+SPEED = {"rswa_tiles": rswa_tiles, "batch_encoder": deepencoder, "vit_pad": vitpad, "pixel_bytes": pixels}
 # What this process (and the processes it starts: a shard's parts) has warned of: each once a run.
 WARNED_ENV = "BATCHOCR_VLLM_WARNED"
 
@@ -105,6 +105,11 @@ class VLLMOptions:
     # None: the preset's in either mode (on for unlimited-ocr, faster at equal work in each), where
     # this vLLM's kernel is the one the rewrite knows (else vLLM's own, with a warning).
     rswa_tiles: bool | None = None
+    # unlimited-ocr, deepseek-ocr with batch_encoder: each image view handed to vLLM's engine core
+    # as its bytes (uint8), made the model's input on the GPU (patches.pixels): the same input
+    # value for value, half the bytes a page crossing to the engine core and held on the host.
+    # None: the preset's (on for unlimited-ocr; off for deepseek-ocr, whose encoder is vLLM's).
+    pixel_bytes: bool | None = None
     # qwen2.5-vl, olmocr-2: the vision MLPs' inner size padded 3,420 -> 3,456 with zeros once
     # loaded, so that cuBLAS runs a Hopper GEMM, not an Ampere one (patches.vitpad; the same
     # output). None: the preset's (off in every preset: over the compiled vision blocks, the
@@ -180,6 +185,11 @@ class VLLMOptions:
         """rswa_tiles as the engine uses it (speed_on)."""
         return self.speed_on("rswa_tiles", preset)
 
+    def bytes_on(self, preset: Preset) -> bool:
+        """pixel_bytes as the engine uses it (speed_on): the model's half rides with the batched
+        encoder, so only with it."""
+        return self.speed_on("pixel_bytes", preset) and self.encoder_batched(preset)
+
     def speed_on(self, key: str, preset: Preset) -> bool:
         """A speed patch (SPEED) as the engine uses it: as set; unset, the preset's, and only where
         this vLLM has the code the patch rewrites: a default must not stop a run on another vLLM,
@@ -208,7 +218,9 @@ class VLLMOptions:
     def set_runner_env(self) -> None:
         """Before vLLM is built in this process (its engine-core process inherits it): the
         environment these options need. ngram_bans: sampler asks for vLLM's V2 runner;
-        ConfigError naming the key where the environment says no."""
+        ConfigError naming the key where the environment says no. pixel_bytes: patches.pixels'
+        switch, which the engine core's batched encoder reads to install the model's half."""
+        os.environ[pixels.ENV] = "1" if self.bytes_on(get_preset(self.preset)) else "0"
         if self.ngram_bans == "sampler":
             try:
                 ngram_sampler.require_v2_runner()
@@ -232,6 +244,8 @@ class VLLMOptions:
                               f"{patches.TESTED} (pip install '.[vllm]' from the clone)")
         for key, patch in SPEED.items():
             asked = getattr(self, key)
+            if key == "pixel_bytes" and asked is None and not self.encoder_batched(preset):
+                continue  # off with the batched encoder, whose own line (if any) says so
             why = _moved(patch) if asked or (asked is None and getattr(preset, key)) else None
             if why is not None and asked:
                 raise ConfigError(f"engines.vllm.{key}: {why}; set it false for this vLLM")
@@ -318,6 +332,12 @@ def _check_patches_fit(o: VLLMOptions, preset: Preset) -> None:
     if o.batch_encoder is True and preset.name not in deepencoder.PRESETS:
         raise ConfigError(f"engines.vllm.batch_encoder: batches DeepSeek-OCR's vision encoder "
                           f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another")
+    if o.pixel_bytes and preset.name not in deepencoder.PRESETS:
+        raise ConfigError(f"engines.vllm.pixel_bytes: hands DeepSeek-OCR's image views over as bytes "
+                          f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another vision tower")
+    if o.pixel_bytes and not o.encoder_batched(preset):
+        raise ConfigError("engines.vllm.pixel_bytes: the model takes the bytes in the batched encoder "
+                          "(patches.deepencoder): set batch_encoder true, or pixel_bytes false")
     if o.rswa_tiles and preset.name not in rswa_tiles.PRESETS:
         raise ConfigError(f"engines.vllm.rswa_tiles: skips the KV tiles R-SWA hides "
                           f"({', '.join(rswa_tiles.PRESETS)}); preset {preset.name} attends without R-SWA")

@@ -55,8 +55,10 @@ class VLLMEngine(VLLMBase):
         self._SamplingParams, self._delta = _sampling_api()
         options.set_runner_env()
         options.check_patches()
-        if pixels.switched_on():  # a bench's switch: class-wide
+        if pixels.switched_on():  # engines.vllm.pixel_bytes (set_runner_env): class-wide in this process
             pixels.install_processor()
+        else:  # an engine built before in this process may have installed it
+            pixels.uninstall()
         if 0 < options.queue_pages < options.max_num_seqs:  # allowed (host memory), but it starves the batch
             log.warning("engines.vllm.queue_pages %d is below max_num_seqs %d: at most %d requests run at once "
                         "(a smaller batch, fewer pages/s)", options.queue_pages, options.max_num_seqs,

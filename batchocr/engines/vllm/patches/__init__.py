@@ -9,9 +9,11 @@ options choose them (options.py: VLLMOptions.llm_args):
 - vitpad.py: Qwen2.5-VL's vision MLPs padded to an aligned inner size.
 - ngram.py: the no-repeat n-gram bans as a logits processor, cheap at 256+ requests a step.
 - ngram_sampler.py: the same bans on the GPU, in the V2 model runner's sampler.
+- pixels.py: DeepSeek-OCR's image views handed to the engine core as bytes (pixel_bytes; its
+  model half rides with deepencoder's, its processor half installs in the engine's process).
 - workerext.py: how the patches reach vLLM's worker, and key its compile cache.
-- samattn.py, pixels.py: a bench's switches in the environment until measured, not options: SAM's
-  bias folded into its attention; the image views handed to the engine as bytes.
+- samattn.py: a bench's switch in the environment until measured, not an option: SAM's bias
+  folded into its attention.
 
 Each patch names the vLLM code it rewrites or copies (`TARGETS`: a file of the vllm package
 and a function or class in it, with a hash of its source in vLLM 0.26.0; rswa_tiles: the anchors
@@ -22,7 +24,7 @@ worker extension):
 
 - the n-gram bans (ngram_bans: processor or sampler) change the output where they are missing:
   the run stops (exit 2, the key named), whatever asked for them.
-- rswa_tiles, batch_encoder, vit_pad change only speed: left to the preset, vLLM's own code
+- rswa_tiles, batch_encoder, vit_pad, pixel_bytes change only speed (and host memory): left to the preset, vLLM's own code
   runs, with one warning naming the key; asked for in the job spec, the run stops (exit 2).
 
 Another vLLM than the one tested is said once (`untested`), whether or not a patch is on. Each

@@ -13,9 +13,10 @@ tensor vLLM's own path gives, value for value. Only for the processor's default 
 (normalized with mean and std 0.5 in each channel, the one these models use); any other keeps
 vLLM's floats, which the model takes as they are.
 
-Not an engine option yet: with BATCHOCR_PIXELS_U8=1 in the environment, the engine installs
-the processor's half in its process and the batched encoder the model's half in vLLM's
-(patches.deepencoder). `bench/gpu/check_pixels.py` compares the two paths on vLLM's real
+engines.vllm.pixel_bytes (on in the unlimited-ocr preset) sets BATCHOCR_PIXELS_U8 in the
+environment before vLLM builds (options.set_runner_env): with it 1, the engine installs the
+processor's half in its process and the batched encoder the model's half in vLLM's engine core,
+which inherits the environment (patches.deepencoder). `bench/gpu/check_pixels.py` compares the two paths on vLLM's real
 processor. Importing this module needs no torch.
 """
 
@@ -46,7 +47,7 @@ def moved() -> str | None:
 
 
 def switched_on() -> bool:
-    """Whether this process's environment asks for the bytes (ENV=1)."""
+    """Whether this process's environment asks for the bytes (ENV=1; engines.vllm.pixel_bytes sets it)."""
     return os.environ.get(ENV) == "1"
 
 
@@ -154,7 +155,7 @@ def install_model() -> None:
 
 
 def uninstall() -> None:
-    """vLLM's methods back (a bench that compares both in one process)."""
+    """vLLM's methods back (an engine with pixel_bytes off after one with it on in this process; a bench)."""
     for (_, name), (owner, method) in _originals.items():
         setattr(owner, name, method)
     _originals.clear()
