@@ -8,7 +8,8 @@ value, for every view of every page, and the bytes a page hands over either way.
 
 The pages: samples/'s documents rendered as the engine renders them (PyMuPDF, the preset's
 render hints), a page small enough for no crops (its empty crops must stay bytes so that a
-step's views concatenate), and the views of two pages concatenated as vLLM batches a step.
+step's views concatenate), document mode's request of three pages (base views of 1024, no
+crops), and the views of two pages concatenated as vLLM batches a step.
 `model_input` runs on the GPU where there is one. The processor's tokenizer is a stand-in
 (only the image tokens' count matters here). Exit 1 where any value differs."""
 
@@ -103,6 +104,22 @@ def main() -> int:
             "bytes_u8": sum(x.numel() * x.element_size() for x in raw),
             "processor_ms_vllm": round(stock_s * 1e3, 1), "processor_ms_u8": round(raw_s * 1e3, 1)})
         print(json.dumps(report["pages"][-1]), flush=True)
+    # document mode's request: several pages in one, base views only (vLLM's processor turns crops off
+    # for several images; the preset's document requests ask for the 1024 view)
+    pages_of = [image for name, image in pages()[:3]]
+    proc.image_size, prompt_n = 1024, "<image>" * len(pages_of) + "\ndocument parsing."
+    stock = [x.to(dtype) for x in proc.tokenize_with_images(prompt_n, pages_of, cropping=False)[1:3]]
+    pixels.install_processor()
+    try:
+        raw = proc.tokenize_with_images(prompt_n, pages_of, cropping=False)[1:3]
+    finally:
+        pixels.uninstall()
+        proc.image_size = 640
+    made = [pixels.model_input(x.to(device), dtype).cpu() for x in raw]
+    equal = all(torch.equal(a, b) for a, b in zip(stock, made)) and all(x.dtype == torch.uint8 for x in raw)
+    report["document"] = {"pages": len(pages_of), "views": [int(x.shape[0]) for x in raw], "equal": equal}
+    print(json.dumps(report["document"]), flush=True)
+    same &= equal
     # a step's views of a page with crops and one without, concatenated as vLLM's _reduce_data does
     crops = torch.cat([views["report.pdf#0"][1], views["small (no crops)"][1]])
     report["concatenated_dtype"] = str(crops.dtype)
