@@ -144,6 +144,8 @@ def _end(failing: BaseException | None, stop: threading.Event, pool: RenderPool,
         timings["first_request_s"] = engine.first_request_at - tally.started
     if engine.renderer_warm_up_s is not None:
         timings["renderer_warm_up_s"] = engine.renderer_warm_up_s
+    if engine.renderer_warm_up_at is not None:  # before engine_start_s's end: beside the build
+        timings["renderer_warm_up_at_s"] = engine.renderer_warm_up_at - tally.started
     summary.timings = {k: round(v, 3) for k, v in timings.items()}
     summary.timings["render_workers_replaced"] = pool.replaced
     status = "failed" if failing else ("interrupted" if summary.interrupted else "done")

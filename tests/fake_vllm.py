@@ -2,7 +2,9 @@
 `vllm.sampling_params.RequestOutputKind`, `vllm.EngineArgs` (a dataclass of some of its real
 fields: batchocr checks engine_args' keys against it), and an `LLM` whose `llm_engine` has
 `renderer.render_cmpl`, `add_request`, `step`, `abort_request`, `engine_core.shutdown`,
-`get_supported_tasks`.
+`get_supported_tasks`; and, installed as vllm, the two steps of vLLM's build that
+batchocr.engines.vllm.patches.startup wraps, called as vLLM calls them
+(`vllm.v1.engine.llm_engine.renderer_from_config`, `vllm.v1.engine.utils.wait_for_engine_startup`).
 
 It behaves like an engine with continuous batching: up to max_num_seqs requests
 decode one token a step; a page's answer length depends on its index (without
@@ -21,6 +23,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass, field
@@ -162,12 +165,22 @@ class _Core:
             self.process.kill()
 
 
+def renderer_from_config(config) -> _Renderer:
+    """vllm.v1.engine.llm_engine's (the engine's renderer, made first in its build)."""
+    return _Renderer()
+
+
+def wait_for_engine_startup(load_s: float = 0.0) -> None:
+    """vllm.v1.engine.utils' (this process waiting for the engine core's handshake: its load)."""
+    time.sleep(load_s)
+
+
 class FakeEngine:
-    def __init__(self, max_num_seqs: int, max_model_len: int, stream_interval: int = 1):
+    def __init__(self, max_num_seqs: int, max_model_len: int, stream_interval: int = 1, renderer=None):
         self.max_num_seqs = max_num_seqs
         self.stream_interval = stream_interval
         self.max_model_len = max_model_len
-        self.renderer = _Renderer()
+        self.renderer = renderer or _Renderer()
         self.engine_core = _Core()
         self.requests: dict[str, _Request] = {}
         self.order: list[str] = []
@@ -289,11 +302,20 @@ class LLM:
         self.kwargs = kwargs
         builds = os.environ.get("BATCHOCR_FAKE_BUILDS")  # a file: each build's span and its memory share
         t0 = time.time()
-        if builds:
-            time.sleep(float(os.environ.get("BATCHOCR_FAKE_BUILD_S", "0.5")))  # a load that takes a while
+        # vLLM 0.26's order (LLMEngine.__init__, launch_core_engines), through its modules' globals
+        # where this stand-in is installed as vllm, as vLLM calls them (patches.startup wraps them):
+        # the renderer, the engine core's process started (the threads this process has then: a
+        # fork copies them mid-call), the wait for its handshake (a load that takes a while).
+        made = sys.modules.get("vllm.v1.engine.llm_engine") or sys.modules[__name__]
+        waits = sys.modules.get("vllm.v1.engine.utils") or sys.modules[__name__]
+        renderer = made.renderer_from_config(kwargs)
+        self.threads_at_fork = sorted(t.name for t in threading.enumerate())
+        self.waited = [time.monotonic()]
+        waits.wait_for_engine_startup(float(os.environ.get("BATCHOCR_FAKE_BUILD_S", "0.5")) if builds else 0.0)
+        self.waited.append(time.monotonic())
         if os.environ.get("BATCHOCR_FAKE_COMPILE"):  # a file: each build's compile, from its caches or not
             _compile(os.environ["BATCHOCR_FAKE_COMPILE"], kwargs)
-        self.llm_engine = FakeEngine(max_num_seqs, max_model_len, kwargs.get("stream_interval", 1))
+        self.llm_engine = FakeEngine(max_num_seqs, max_model_len, kwargs.get("stream_interval", 1), renderer)
         if os.environ.get("BATCHOCR_FAKE_REFUSE"):  # an engine refusing every request (a process of its own)
             self.llm_engine.refuse = ValueError(os.environ["BATCHOCR_FAKE_REFUSE"])
         if builds:
@@ -355,7 +377,9 @@ def _modules() -> dict[str, types.ModuleType]:
     vllm.sampling_params = sampling
     processor = _chain("transformers_utils.processors.deepseek_ocr", vllm, ImageTransform=ImageTransform,
                        DeepseekOCRProcessor=DeepseekOCRProcessor)
-    return {"vllm": vllm, "vllm.sampling_params": sampling, **{m.__name__: m for m in processor}}
+    engine = _chain("v1.engine.llm_engine", vllm, renderer_from_config=renderer_from_config)
+    utils = _chain("utils", engine[1], wait_for_engine_startup=wait_for_engine_startup)
+    return {"vllm": vllm, "vllm.sampling_params": sampling, **{m.__name__: m for m in processor + engine + utils}}
 
 
 def _chain(path: str, root: types.ModuleType, **attrs) -> list[types.ModuleType]:

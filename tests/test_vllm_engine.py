@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 
@@ -265,6 +266,7 @@ def test_the_pipeline_with_the_vllm_engine_renders_to_the_presets_size(monkeypat
     assert engine.first_request_at is not None and summary.timings["first_request_s"] == t["first_request_s"]
     # and how long the renderer's first call, the warm-up, took
     assert t["renderer_warm_up_s"] == engine.renderer_warm_up_s >= 0
+    assert isinstance(t["renderer_warm_up_at_s"], float)  # when it began (this engine was built before the run)
 
 
 def _slow_first_renderer(llm, fail: bool = False):
@@ -320,6 +322,68 @@ def test_a_failed_warm_up_costs_nothing_but_a_debug_line(monkeypatch, caplog):
     assert len(rows) == 5 and all(r["error_type"] is None and r["finish_reason"] == "stop" for r in rows) and len(calls) == 6
     (said,) = [r for r in caplog.records if "warm-up" in r.getMessage()]
     assert said.levelno == logging.DEBUG and "RuntimeError: no processor for a blank page" in said.getMessage()
+
+
+def _building(monkeypatch, tmp_path) -> list[dict]:
+    """The stand-in installed as vllm, its build a load of 0.5 s (the engine core's start-up),
+    the start of each call of the renderer it makes kept."""
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setenv("BATCHOCR_FAKE_BUILDS", str(tmp_path / "builds.jsonl"))
+    monkeypatch.setenv("BATCHOCR_FAKE_BUILD_S", "0.5")
+    calls, made = [], sys.modules["vllm.v1.engine.llm_engine"]
+    inner_made = made.renderer_from_config
+
+    def renderer_from_config(config):
+        renderer = inner_made(config)
+        inner = renderer.render_cmpl
+
+        def render_cmpl(prompts):
+            calls.append({"start": time.monotonic(), "size": prompts[0]["multi_modal_data"]["image"].size})
+            return inner(prompts)
+
+        renderer.render_cmpl = render_cmpl
+        return renderer
+
+    monkeypatch.setattr(made, "renderer_from_config", renderer_from_config)
+    return calls
+
+
+def test_the_warm_up_runs_while_vllm_waits_for_its_engine_core_after_the_fork(monkeypatch, tmp_path):
+    """vLLM's build makes the renderer, starts the engine core's process, then waits for it (25-50 s
+    on an H100, this process idle); the renderer's warm-up (2.2-3.4 s there) came after the build,
+    before the first request. It runs in that wait now: begun after the engine core's process
+    started (no thread of batchocr's running while vLLM forks it) and before the build returns.
+    vLLM's functions are its own again after the build."""
+    calls = _building(monkeypatch, tmp_path)
+    from vllm.v1.engine import llm_engine, utils
+
+    wrapped = (llm_engine.renderer_from_config, utils.wait_for_engine_startup)
+    engine = VLLMEngine(VLLMOptions(model="fake-model", preset="unlimited-ocr", max_tokens=30))
+    llm = engine.llm
+    rows = _run(engine, _pages(4))
+    engine.close()
+    assert len(rows) == 4 and all(r["error_type"] is None for r in rows)
+    assert not [name for name in llm.threads_at_fork if name.startswith("batchocr-prepare")], llm.threads_at_fork
+    waited, built = llm.waited
+    assert waited <= engine.renderer_warm_up_at <= calls[0]["start"] < built, (waited, calls[0], built)
+    assert calls[0]["size"] == (1344, 1920) and len(calls) == 5  # the blank page, then the 4 pages
+    assert (llm_engine.renderer_from_config, utils.wait_for_engine_startup) == wrapped
+
+
+def test_where_vllms_build_is_not_as_written_the_warm_up_waits_for_the_build(monkeypatch, tmp_path):
+    """A vLLM whose build differs from 0.26's (patches.startup's TARGETS) is not wrapped: the
+    warm-up begins after the build, as before, and the run reads every page."""
+    from batchocr.engines.vllm.patches import startup
+
+    calls = _building(monkeypatch, tmp_path)
+    monkeypatch.setattr(startup, "moved", lambda: "this vLLM has no LLMEngine.__init__ in vllm/v1/engine/llm_engine.py")
+    engine = VLLMEngine(VLLMOptions(model="fake-model", max_tokens=30))
+    llm = engine.llm
+    rows = _run(engine, _pages(4))
+    engine.close()
+    assert len(rows) == 4 and all(r["error_type"] is None for r in rows)
+    built = llm.waited[1]
+    assert built <= engine.renderer_warm_up_at <= calls[0]["start"] and len(calls) == 5
 
 
 def test_a_missing_model_folder_is_a_config_error(monkeypatch):

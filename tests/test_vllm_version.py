@@ -21,13 +21,14 @@ from PIL import Image
 
 import fake_vllm
 from batchocr.engines.vllm import VLLMOptions, options, patches
-from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, pixels, rswa_tiles, samattn, vitpad, workerext
+from batchocr.engines.vllm.patches import (deepencoder, ngram, ngram_sampler, pixels, rswa_tiles, samattn, startup,
+                                          vitpad, workerext)
 from batchocr.engines.vllm.presets import get_preset
 from batchocr.errors import ConfigError
 from conftest import ROOT, read_table, run_cli
 
 TESTS = Path(__file__).parent
-PATCHES = (deepencoder, vitpad, ngram, ngram_sampler, workerext, samattn, pixels)
+PATCHES = (deepencoder, vitpad, ngram, ngram_sampler, workerext, samattn, pixels, startup)
 UOCR = "batchocr.engines.vllm.patches.rswa_tiles.RswaTiles"
 
 

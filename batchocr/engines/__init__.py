@@ -36,8 +36,10 @@ class Engine:
     render_hints: Mapping[str, int] = MappingProxyType({})
     # time.monotonic() when the engine took the run's first request (None: it keeps no such time).
     first_request_at: float | None = None
-    # How long the engine's own renderer took to warm up (None: it has none).
+    # How long the engine's own renderer took to warm up, and when (time.monotonic()) it began
+    # (None: it has none).
     renderer_warm_up_s: float | None = None
+    renderer_warm_up_at: float | None = None
 
     @property
     def accelerator(self) -> dict[str, Any]:

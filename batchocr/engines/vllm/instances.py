@@ -53,6 +53,11 @@ class VLLMInstances(VLLMBase):
         return _pick(min, [each.first_request_at for each in self.instances])
 
     @property
+    def renderer_warm_up_at(self) -> float | None:
+        """When the first of the engines' renderer warm-ups began."""
+        return _pick(min, [each.renderer_warm_up_at for each in self.instances])
+
+    @property
     def renderer_warm_up_s(self) -> float | None:
         """How long the renderer's warm-up took: the longest of the engines'."""
         return _pick(max, [each.renderer_warm_up_s for each in self.instances])

@@ -29,7 +29,7 @@ from batchocr.engines.vllm import failures
 from batchocr.engines.vllm.base import VLLMBase
 from batchocr.engines.vllm.document import Documents, grouped, shares
 from batchocr.engines.vllm.options import CHECK_EVERY, VLLMOptions, prompt_setting
-from batchocr.engines.vllm.patches import pixels
+from batchocr.engines.vllm.patches import pixels, startup
 from batchocr.engines.vllm.repetition import RepetitionCheck
 from batchocr.engines.vllm.request import Page, Request, retry
 from batchocr.errors import ConfigError
@@ -63,25 +63,38 @@ class VLLMEngine(VLLMBase):
             log.warning("engines.vllm.queue_pages %d is below max_num_seqs %d: at most %d requests run at once "
                         "(a smaller batch, fewer pages/s)", options.queue_pages, options.max_num_seqs,
                         options.queue_pages)
-        self.llm = llm if llm is not None else failures.load(options, self.preset)
-        self.engine = self.llm.llm_engine
-        failures.check_can_generate(self.engine, options.model)
-        self._watching = threading.Event()
-        failures.watch_engine_core(self.engine, self._watching)
         self.prompt = self.preset.prompt(options.prompt)
         self.check = RepetitionCheck(options.repetition_span, options.repetition_max_period)
         self.documents = Documents(self.preset.document_separator)
         self._ids = itertools.count()
+        # (its threads start with its first task: none runs while vLLM forks the engine core)
         self._pool = ThreadPoolExecutor(options.prepare_threads, thread_name_prefix="batchocr-prepare")
-        # How long the renderer's warm-up calls took (None until one has run); when vLLM took the
-        # run's first request (time.monotonic): before it, the requests' preparation (the image
-        # processor's first calls); after it, the GPU's prefill and decode.
+        # How long the renderer's warm-up calls took (None until one has run), and when the first
+        # began; when vLLM took the run's first request (time.monotonic): before it, the
+        # requests' preparation (the image processor's first calls); after it, the GPU's prefill
+        # and decode.
         self.renderer_warm_up_s: float | None = None
+        self.renderer_warm_up_at: float | None = None
         self.first_request_at: float | None = None
         self._warmed: dict[str, Future] | None = None  # the warm-up of each kind of request
         self._refusals = refusals or failures.refusals()
+        try:
+            if llm is not None:
+                self.llm = llm
+            elif warm_up:  # the warm-up beside the engine core's start-up, where vLLM's build allows
+                with startup.beside_startup(lambda renderer: self.start_warm_up(renderer=renderer)):
+                    self.llm = failures.load(options, self.preset)
+            else:
+                self.llm = failures.load(options, self.preset)
+            self.engine = self.llm.llm_engine
+            failures.check_can_generate(self.engine, options.model)
+        except BaseException:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        self._watching = threading.Event()
+        failures.watch_engine_core(self.engine, self._watching)
         if warm_up:
-            self.start_warm_up()
+            self.start_warm_up()  # where it has not begun beside the build
 
     @property
     def groups(self) -> dict[str, int]:
@@ -124,7 +137,7 @@ class VLLMEngine(VLLMBase):
     def _context(self) -> int:
         return self.options.max_model_len or self.preset.max_model_len
 
-    def start_warm_up(self, after: Future | None = None) -> Future:
+    def start_warm_up(self, after: Future | None = None, renderer: Any = None) -> Future:
         """vLLM's renderer pays a one-time cost on its first call in a process with each set of
         processor arguments (vLLM keeps a processor a set: Unlimited-OCR's document requests,
         their 1024 view, load one of their own), and prepare threads making their first calls
@@ -132,14 +145,15 @@ class VLLMEngine(VLLMBase):
         pays it now, on blank pages, while the first pages render: in document mode a group's
         call first, then a page's (a page read alone: a one-page document, a group read again);
         a request's preparation waits for its kind's. Once; after `after` (another engine's
-        warm-up) where given. Returns the last warm-up's future."""
+        warm-up) where given; through `renderer` where the engine is still being built (vLLM's,
+        handed over by patches.startup), else the engine's. Returns the last warm-up's future."""
         if self._warmed is None:
             self._warmed = {}
             for kind in (("document", "page") if self.group_pages > 1 else ("page",)):
-                after = self._warmed[kind] = self._pool.submit(self._warm_up, kind, after)
+                after = self._warmed[kind] = self._pool.submit(self._warm_up, kind, after, renderer)
         return list(self._warmed.values())[-1]
 
-    def _warm_up(self, kind: str, after: Future | None = None) -> None:
+    def _warm_up(self, kind: str, after: Future | None = None, renderer: Any = None) -> None:
         """vLLM's renderer's first call of a kind, alone, on blank pages of the preset's size
         (portrait, as scans are): a page, or the smallest group; never raises: where it fails,
         the requests' own calls say why."""
@@ -150,9 +164,11 @@ class VLLMEngine(VLLMBase):
         side, multiple = self.preset.max_side, self.preset.size_multiple
         width = max(multiple, int(side * 0.7) // multiple * multiple)
         started = time.monotonic()
+        if self.renderer_warm_up_at is None:
+            self.renderer_warm_up_at = started
         try:
             blank = Image.new("RGB", (width, side), "white")
-            self.engine.renderer.render_cmpl([self._prompt([blank] * (2 if kind == "document" else 1), kind == "document")])
+            (renderer or self.engine.renderer).render_cmpl([self._prompt([blank] * (2 if kind == "document" else 1), kind == "document")])
         except Exception as exc:  # noqa: BLE001
             log.debug("the renderer's warm-up (%s) failed (the requests' calls will say why): %s: %s",
                       kind, type(exc).__name__, exc)
@@ -399,7 +415,7 @@ class VLLMEngine(VLLMBase):
     def close(self) -> None:
         """Shut vLLM down explicitly: a process that finished its LLM work was seen
         to hang at exit until killed."""
-        if not hasattr(self, "_pool"):  # it failed to build
+        if not hasattr(self, "engine"):  # it failed to build
             return
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._watching.set()  # our own shutdown is no death

@@ -11,6 +11,9 @@ options choose them (options.py: VLLMOptions.llm_args):
 - ngram_sampler.py: the same bans on the GPU, in the V2 model runner's sampler.
 - pixels.py: DeepSeek-OCR's image views handed to the engine core as bytes (pixel_bytes; its
   model half rides with deepencoder's, its processor half installs in the engine's process).
+- startup.py: the engine's renderer warm-up beside vLLM's wait for its engine core, in the
+  process that builds the LLM (wraps two functions for the build's duration; nothing in vLLM's
+  worker).
 - workerext.py: how the patches reach vLLM's worker, and key its compile cache.
 - samattn.py: a bench's switch in the environment until measured, not an option: SAM's bias
   folded into its attention.
