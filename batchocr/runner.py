@@ -48,6 +48,7 @@ def run_shard(spec: JobSpec, progress: bool, engine: Engine | None, stop: thread
         if part is None:  # a part's parent made it before the parts started
             engines.before_build(spec.engine, spec.engine_options)
         engine = _build(spec, part, stop, start)
+        start["engine_built_s"] = time.monotonic() - started  # on the clock of first_page_s and the rest
     try:
         summary = _run(shard, engine, new_run_id(), started, started_at, progress, stop, part, start)
         if part is not None:
@@ -144,7 +145,7 @@ def _end(failing: BaseException | None, stop: threading.Event, pool: RenderPool,
         timings["first_request_s"] = engine.first_request_at - tally.started
     if engine.renderer_warm_up_s is not None:
         timings["renderer_warm_up_s"] = engine.renderer_warm_up_s
-    if engine.renderer_warm_up_at is not None:  # before engine_start_s's end: beside the build
+    if engine.renderer_warm_up_at is not None:  # before engine_built_s: beside the build
         timings["renderer_warm_up_at_s"] = engine.renderer_warm_up_at - tally.started
     summary.timings = {k: round(v, 3) for k, v in timings.items()}
     summary.timings["render_workers_replaced"] = pool.replaced

@@ -96,6 +96,7 @@ def test_run_record_and_done_marker(rapidocr_run):
     # before any page reaches the engine), all inside the run's seconds.
     t = record["timings"]
     assert t["turn_wait_s"] == 0 and 0 < t["engine_start_s"] < min(t["first_page_s"], t["first_row_s"])
+    assert t["engine_start_s"] <= t["engine_built_s"] <= min(t["first_page_s"], t["first_row_s"])  # one clock
     assert max(t["first_page_s"], t["first_row_s"]) < record["counts"]["seconds"]
     assert {"batchocr", "pymupdf", "pyarrow", "python"} <= set(record["versions"])
     assert record["run_id"] in proc.stdout

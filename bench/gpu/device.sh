@@ -69,7 +69,7 @@ for name, m in r.items():
     if isinstance(m, dict) and "pages_per_s" in m:
         t, s = m.get("timings") or {}, m.get("steady") or {}
         print("  ", name, m["pages_per_s"], "steady", s.get("pages_per_s"), "gpu", s.get("gpu_busy_pct"),
-              {k: t.get(k) for k in ("engine_start_s", "renderer_warm_up_at_s", "renderer_warm_up_s", "first_page_s", "first_request_s", "first_row_s")})
+              {k: t.get(k) for k in ("engine_built_s", "renderer_warm_up_at_s", "renderer_warm_up_s", "first_page_s", "first_request_s", "first_row_s")})
         spy = m.get("py_spy") or {}  # --py-spy: the engine core's main thread, its top functions
         for what, p in (spy.get("by_process") or {}).items():
             print("   py-spy", what, p["samples"], p["main_self_pct"][:10])
