@@ -222,8 +222,8 @@ def unlimited_ocr() -> Preset:
                   # the step's pages through SAM/CLIP together (patches.deepencoder): faster end to end
                   # and in the steady state at equal work, the same embeddings in bf16
                   batch_encoder=True,
-                  # the views as bytes (patches.pixels): the model's input the same value for value,
-                  # the host's peak 0.71x over 4,096 pages at equal work (with SAM's fold-pad: 1.061x)
+                  # the views as bytes (patches.pixels): the same model input value for value, half
+                  # the bytes a page to the engine core, less host memory at equal work
                   pixel_bytes=True,
                   # attention reading only the KV tiles R-SWA can see (patches.rswa_tiles): faster end
                   # to end and in the steady state at equal work, the same output

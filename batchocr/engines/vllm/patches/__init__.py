@@ -27,8 +27,9 @@ worker extension):
 
 - the n-gram bans (ngram_bans: processor or sampler) change the output where they are missing:
   the run stops (exit 2, the key named), whatever asked for them.
-- rswa_tiles, batch_encoder, vit_pad, pixel_bytes change only speed (and host memory): left to the preset, vLLM's own code
-  runs, with one warning naming the key; asked for in the job spec, the run stops (exit 2).
+- rswa_tiles, batch_encoder, vit_pad, pixel_bytes change only speed (and host memory): left to
+  the preset, vLLM's own code runs, with one warning naming the key; asked for in the job spec,
+  the run stops (exit 2).
 
 Another vLLM than the one tested is said once (`untested`), whether or not a patch is on. Each
 warning is said once a run: once in a process, and not again by the parts it starts.

@@ -16,8 +16,8 @@ vLLM's floats, which the model takes as they are.
 engines.vllm.pixel_bytes (on in the unlimited-ocr preset) sets BATCHOCR_PIXELS_U8 in the
 environment before vLLM builds (options.set_runner_env): with it 1, the engine installs the
 processor's half in its process and the batched encoder the model's half in vLLM's engine core,
-which inherits the environment (patches.deepencoder). `bench/gpu/check_pixels.py` compares the two paths on vLLM's real
-processor. Importing this module needs no torch.
+which inherits the environment (patches.deepencoder). `bench/gpu/check_pixels.py` compares the
+two paths on vLLM's real processor. Importing this module needs no torch.
 """
 
 from __future__ import annotations

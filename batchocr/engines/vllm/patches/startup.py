@@ -41,10 +41,9 @@ def moved() -> str | None:
 
 
 @contextlib.contextmanager
-def beside_startup(call: Callable[[Any], None]) -> Iterator[Callable[[], bool]]:
+def beside_startup(call: Callable[[Any], None]) -> Iterator[None]:
     """Inside it, a vllm.LLM's build calls `call(renderer)` once, in the building thread, as the
-    wait for its engine core begins; `call` must return at once (hand the work to a thread).
-    Yields a function that says whether the call was made."""
+    wait for its engine core begins; `call` must return at once (hand the work to a thread)."""
     made = [False]
     why = moved()
     try:
@@ -55,7 +54,7 @@ def beside_startup(call: Callable[[Any], None]) -> Iterator[Callable[[], bool]]:
         why = why or f"{type(exc).__name__}: {exc}"
     if why is not None:
         log.debug("the renderer's warm-up waits for the build (%s)", why)
-        yield lambda: made[0]
+        yield
         return
     renderers: list = []
 
@@ -77,6 +76,6 @@ def beside_startup(call: Callable[[Any], None]) -> Iterator[Callable[[], bool]]:
     with _building:
         llm_engine.renderer_from_config, utils.wait_for_engine_startup = renderer_from_config, wait_for_engine_startup
         try:
-            yield lambda: made[0]
+            yield
         finally:
             llm_engine.renderer_from_config, utils.wait_for_engine_startup = make, wait
