@@ -309,7 +309,7 @@ class LLM:
         made = sys.modules.get("vllm.v1.engine.llm_engine") or sys.modules[__name__]
         waits = sys.modules.get("vllm.v1.engine.utils") or sys.modules[__name__]
         renderer = made.renderer_from_config(kwargs)
-        self.threads_at_fork = sorted(t.name for t in threading.enumerate())
+        self.threads_at_fork = list(threading.enumerate())
         self.waited = [time.monotonic()]
         waits.wait_for_engine_startup(float(os.environ.get("BATCHOCR_FAKE_BUILD_S", "0.5")) if builds else 0.0)
         self.waited.append(time.monotonic())
