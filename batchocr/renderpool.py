@@ -135,6 +135,13 @@ def _preload() -> list[str]:
 os.register_at_fork(after_in_child=renderworker.close_server_pipe)
 
 
+def _forkserver():
+    """multiprocessing's forkserver context, its server set to import what a worker needs first."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_preload())
+    return ctx
+
+
 def prestart() -> None:
     """Starts the render workers' fork server now, ahead of the pool: a run calls it before its
     engine builds, so that the server's imports (PyMuPDF, pyarrow, batchocr.render: 1-2 s) run
@@ -142,7 +149,7 @@ def prestart() -> None:
     start, nothing: the pool meets the same error and says why (RenderPool._spawn)."""
     from multiprocessing import forkserver
 
-    mp.get_context("forkserver").set_forkserver_preload(_preload())
+    _forkserver()
     try:
         with signals.held_for_a_child():
             forkserver.ensure_running()
@@ -170,8 +177,7 @@ class RenderPool:
         # Not fork: the parent holds onnxruntime/vLLM threads that must not be forked. Forks of a
         # fork server that imported what a worker needs (batchocr/renderserver.py): a spawned
         # worker imports it all again, about a second of CPU each.
-        self.ctx = mp.get_context("forkserver")
-        self.ctx.set_forkserver_preload(_preload())
+        self.ctx = _forkserver()
         self.workers: list[_Worker] = []
         self.replaced = 0  # workers killed (hung) or found dead
         self._start_failures = 0

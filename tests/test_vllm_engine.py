@@ -269,12 +269,11 @@ def test_the_pipeline_with_the_vllm_engine_renders_to_the_presets_size(monkeypat
     assert isinstance(t["renderer_warm_up_at_s"], float)  # when it began (this engine was built before the run)
 
 
-def _slow_first_renderer(llm, fail: bool = False):
-    """The stand-in's renderer made as vLLM's is in a fresh process: its first call slow (0.3 s,
-    the processor's set-up), the next ones quick; each call's span, image size and colour kept.
-    With fail, the first call raises (the pages' calls work)."""
-    renderer = llm.llm_engine.renderer
-    inner, calls = renderer.render_cmpl, []
+def _recorded(renderer, calls: list[dict] | None = None, first_s: float = 0.0, fail: bool = False) -> list[dict]:
+    """Each call of the renderer's span, image size and colour, kept in `calls` (a new list where
+    none is given); its first call `first_s` slow (the processor's set-up in a fresh process) and,
+    with fail, raising (the rest work)."""
+    inner, calls = renderer.render_cmpl, ([] if calls is None else calls)
 
     def render_cmpl(prompts):
         image = prompts[0]["multi_modal_data"]["image"]
@@ -282,7 +281,7 @@ def _slow_first_renderer(llm, fail: bool = False):
         first = not calls
         calls.append({"start": start, "size": image.size, "pixel": image.getpixel((0, 0))})
         if first:
-            time.sleep(0.3)
+            time.sleep(first_s)
         calls[-1]["end"] = time.monotonic()
         if first and fail:
             raise RuntimeError("no processor for a blank page")
@@ -290,6 +289,12 @@ def _slow_first_renderer(llm, fail: bool = False):
 
     renderer.render_cmpl = render_cmpl
     return calls
+
+
+def _slow_first_renderer(llm, fail: bool = False):
+    """The stand-in's renderer made as vLLM's is in a fresh process: its first call slow (0.3 s,
+    the processor's set-up), the next ones quick (_recorded)."""
+    return _recorded(llm.llm_engine.renderer, first_s=0.3, fail=fail)
 
 
 @pytest.mark.parametrize("preset,size", [("qwen2.5-vl", (896, 1288)), ("unlimited-ocr", (1344, 1920))])
@@ -326,7 +331,7 @@ def test_a_failed_warm_up_costs_nothing_but_a_debug_line(monkeypatch, caplog):
 
 def _building(monkeypatch, tmp_path) -> list[dict]:
     """The stand-in installed as vllm, its build a load of 0.5 s (the engine core's start-up),
-    the start of each call of the renderer it makes kept."""
+    each call of the renderer it makes kept (_recorded)."""
     fake_vllm.install(monkeypatch)
     monkeypatch.setenv("BATCHOCR_FAKE_BUILDS", str(tmp_path / "builds.jsonl"))
     monkeypatch.setenv("BATCHOCR_FAKE_BUILD_S", "0.5")
@@ -335,13 +340,7 @@ def _building(monkeypatch, tmp_path) -> list[dict]:
 
     def renderer_from_config(config):
         renderer = inner_made(config)
-        inner = renderer.render_cmpl
-
-        def render_cmpl(prompts):
-            calls.append({"start": time.monotonic(), "size": prompts[0]["multi_modal_data"]["image"].size})
-            return inner(prompts)
-
-        renderer.render_cmpl = render_cmpl
+        _recorded(renderer, calls)
         return renderer
 
     monkeypatch.setattr(made, "renderer_from_config", renderer_from_config)

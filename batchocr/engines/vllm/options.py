@@ -24,6 +24,9 @@ MAX_GROUP_PAGES = 50
 DOCUMENT_PROMPT_TOKENS = 16  # a group's prompt beyond its images (BOS, the instruction)
 # The patches that change only speed, by their key (each the same key in a preset, its default).
 SPEED = {"rswa_tiles": rswa_tiles, "batch_encoder": deepencoder, "vit_pad": vitpad, "pixel_bytes": pixels}
+# A speed patch that rides on another (pixel_bytes' model half installs with the batched encoder):
+# off wherever that one is off.
+RIDES_ON = {"pixel_bytes": "batch_encoder"}
 # What this process (and the processes it starts: a shard's parts) has warned of: each once a run.
 WARNED_ENV = "BATCHOCR_VLLM_WARNED"
 
@@ -186,14 +189,16 @@ class VLLMOptions:
         return self.speed_on("rswa_tiles", preset)
 
     def bytes_on(self, preset: Preset) -> bool:
-        """pixel_bytes as the engine uses it (speed_on): the model's half rides with the batched
-        encoder, so only with it."""
-        return self.speed_on("pixel_bytes", preset) and self.encoder_batched(preset)
+        """pixel_bytes as the engine uses it (speed_on)."""
+        return self.speed_on("pixel_bytes", preset)
 
     def speed_on(self, key: str, preset: Preset) -> bool:
         """A speed patch (SPEED) as the engine uses it: as set; unset, the preset's, and only where
         this vLLM has the code the patch rewrites: a default must not stop a run on another vLLM,
-        which then runs its own code (check_patches warns once)."""
+        which then runs its own code (check_patches warns once). Off where the patch it rides on
+        (RIDES_ON) is."""
+        if key in RIDES_ON and not self.speed_on(RIDES_ON[key], preset):
+            return False
         asked = getattr(self, key)
         if asked is not None:
             return asked
@@ -244,8 +249,8 @@ class VLLMOptions:
                               f"{patches.TESTED} (pip install '.[vllm]' from the clone)")
         for key, patch in SPEED.items():
             asked = getattr(self, key)
-            if key == "pixel_bytes" and asked is None and not self.encoder_batched(preset):
-                continue  # off with the batched encoder, whose own line (if any) says so
+            if asked is None and key in RIDES_ON and not self.speed_on(RIDES_ON[key], preset):
+                continue  # off with the patch it rides on, whose own line (if any) says so
             why = _moved(patch) if asked or (asked is None and getattr(preset, key)) else None
             if why is not None and asked:
                 raise ConfigError(f"engines.vllm.{key}: {why}; set it false for this vLLM")

@@ -12,6 +12,7 @@ nothing to resize.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import logging
@@ -78,14 +79,12 @@ class VLLMEngine(VLLMBase):
         self.first_request_at: float | None = None
         self._warmed: dict[str, Future] | None = None  # the warm-up of each kind of request
         self._refusals = refusals or failures.refusals()
+        # a build here warms the renderer up beside the engine core's start-up, where vLLM's build allows
+        beside = (startup.beside_startup(lambda renderer: self.start_warm_up(renderer=renderer))
+                  if llm is None and warm_up else contextlib.nullcontext())
         try:
-            if llm is not None:
-                self.llm = llm
-            elif warm_up:  # the warm-up beside the engine core's start-up, where vLLM's build allows
-                with startup.beside_startup(lambda renderer: self.start_warm_up(renderer=renderer)):
-                    self.llm = failures.load(options, self.preset)
-            else:
-                self.llm = failures.load(options, self.preset)
+            with beside:
+                self.llm = llm if llm is not None else failures.load(options, self.preset)
             self.engine = self.llm.llm_engine
             failures.check_can_generate(self.engine, options.model)
         except BaseException:
