@@ -63,6 +63,18 @@ def test_throughput_dry_run_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_b_alone_warms_up_its_pipeline_in_every_process(tmp_path):
+    # b against a variant: each process runs batchocr's pipeline on the first documents off the clock (the
+    # first process on a machine pays the cold compiles the second skips), and the timed work is unchanged
+    r = dry_run(tmp_path, "--pages", "32", "--per-doc", "8", "--max-num-seqs", "4", "--chunk", "8",
+                "--render-workers", "1", "--modes", "b", "--variant", "same=", "--warmup", "10")
+    for warm in (r["warmup"], r["b_same"]["warmup"]):
+        assert warm["pages"] == 16 and warm["requests"] > 0  # the two 8-page documents that hold 10 pages
+    for mode in ("b_batchocr", "b_same"):
+        assert r[mode]["rows"] == 32 and r[mode]["work"]["pages"] == 32 and r[mode]["work"]["attempts"] == {"1": 32}
+    assert r["equal_work"]["equal"]
+
+
 def test_compute_ceiling_of_the_issue_layouts(tmp_path):
     # The issue quotes ~18 pages/s (7B layout) and ~37 (2B) at 773 TFLOP/s bf16.
     sys.path.insert(0, str(ROOT / "bench/gpu"))

@@ -392,12 +392,13 @@ run() {  # one named run of the suite
                  py uocr-pixels-embed bench/gpu/check_encoder_batch.py --pages 4 --repeats 1 --pixels-u8 ;;
     # the same in the engine (engines.vllm.pixel_bytes, on in the unlimited-ocr preset: the engine installs the
     # processor's half, the batched encoder the model's): page b against b with vLLM's floats, equal work; the
-    # engine core's host time and the host's memory are what it saves
-    uocr-pixels-e2e) uocr uocr-pixels-e2e --pages "${UOCR_PIXELS_PAGES:-1024}" --lengths B --modes b \
+    # engine core's host time and the host's memory are what it saves. --warmup 32 in each process (here and in
+    # uocr-samfold-e2e, uocr-cg): the first process on a fresh machine pays cold compiles in its first steps
+    uocr-pixels-e2e) uocr uocr-pixels-e2e --pages "${UOCR_PIXELS_PAGES:-1024}" --lengths B --modes b --warmup 32 \
                        --variant "floats=--no-pixel-bytes" ;;
     # the faster of uocr-samfold's modes in the engine (the batched encoder installs it with BATCHOCR_SAM_ATTN):
     # page b against it, equal work
-    uocr-samfold-e2e) mode=$(fold_pick); uocr uocr-samfold-e2e --pages "${UOCR_SAMFOLD_PAGES:-1024}" --lengths B --modes b \
+    uocr-samfold-e2e) mode=$(fold_pick); uocr uocr-samfold-e2e --pages "${UOCR_SAMFOLD_PAGES:-1024}" --lengths B --modes b --warmup 32 \
                         --variant "fold=--env BATCHOCR_SAM_ATTN=${mode% *}" ;;
     # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)
     uocr-ban-sync) py uocr-ban-sync bench/gpu/check_ban_sync.py ;;
@@ -512,7 +513,7 @@ run() {  # one named run of the suite
     # full ones up to 256 for 256 sequences: ~15 s of an engine's build on the H200); page b against b with 13
     # sizes up to 256, 1,024 pages at equal work: llm_init_s of each (b's in the JSON's top level, the
     # variant's in b_cg13) and pages/s (a decode batch pads up to the next size: at most 31 rows of 256) (~6 min)
-    uocr-cg) uocr uocr-cg --pages "${UOCR_CG_PAGES:-1024}" --lengths B --modes b \
+    uocr-cg) uocr uocr-cg --pages "${UOCR_CG_PAGES:-1024}" --lengths B --modes b --warmup 32 \
                --variant 'cg13=--engine-arg compilation_config={"cudagraph_capture_sizes":[1,2,4,8,16,32,64,96,128,160,192,224,256]}' ;;  # no spaces: a variant splits on them
     # vLLM's encoder CUDA graphs (DeepSeek-OCR's global and local paths, V1 runner) against the batched
     # encoder's eager calls, which took 15.7% of the engine core's thread (uocr-spy, 2026-12-06); at most 4

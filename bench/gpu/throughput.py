@@ -53,6 +53,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -567,7 +568,8 @@ def child_argv(args, extra: list[str], json_path: Path) -> list[str]:
             "--prepare-threads", str(args.prepare_threads), "--queue-pages", str(args.queue_pages),
             *(["--admit-pages", str(args.admit_pages)] if args.admit_pages is not None else []),
             "--render-workers", str(args.render_workers), "--guard", args.guard,
-            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--json", str(json_path)]
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--warmup", str(args.warmup),
+            "--json", str(json_path)]
     if args.quantization:
         argv += ["--quantization", args.quantization]
     if args.rswa_tiles is not None:
@@ -694,9 +696,10 @@ def main() -> None:
                          "which functions the engine core's host time went to (python_by_self_ms); slows the host, "
                          "so profile few steps (30)")
     ap.add_argument("--warmup", type=int, default=0,
-                    help="N: before any mode, one `generate` of the first N pages (32 tokens each, pages rendered "
-                         "for a/c; none for b alone) off the clock, so that the first mode does not pay the "
-                         "first steps' compiles that the later ones skip")
+                    help="N: before any mode, off the clock, the first N pages at 32 tokens each: one `generate` "
+                         "where a or c rendered pages, else (b alone, one engine) batchocr's pipeline on the "
+                         "first documents that hold N pages; so that the first mode does not pay the first "
+                         "steps' compiles that the later ones skip. Each --variant's process warms up the same")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     for item in args.env:  # before vLLM is imported; a variant's process inherits the parent's
@@ -985,9 +988,12 @@ def main() -> None:
             self.engine = Counting(self.engine)
             self.finishes: list[float] = []
 
+        warm = False  # the warm-up's engine: 32 tokens a page, as a and c warm up
+
         def sampling(self, request):
             sp = super().sampling(request)
-            sp.max_tokens = sum(lengths[f"{names[p.doc_id]}/{p.page_index}"] for p in request.pages)
+            sp.max_tokens = (32 * len(request.pages) if self.warm else
+                             sum(lengths[f"{names[p.doc_id]}/{p.page_index}"] for p in request.pages))
             if args.ngram == "off":
                 sp.extra_args = without_ngram({"extra_args": sp.extra_args})["extra_args"]
             self.extra_args = sp.extra_args  # recorded: what the n-gram processor was given
@@ -1026,6 +1032,25 @@ def main() -> None:
         llm.generate(requests(warm), [SamplingParams(max_tokens=32, ignore_eos=True, detokenize=False, temperature=0.0)
                                       for _ in warm], use_tqdm=False)
         report["warmup"] = {"requests": len(warm), "s": round(time.monotonic() - t0, 1)}
+        print("warmup", json.dumps(report["warmup"]), flush=True)
+    elif args.warmup and llm is not None and here == ["b"]:  # b alone: its pipeline on the first documents
+        t0, chosen, held = time.monotonic(), [], 0
+        for d, n in zip(docs, counts):
+            if held >= args.warmup:
+                break
+            chosen.append(d)
+            held += n
+        (work / "warm-src").mkdir(exist_ok=True)
+        for d in chosen:
+            shutil.copy(work / "src" / d.name, work / "warm-src" / d.name)
+        warm_engine = Bench(options, llm=llm)
+        warm_engine.warm = True
+        summary = run_job(load_job(None, source=str(work / "warm-src"), out=str(work / "out-warmup"),
+                                   engine="vllm", route="model", engine_options={"model": options.model},
+                                   **{"render.workers": args.render_workers}),
+                          progress=False, engine=warm_engine)
+        report["warmup"] = {"requests": warm_engine.engine.requests, "pages": summary.pages,
+                            "s": round(time.monotonic() - t0, 1)}
         print("warmup", json.dumps(report["warmup"]), flush=True)
 
     prompt_tokens = None
@@ -1118,7 +1143,8 @@ def main() -> None:
             key = "a0_vllm_defaults" if child == "a0" else "b_batchocr"
             if key in got:
                 report[key if child == "a0" else f"b_{name}"] = got[key] | {
-                    "llm_args": got["llm_args"], "llm_init_s": got.get("llm_init_s"), "child_args": extra}
+                    "llm_args": got["llm_args"], "llm_init_s": got.get("llm_init_s"), "child_args": extra,
+                    "warmup": got.get("warmup")}
                 if child != "a0" and "a_vllm_alone" in got:  # a variant that asked for --modes a,b: its a too
                     report[f"a_{name}"] = got["a_vllm_alone"] | {"child_args": extra}
             else:
