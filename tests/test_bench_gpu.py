@@ -326,6 +326,25 @@ def test_processes_bench_seeded_caches_start_later_runs_from_the_first_run_s(tmp
     assert "seed_mb" in report["runs"]["1"] and (work / "cache-seed").is_dir() and "ratio_1#2/1" in report
 
 
+def test_processes_bench_says_what_a_build_added_beyond_the_compile_cache(tmp_path):
+    """cache_gained: the files a run's build wrote into its cache root that the compile cache it was
+    seeded from did not hold, by folder two levels down (all of them where there was no seed)."""
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    from processes import cache_gained
+
+    seed, root = tmp_path / "compile-cache", tmp_path / "cache"
+    for base in (seed, root):  # what the run copied in
+        (base / "triton" / "K1").mkdir(parents=True)
+        (base / "triton" / "K1" / "k.cubin").write_bytes(b"x" * 10)
+    (root / "triton" / "K2").mkdir(parents=True)
+    (root / "triton" / "K2" / "k.cubin").write_bytes(b"y" * 2**20)  # compiled during the build
+    (root / "inductor" / "ab" / "cd").mkdir(parents=True)
+    (root / "inductor" / "ab" / "cd" / "k.best_config").write_text("{}")
+    gained = cache_gained(root, seed)
+    assert gained == {"triton/K2": {"files": 1, "mb": 1.0}, "inductor/ab": {"files": 1, "mb": 0.0}}
+    assert set(cache_gained(root, None)) == {"triton/K1", "triton/K2", "inductor/ab"}
+
+
 def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):
     """--lengths B: each page generates throughput.py's lognormal length for its (doc_id,
     page), in the parts' own processes too (the sitecustomize on their path)."""

@@ -185,6 +185,22 @@ def caches_of(root: Path, seed: Path | None = None) -> dict:
     return {k: str(v) for k, v in dirs.items()}
 
 
+def cache_gained(root: Path, seed: Path | None) -> dict:
+    """What a run wrote into its cache root beyond the compile cache it was seeded from (all of it
+    where none): files and MB by folder two levels down, so that a build that still compiles or
+    tunes something the compile cache lacks says where."""
+    have = {f.relative_to(seed) for f in seed.rglob("*") if f.is_file()} if seed is not None and seed.is_dir() else set()
+    by: dict[str, list] = {}
+    for f in root.rglob("*"):
+        rel = f.relative_to(root)
+        if f.is_file() and not f.is_symlink() and rel not in have:
+            key = "/".join(rel.parts[:2]) if len(rel.parts) > 2 else (rel.parts[0] if len(rel.parts) > 1 else ".")
+            entry = by.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += f.stat().st_size
+    return {k: {"files": n, "mb": round(b / 2**20, 2)} for k, (n, b) in sorted(by.items(), key=lambda kv: -kv[1][1])}
+
+
 def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dict:
     """What a run did, from its table and run records; with a sampler (throughput.Sampler),
     the GPU busy and host memory over the rows' span and their steady window (the 20th to the
@@ -372,6 +388,12 @@ def main() -> None:
                 rec["engine_span_s"] = round(span, 2)
                 rec["engine_span_output_tokens_per_s"] = round(rec["output_tokens"] / span, 1) if span > 0 else None
                 rec["gpu_busy_pct_engine_span"] = sampler.gpu_between(t0 + rec["first_request_s"], t0 + rec["last_row_s"])
+            if rec.get("first_request_s") is not None:  # the start: the machine's cores while the engines build
+                rec["cpu_cores_start"] = sampler.cpu_between(t0, t0 + rec["first_request_s"])
+                rec["gpu_busy_pct_start"] = sampler.gpu_between(t0, t0 + rec["first_request_s"])
+        if args.caches in ("fresh", "warm"):  # what the build compiled that the compile cache (if any) did not hold
+            rec["cache_gained"] = cache_gained(Path(run_env["XDG_CACHE_HOME"]),
+                                               args.work / "compile-cache" if caches.startswith("compile_cache") else None)
         if args.caches == "seeded" and not report["runs"]:  # what the first run left: the later runs' seed
             shutil.rmtree(args.work / "cache-seed", ignore_errors=True)
             shutil.copytree(args.work / "cache", args.work / "cache-seed", symlinks=True)
