@@ -509,6 +509,12 @@ run() {  # one named run of the suite
     # a lease cut short still has it), then the 7B layout; ~16 min on an H100 (REBUILD_CALLS.txt)
     rebuild) run rebuild-uocr; run rebuild-7b ;;
     rebuild-uocr) trees rebuild-uocr uocr --pages "${REBUILD_UOCR_PAGES:-512}" ;;
+    # issue 53's start: batchocr's engines build with the preset's max_model_len (unlimited-ocr's 32,768, which
+    # document mode needs), throughput.py's page mode with 8,192; page b against b at 32,768, 512 pages at equal
+    # work: each engine's build (vLLM's "init engine" and "Graph capturing finished" in the logs beside the JSON)
+    # and pages/s, from the machine's warm caches (after another uocr run)
+    uocr-mml) uocr uocr-mml --pages "${UOCR_MML_PAGES:-512}" --lengths B --modes b --warmup 32 \
+                --variant "mml32k=--max-model-len 32768" ;;
     # issue 53's start: fewer CUDA graphs to capture (vLLM 0.26 captures 51 piecewise sizes up to 512 and 35
     # full ones up to 256 for 256 sequences: ~15 s of an engine's build on the H200); page b against b with 13
     # sizes up to 256, 1,024 pages at equal work: llm_init_s of each (b's in the JSON's top level, the
