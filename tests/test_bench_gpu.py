@@ -345,6 +345,23 @@ def test_processes_bench_says_what_a_build_added_beyond_the_compile_cache(tmp_pa
     assert set(cache_gained(root, None)) == {"triton/K1", "triton/K2", "inductor/ab"}
 
 
+def test_processes_bench_warm_root_puts_a_run_where_the_warm_up_compiled(tmp_path):
+    """--caches warm --warm-root own,warm: the first run's cache root its own, the second's the path
+    `batchocr warm` compiled in (emptied, then the compile cache copied back by the run), each run's
+    cache_gained against the compile cache; a value other than own or warm is refused."""
+    work = tmp_path / "w"
+    report = _processes(tmp_path, "--pages", "4", "--per-doc", "4", "--max-tokens", "8", "--processes", "1,1",
+                        "--caches", "warm", "--no-cold", "--warm-pages", "4", "--warm-root", "own,warm")
+    assert report["warm"]["rc"] == 0 and report["equal_work"]["equal"]
+    assert [r["caches"] for r in report["runs"].values()] == [
+        "compile_cache (batchocr warm)", "compile_cache (batchocr warm) at the warm-up's path"]
+    assert (work / "cache-1").is_dir() and not (work / "cache-1#2").exists() and (work / "cache-warm-home").is_dir()
+    assert all(isinstance(r["cache_gained"], dict) for r in report["runs"].values())
+    bad = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--warm-root", "own,there"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--warm-root" in bad.stderr
+
+
 def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):
     """--lengths B: each page generates throughput.py's lognormal length for its (doc_id,
     page), in the parts' own processes too (the sitecustomize on their path)."""

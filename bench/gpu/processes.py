@@ -288,6 +288,11 @@ def main() -> None:
                          "of its own with engines.vllm.compile_cache naming it (the product's way), the first run "
                          "without it (cold)")
     ap.add_argument("--warm-pages", type=int, default=32, help="--caches warm: the pages `batchocr warm` reads")
+    ap.add_argument("--warm-root", default="own",
+                    help="--caches warm: where each run's cache root is, a comma list beside --processes (the last "
+                         "for the rest): own (WORK/cache-RUN) or warm (the path `batchocr warm` compiled in, emptied "
+                         "first: the compile cache copied back to where it was made), e.g. own,warm: whether "
+                         "what a build finds in the compile cache depends on the root's path")
     ap.add_argument("--no-cold", action="store_true",
                     help="--caches warm: the first run from the compile cache too (the warm-up's own log says the cold build)")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
@@ -297,6 +302,8 @@ def main() -> None:
     ap.add_argument("--fake", action="store_true", help="tests/fake_vllm.py for vLLM (a dry run on the CPU)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if set(args.warm_root.split(",")) - {"own", "warm"}:
+        ap.error(f"--warm-root: got {args.warm_root!r}, expected own or warm, comma-separated")
     from e2e import a4_documents
 
     src = args.src or args.work / "src"
@@ -350,9 +357,11 @@ def main() -> None:
             run_env = env | caches_of(args.work / "cache", args.work / "cache-seed" if first else None)
             caches = f"seeded from {first}" if first else "cold (the seed)"
         elif args.caches == "warm":  # a fresh pod: empty caches; the first run cold, the others from the cache
-            run_env = env | caches_of(args.work / f"cache-{item}")
+            roots = args.warm_root.split(",")
+            root = roots[min(len(report["runs"]), len(roots) - 1)]
+            run_env = env | caches_of(args.work / ("cache-warm-home" if root == "warm" else f"cache-{item}"))
             cold = not report["runs"] and not args.no_cold
-            caches = "cold" if cold else "compile_cache (batchocr warm)"
+            caches = ("cold" if cold else "compile_cache (batchocr warm)") + (" at the warm-up's path" if root == "warm" else "")
             if cold:
                 spec.write_text("\n".join(line for line in spec.read_text().splitlines()
                                           if "compile_cache:" not in line) + "\n")

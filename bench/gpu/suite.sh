@@ -486,11 +486,13 @@ run() {  # one named run of the suite
     # (2%GIB: vLLM's kv_cache_memory_bytes, so the parts take turns), then at once again: each from `batchocr
     # warm`'s compile cache, 256 pages; first_request_s (the issue's "first page") and the runs' wall_s. The
     # twenty-seventh lease's at once came 9 s later than the twenty-sixth's in turn, on another machine (~6 min)
-    # UOCR_TURNS_PROCS: the runs in order, for a short lease (e.g. 2%21.84,auto: ~90 s less)
+    # UOCR_TURNS_PROCS: the runs in order, for a short lease (e.g. 2%21.84,auto: ~90 s less). UOCR_TURNS_ROOT
+    # (processes.py --warm-root): e.g. own,warm, the second run's caches where `batchocr warm` compiled: whether
+    # a build from the compile cache finds less at another path (each run's cache_gained says what it added)
     uocr-turns) PY_TIMEOUT=1700 py uocr-turns bench/gpu/processes.py --models "$MODELS" --work /tmp/turns \
                   --pages "${UOCR_TURNS_PAGES:-256}" --lengths B --timeout 900 \
                   --processes "${UOCR_TURNS_PROCS:-auto,2%${UOCR_TURNS_KV:-21.84},auto}" \
-                  --caches warm --no-cold --warm-pages 16 ${TURNS_ARGS:-} ;;
+                  --caches warm --no-cold --warm-pages 16 --warm-root "${UOCR_TURNS_ROOT:-own}" ${TURNS_ARGS:-} ;;
     # a command's start (docs/history/GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
