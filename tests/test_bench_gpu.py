@@ -338,11 +338,17 @@ def test_processes_bench_says_what_a_build_added_beyond_the_compile_cache(tmp_pa
         (base / "triton" / "K1" / "k.cubin").write_bytes(b"x" * 10)
     (root / "triton" / "K2").mkdir(parents=True)
     (root / "triton" / "K2" / "k.cubin").write_bytes(b"y" * 2**20)  # compiled during the build
-    (root / "inductor" / "ab" / "cd").mkdir(parents=True)
-    (root / "inductor" / "ab" / "cd" / "k.best_config").write_text("{}")
+    graphs = root / "vllm" / "torch_compile_cache" / "71c0135d91" / "rank_0_0"
+    graphs.mkdir(parents=True)
+    (graphs / "graph").write_text("g")
+    (root / "vllm" / "modelinfos.json").write_text("{}")
     gained = cache_gained(root, seed)
-    assert gained == {"triton/K2": {"files": 1, "mb": 1.0}, "inductor/ab": {"files": 1, "mb": 0.0}}
-    assert set(cache_gained(root, None)) == {"triton/K1", "triton/K2", "inductor/ab"}
+    assert gained == {"triton": {"files": 1, "mb": 1.0},
+                      "vllm/torch_compile_cache/71c0135d91": {"files": 1, "mb": 0.0},
+                      "vllm": {"files": 1, "mb": 0.0}}
+    assert cache_gained(root, None)["triton"]["files"] == 2  # no seed: all of it
+    assert cache_gained(root, seed, most=1) == {"triton": {"files": 1, "mb": 1.0},
+                                                "(the rest)": {"files": 2, "mb": 0.0}}
 
 
 def test_processes_bench_warm_root_puts_a_run_where_the_warm_up_compiled(tmp_path):

@@ -185,20 +185,27 @@ def caches_of(root: Path, seed: Path | None = None) -> dict:
     return {k: str(v) for k, v in dirs.items()}
 
 
-def cache_gained(root: Path, seed: Path | None) -> dict:
+def cache_gained(root: Path, seed: Path | None, most: int = 40) -> dict:
     """What a run wrote into its cache root beyond the compile cache it was seeded from (all of it
-    where none): files and MB by folder two levels down, so that a build that still compiles or
-    tunes something the compile cache lacks says where."""
+    where none): files and MB by folder (vllm/'s three levels down, to the compile hash; the others'
+    first, Triton's and Inductor's), the `most` largest, so that a build that still compiles or
+    tunes what the compile cache lacks says where."""
     have = {f.relative_to(seed) for f in seed.rglob("*") if f.is_file()} if seed is not None and seed.is_dir() else set()
     by: dict[str, list] = {}
     for f in root.rglob("*"):
         rel = f.relative_to(root)
         if f.is_file() and not f.is_symlink() and rel not in have:
-            key = "/".join(rel.parts[:2]) if len(rel.parts) > 2 else (rel.parts[0] if len(rel.parts) > 1 else ".")
+            depth = 3 if rel.parts[0] == "vllm" else 1
+            key = "/".join(rel.parts[:min(depth, len(rel.parts) - 1)]) or "."
             entry = by.setdefault(key, [0, 0])
             entry[0] += 1
             entry[1] += f.stat().st_size
-    return {k: {"files": n, "mb": round(b / 2**20, 2)} for k, (n, b) in sorted(by.items(), key=lambda kv: -kv[1][1])}
+    ranked = sorted(by.items(), key=lambda kv: -kv[1][1])
+    out = {k: {"files": n, "mb": round(b / 2**20, 2)} for k, (n, b) in ranked[:most]}
+    if ranked[most:]:
+        out["(the rest)"] = {"files": sum(n for _, (n, _) in ranked[most:]),
+                             "mb": round(sum(b for _, (_, b) in ranked[most:]) / 2**20, 2)}
+    return out
 
 
 def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dict:
