@@ -352,16 +352,24 @@ def test_processes_bench_says_what_a_build_added_beyond_the_compile_cache(tmp_pa
 
 
 def test_processes_bench_warm_root_puts_a_run_where_the_warm_up_compiled(tmp_path):
-    """--caches warm --warm-root own,warm: the first run's cache root its own, the second's the path
-    `batchocr warm` compiled in (emptied, then the compile cache copied back by the run), each run's
-    cache_gained against the compile cache; a value other than own or warm is refused."""
+    """--caches warm --warm-root own,warm: the first run's cache root its own, the second's the
+    temporary root `batchocr warm` compiled in, as vLLM's log names it (the stand-in's log names
+    none: the run's own, said so), each run's cache_gained against the compile cache; a value
+    other than own or warm is refused."""
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    from processes import compiled_in
+
+    line = ("(EngineCore pid=1) INFO 12-06 16:39:46 [backends.py:1094] Using cache directory: /tmp/batchocr-warm-v_wl"
+            "995o/cache/vllm/torch_compile_cache/a39d6e0a6b/rank_0_0/backbone for vLLM's torch.compile")  # the lease's
+    assert compiled_in("INFO start\n" + line) == "/tmp/batchocr-warm-v_wl995o/cache" and compiled_in("INFO") is None
+
     work = tmp_path / "w"
     report = _processes(tmp_path, "--pages", "4", "--per-doc", "4", "--max-tokens", "8", "--processes", "1,1",
                         "--caches", "warm", "--no-cold", "--warm-pages", "4", "--warm-root", "own,warm")
-    assert report["warm"]["rc"] == 0 and report["equal_work"]["equal"]
+    assert report["warm"]["rc"] == 0 and report["warm"]["root"] is None and report["equal_work"]["equal"]
     assert [r["caches"] for r in report["runs"].values()] == [
-        "compile_cache (batchocr warm)", "compile_cache (batchocr warm) at the warm-up's path"]
-    assert (work / "cache-1").is_dir() and not (work / "cache-1#2").exists() and (work / "cache-warm-home").is_dir()
+        "compile_cache (batchocr warm)", "compile_cache (batchocr warm) (the warm-up's path not in its log)"]
+    assert (work / "cache-1").is_dir() and (work / "cache-1#2").is_dir()
     assert all(isinstance(r["cache_gained"], dict) for r in report["runs"].values())
     bad = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--warm-root", "own,there"],
                          capture_output=True, text=True, timeout=60)

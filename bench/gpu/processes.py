@@ -185,6 +185,13 @@ def caches_of(root: Path, seed: Path | None = None) -> dict:
     return {k: str(v) for k, v in dirs.items()}
 
 
+def compiled_in(log: str) -> str | None:
+    """The cache root a build compiled in, as vLLM's log names it (`batchocr warm`'s is a temporary
+    folder of its own); None where the log does not say."""
+    found = re.search(r"(?:cache directory:|saved AOT compiled function to) (\S+?)/vllm/torch_compile_cache", log)
+    return found.group(1) if found else None
+
+
 def cache_gained(root: Path, seed: Path | None, most: int = 40) -> dict:
     """What a run wrote into its cache root beyond the compile cache it was seeded from (all of it
     where none): files and MB by folder (vllm/'s three levels down, to the compile hash; the others'
@@ -297,9 +304,10 @@ def main() -> None:
     ap.add_argument("--warm-pages", type=int, default=32, help="--caches warm: the pages `batchocr warm` reads")
     ap.add_argument("--warm-root", default="own",
                     help="--caches warm: where each run's cache root is, a comma list beside --processes (the last "
-                         "for the rest): own (WORK/cache-RUN) or warm (the path `batchocr warm` compiled in, emptied "
-                         "first: the compile cache copied back to where it was made), e.g. own,warm: whether "
-                         "what a build finds in the compile cache depends on the root's path")
+                         "for the rest): own (WORK/cache-RUN) or warm (the temporary root `batchocr warm` compiled "
+                         "in, as vLLM's log names it, made again: the compile cache copied back to where it was "
+                         "made), e.g. own,warm: whether what a build finds in the compile cache depends on the "
+                         "root's path")
     ap.add_argument("--no-cold", action="store_true",
                     help="--caches warm: the first run from the compile cache too (the warm-up's own log says the cold build)")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
@@ -342,6 +350,7 @@ def main() -> None:
         if args.json:
             args.json.with_name(f"{args.json.stem}-warm.log").write_text(proc.stdout + proc.stderr)
         report["warm"] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 2), "pages": args.warm_pages,
+                          "root": compiled_in(proc.stdout + proc.stderr),
                           "stdout": proc.stdout.strip()[-400:], "stderr_tail": proc.stderr.strip()[-1500:]}
         print("warm", json.dumps(report["warm"]), flush=True)
         save()
@@ -366,9 +375,11 @@ def main() -> None:
         elif args.caches == "warm":  # a fresh pod: empty caches; the first run cold, the others from the cache
             roots = args.warm_root.split(",")
             root = roots[min(len(report["runs"]), len(roots) - 1)]
-            run_env = env | caches_of(args.work / ("cache-warm-home" if root == "warm" else f"cache-{item}"))
+            at = report["warm"].get("root") if root == "warm" else None
+            run_env = env | caches_of(Path(at) if at else args.work / f"cache-{item}")
             cold = not report["runs"] and not args.no_cold
-            caches = ("cold" if cold else "compile_cache (batchocr warm)") + (" at the warm-up's path" if root == "warm" else "")
+            caches = ("cold" if cold else "compile_cache (batchocr warm)") + (
+                f" at the warm-up's path {at}" if at else " (the warm-up's path not in its log)" if root == "warm" else "")
             if cold:
                 spec.write_text("\n".join(line for line in spec.read_text().splitlines()
                                           if "compile_cache:" not in line) + "\n")
