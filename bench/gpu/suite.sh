@@ -514,15 +514,18 @@ run() {  # one named run of the suite
     # issue 53's start: batchocr's engines build with the preset's max_model_len (unlimited-ocr's 32,768, which
     # document mode needs), throughput.py's page mode with 8,192; page b against b at 32,768, 512 pages at equal
     # work: each engine's build (vLLM's "init engine" and "Graph capturing finished" in the logs beside the JSON)
-    # and pages/s, from the machine's warm caches (after another uocr run)
+    # and pages/s, from the machine's warm caches (after another uocr run); 32,768 twice, since its first build
+    # compiles for its own config (a cold compile captured slowly in the thirtieth lease) and the second does not
     uocr-mml) uocr uocr-mml --pages "${UOCR_MML_PAGES:-512}" --lengths B --modes b --warmup 32 \
-                --variant "mml32k=--max-model-len 32768" ;;
+                --variant "mml32k=--max-model-len 32768" --variant "mml32k_again=--max-model-len 32768" ;;
     # issue 53's start: fewer CUDA graphs to capture (vLLM 0.26 captures 51 piecewise sizes up to 512 and 35
     # full ones up to 256 for 256 sequences: ~15 s of an engine's build on the H200); page b against b with 13
-    # sizes up to 256, 1,024 pages at equal work: llm_init_s of each (b's in the JSON's top level, the
-    # variant's in b_cg13) and pages/s (a decode batch pads up to the next size: at most 31 rows of 256) (~6 min)
-    uocr-cg) uocr uocr-cg --pages "${UOCR_CG_PAGES:-1024}" --lengths B --modes b --warmup 32 \
-               --variant 'cg13=--engine-arg compilation_config={"cudagraph_capture_sizes":[1,2,4,8,16,32,64,96,128,160,192,224,256]}' ;;  # no spaces: a variant splits on them
+    # sizes up to 256, 512 pages at equal work: llm_init_s of each (b's in the JSON's top level, the
+    # variants' in b_cg13, b_cg13_again) and pages/s (a decode batch pads up to the next size: at most 31 rows of 256)
+    # (twice: the first build with 13 sizes compiles for its own config, the second from the cache)
+    uocr-cg) cg13='--engine-arg compilation_config={"cudagraph_capture_sizes":[1,2,4,8,16,32,64,96,128,160,192,224,256]}'
+             uocr uocr-cg --pages "${UOCR_CG_PAGES:-512}" --lengths B --modes b --warmup 32 \
+               --variant "cg13=$cg13" --variant "cg13_again=$cg13" ;;  # no spaces in $cg13: a variant splits on them
     # vLLM's encoder CUDA graphs (DeepSeek-OCR's global and local paths, V1 runner) against the batched
     # encoder's eager calls, which took 15.7% of the engine core's thread (uocr-spy, 2026-12-06); at most 4
     # global views and 48 crops a graph, what vLLM's start-up profile encodes at once; 0.85 for both (the
