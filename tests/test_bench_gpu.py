@@ -328,7 +328,8 @@ def test_processes_bench_seeded_caches_start_later_runs_from_the_first_run_s(tmp
 
 def test_processes_bench_says_what_a_build_added_beyond_the_compile_cache(tmp_path):
     """cache_gained: the files a run's build wrote into its cache root that the compile cache it was
-    seeded from did not hold, by folder two levels down (all of them where there was no seed)."""
+    seeded from did not hold (all of them where there was no seed), by compile hash under vllm/ and by
+    first folder elsewhere, the largest first and past `most` summed."""
     sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     from processes import cache_gained
 
