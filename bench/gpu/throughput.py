@@ -1026,6 +1026,12 @@ def main() -> None:
             finishes += [time.monotonic()] * sum(len(u) for u in chunk)
         return start, finishes, outs
 
+    def b_job(src: str, out: str):
+        """b's job over WORK/src into WORK/out; route model: the corpus is born-digital, and every page
+        must reach the model."""
+        return load_job(None, source=str(work / src), out=str(work / out), engine="vllm", route="model",
+                        engine_options={"model": options.model}, **{"render.workers": args.render_workers})
+
     if args.warmup and llm is not None and pages:  # off the clock, before every mode's start
         t0 = time.monotonic()
         warm = units[: args.warmup]
@@ -1045,10 +1051,7 @@ def main() -> None:
             shutil.copy(work / "src" / d.name, work / "warm-src" / d.name)
         warm_engine = Bench(options, llm=llm)
         warm_engine.warm = True
-        summary = run_job(load_job(None, source=str(work / "warm-src"), out=str(work / "out-warmup"),
-                                   engine="vllm", route="model", engine_options={"model": options.model},
-                                   **{"render.workers": args.render_workers}),
-                          progress=False, engine=warm_engine)
+        summary = run_job(b_job("warm-src", "out-warmup"), progress=False, engine=warm_engine)
         report["warmup"] = {"requests": warm_engine.engine.requests, "pages": summary.pages,
                             "s": round(time.monotonic() - t0, 1)}
         print("warmup", json.dumps(report["warmup"]), flush=True)
@@ -1083,10 +1086,7 @@ def main() -> None:
                         each.start_profile()
                 if members:  # each engine's steps on a timeline of its own, and all on the run's
                     instance_timelines[:] = [Timeline(e.llm) for e in members]
-                # route model: the corpus is born-digital, and every page must reach the model
-                job = load_job(None, source=str(work / "src"), out=str(work / f"out-{name}"), engine="vllm",
-                               route="model", engine_options={"model": options.model},
-                               **{"render.workers": args.render_workers})
+                job = b_job("src", f"out-{name}")
                 spy = None
                 if args.py_spy and name == "b_batchocr":
                     from pyspy import PySpy

@@ -56,7 +56,7 @@ class VLLMEngine(VLLMBase):
         self._SamplingParams, self._delta = _sampling_api()
         options.set_runner_env()
         options.check_patches()
-        if pixels.switched_on():  # engines.vllm.pixel_bytes (set_runner_env): class-wide in this process
+        if options.bytes_on(self.preset):  # engines.vllm.pixel_bytes: class-wide in this process
             pixels.install_processor()
         else:  # an engine built before in this process may have installed it
             pixels.uninstall()
