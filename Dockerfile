@@ -7,7 +7,8 @@ FROM vllm/vllm-openai:v0.26.0
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Every compile cache (vLLM's graphs under $XDG_CACHE_HOME/vllm, Triton's and Inductor's kernels)
-# under one folder: what `batchocr warm` fills and a run's engines.vllm.compile_cache copies in.
+# under one folder. `batchocr warm` compiles in a folder of its own under /tmp, and a run whose
+# engines.vllm.compile_cache names the result copies it back to that path and points all three there.
 # Offline and private: models come from the model cache volume (/models), never from a hub;
 # no usage statistics leave the pod (vLLM reports them unless told not to).
 ENV HF_HUB_OFFLINE=1 \

@@ -221,8 +221,9 @@ def warm(cache, job, pages, quiet):
     PAGES generated pages of text (never a user's document: the caches hold compiled
     code that every later run executes), then writes vLLM's compiled graphs, Triton's
     and Inductor's kernels to the folder CACHE, whole (replacing an older one at once).
-    A run whose job spec names it (engines.vllm.compile_cache: CACHE) copies it into
-    its own caches before its engine builds: a fresh pod starts without compiling.
+    A run whose job spec names it (engines.vllm.compile_cache: CACHE) copies it, before
+    its engine builds, to the temporary folder the warm-up compiled in (the same path,
+    where the compiled kernels are found): a fresh pod starts without compiling.
     Warm again after a new image (vLLM, torch), model, GPU type or engine
     settings: entries made for others are never used.
 

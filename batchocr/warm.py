@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from batchocr.engines.vllm.compilecache import pin_keys, publish, what_built
+from batchocr.engines.vllm.compilecache import at_root, pin_keys, publish, what_built
 from batchocr.errors import ConfigError
 from batchocr.pipeline import run_job
 from batchocr.spec import JobSpec, Shard
@@ -23,11 +23,15 @@ def warm(spec: JobSpec, cache: str, pages: int, progress: bool = True, spec_path
     if spec.engine != "vllm":
         raise ConfigError(f"batchocr warm fills vLLM's compile caches: the job spec's engine is {spec.engine}, "
                           f"expected vllm (engine: vllm)")
-    with tempfile.TemporaryDirectory(prefix="batchocr-warm-") as tmp:
-        root, docs = Path(tmp) / "cache", Path(tmp) / "docs"
-        for name, sub in (("XDG_CACHE_HOME", ""), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-            os.environ[name] = str(root / sub)  # this run's own: what it compiled, and nothing older
+    # The caches' root is a folder of its own, recorded in the cache: each run copies the cache to
+    # that same path before it builds (compilecache.place), where the compiled kernels are found.
+    with tempfile.TemporaryDirectory(prefix="batchocr-warm-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="batchocr-compile-") as at:
+        root, docs = Path(at), Path(tmp) / "docs"
+        os.environ["XDG_CACHE_HOME"] = str(root)
+        at_root(root)  # vLLM's, Triton's and Inductor's caches: this run's own, what it compiled and nothing older
+        for sub in ("vllm", "triton", "inductor"):
+            (root / sub).mkdir(exist_ok=True)
         pin_keys()  # the keys a run's root gives too
         made = _documents(docs, pages)
         options = {**spec.engine_options, "compile_cache": ""}
@@ -35,7 +39,7 @@ def warm(spec: JobSpec, cache: str, pages: int, progress: bool = True, spec_path
                                   route="model", reprocess=False, storage_options={},
                                   engines={**spec.engines, "vllm": options})
         summary = run_job(run, progress=progress)
-        about = what_built() | {"pages": made, "job": spec_path, "processes": spec.processes,
+        about = what_built() | {"root": str(root), "pages": made, "job": spec_path, "processes": spec.processes,
                                 "mode": options.get("mode", "page"), "preset": options.get("preset")}
         return publish(root, cache, about), summary
 

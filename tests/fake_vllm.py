@@ -272,25 +272,30 @@ class FakeEngine:
 
 
 def _compile(log: str, kwargs: dict) -> None:
-    """As vLLM's first build: its compiled graph in $XDG_CACHE_HOME/vllm (VLLM_CACHE_ROOT's
-    default), keyed by the engine's settings, and a Triton kernel in TRITON_CACHE_DIR; read where
-    there already, written where not. The log says which, and where the caches were."""
+    """As vLLM's first build: its compiled graph in VLLM_CACHE_ROOT (by default $XDG_CACHE_HOME/vllm),
+    keyed by the engine's settings, and a Triton kernel in TRITON_CACHE_DIR; read where there
+    already, written where not. As on the GPU (docs/history/GPU.md, the thirty-first lease), a graph
+    read at the path it was compiled at finds its kernels; one copied to another path loads but
+    builds them again: the log says which ("same_path"), and where the caches were."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    vllm_root = Path(os.environ.get("VLLM_CACHE_ROOT") or root / "vllm")
     # vLLM 0.26 hashes its environment's settings into the key (envs.compile_factors), among them
     # VLLM_XLA_CACHE_PATH, whose default is under XDG_CACHE_HOME: another root, another key.
     xla = os.environ.get("VLLM_XLA_CACHE_PATH") or str(root / "vllm" / "xla_cache")
     key = f"{kwargs.get('max_num_seqs')}-{kwargs.get('max_model_len')}-{kwargs.get('model')}-{hashlib.sha256(xla.encode()).hexdigest()[:10]}"
-    graph = root / "vllm" / "torch_compile_cache" / key / "rank_0_0" / "computation_graph.py"
+    graph = vllm_root / "torch_compile_cache" / key / "rank_0_0" / "computation_graph.py"
     hit = graph.is_file()
+    compiled_at = f"# compiled at {graph}\n"
+    same_path = hit and graph.read_text() == compiled_at
     if not hit:
         graph.parent.mkdir(parents=True, exist_ok=True)
-        graph.write_text("# compiled\n")
+        graph.write_text(compiled_at)
         kernel = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache") / "k0" / "kernel.cubin"
         kernel.parent.mkdir(parents=True, exist_ok=True)
         kernel.write_bytes(b"\0" * 4096)
     with open(log, "a") as f:
-        f.write(json.dumps({"pid": os.getpid(), "hit": hit, "root": str(root),
-                            "triton": os.environ.get("TRITON_CACHE_DIR"),
+        f.write(json.dumps({"pid": os.getpid(), "hit": hit, "same_path": same_path, "root": str(root),
+                            "vllm": str(vllm_root), "triton": os.environ.get("TRITON_CACHE_DIR"),
                             "inductor": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}) + "\n")
 
 

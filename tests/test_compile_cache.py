@@ -23,11 +23,12 @@ SAMPLES = ROOT / "samples"
 
 def _env(tmp_path: Path, home: str) -> dict:
     """A spawned CLI's environment: the stand-in as `vllm`, caches of its own under `home`
-    (a pod's empty $HOME), its compiles logged."""
+    (a pod's empty $HOME), its compiles logged, temporary folders under tmp_path/tmp."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+           if k not in ("XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT")}
     (tmp_path / home).mkdir(exist_ok=True)
-    return env | {"PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim"),
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return env | {"PYTHONPATH": fake_vllm.pythonpath(tmp_path / "shim"), "TMPDIR": str(tmp_path / "tmp"),
                   "HOME": str(tmp_path / home), "BATCHOCR_FAKE_COMPILE": str(tmp_path / f"{home}.jsonl")}
 
 
@@ -63,9 +64,12 @@ def test_warm_fills_the_cache_and_a_fresh_pods_parts_start_from_it(tmp_path):
     built = _compiles(tmp_path / "warm-home.jsonl")
     assert [b["hit"] for b in built] == [False, True], built
     assert all(not b["root"].startswith(str(tmp_path / "warm-home")) for b in built), built
-    assert Path(built[0]["triton"]).parent == Path(built[0]["root"]), built
+    assert Path(built[0]["triton"]).parent == Path(built[0]["vllm"]).parent == Path(built[0]["root"]), built
     made = json.loads((cache / compilecache.COMPLETE).read_text())
     assert made["pages"] == 20 and made["processes"] == 2 and made["vllm"] == "fake" and made["bytes"] > 4096, made
+    # The root it compiled in is recorded: a folder of its own under the temporary folder, gone now
+    assert made["root"] == built[0]["root"] and Path(made["root"]).name.startswith("batchocr-compile-"), made
+    assert Path(made["root"]).parent == tmp_path / "tmp" and not Path(made["root"]).exists(), made
     assert list(cache.glob("vllm/torch_compile_cache/*/rank_0_0/computation_graph.py"))
     assert list(cache.glob("triton/*/kernel.cubin"))
     assert not list(cache.parent.glob(".*tmp")), list(cache.parent.iterdir())  # nothing half-written beside it
@@ -81,12 +85,25 @@ def test_warm_fills_the_cache_and_a_fresh_pods_parts_start_from_it(tmp_path):
         for path in [cache, *cache.rglob("*")]:
             path.chmod(path.stat().st_mode | stat.S_IWUSR)
     assert ran.returncode == 0, ran.stderr
+    # ... at the path it was compiled in, copied there again: the graphs find their kernels
     pod = _compiles(tmp_path / "pod-home.jsonl")
-    assert [b["hit"] for b in pod] == [True, True], pod
-    assert {b["root"] for b in pod} == {str(tmp_path / "pod-home" / ".cache")}, pod
-    assert {b["triton"] for b in pod} == {str(tmp_path / "pod-home" / ".cache" / "triton")}, pod
+    assert [(b["hit"], b["same_path"]) for b in pod] == [(True, True), (True, True)], pod
+    assert {b["vllm"] for b in pod} == {str(Path(made["root"]) / "vllm")}, pod
+    assert {b["triton"] for b in pod} == {str(Path(made["root"]) / "triton")}, pod
+    assert {b["inductor"] for b in pod} == {str(Path(made["root"]) / "inductor")}, pod
     said = [line for line in ran.stderr.splitlines() if line.startswith("compile cache:")]
-    assert len(said) == 1 and f"{cache} copied into" in said[0] and "vLLM fake" in said[0], ran.stderr
+    assert len(said) == 1 and f"{cache} copied to {made['root']}, where it was compiled" in said[0], ran.stderr
+    assert "vLLM fake" in said[0], ran.stderr
+    assert json.loads((Path(made["root"]) / compilecache.COMPLETE).read_text()) == made
+    assert not list(Path(made["root"]).parent.glob(".*tmp"))
+
+    # Another run on the same machine finds it there: nothing copied
+    ran = _cli("run", str(SAMPLES), str(tmp_path / "out-next"), "--job", str(_spec(tmp_path, cache, 1)), "-q",
+               env=_env(tmp_path, "next-home"))
+    assert ran.returncode == 0, ran.stderr
+    assert [(b["hit"], b["same_path"]) for b in _compiles(tmp_path / "next-home.jsonl")] == [(True, True)]
+    said = [line for line in ran.stderr.splitlines() if line.startswith("compile cache:")]
+    assert len(said) == 1 and f"{cache} already at {made['root']}, where it was compiled" in said[0], ran.stderr
 
     # The CronJob's next pods over the same OUT, nothing new: no engine to build, so no cache is
     # copied (in two parts or in one process alike)
@@ -134,6 +151,45 @@ def test_publish_replaces_an_older_cache_whole(tmp_path):
         compilecache.COMPLETE, "triton/b/kernel"]
     assert json.loads((dest / compilecache.COMPLETE).read_text())["vllm"] == "2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "new-root", "old-root"]
+
+
+def test_where_the_compiled_path_cannot_be_made_the_run_copies_into_its_own_root_and_says_why(tmp_path):
+    cache = tmp_path / "volume" / "compile-cache"
+    warmed = _cli("warm", str(cache), "--job", str(_spec(tmp_path, cache, 1, "pods.yaml", "source: s\nout: o\n")),
+                  "--pages", "4", "-q", env=_env(tmp_path, "warm-home"))
+    assert warmed.returncode == 0, warmed.stderr
+    marker = cache / compilecache.COMPLETE
+    made = json.loads(marker.read_text())
+    (tmp_path / "a-file").write_text("")  # the recorded root under a file: it cannot be made
+    marker.write_text(json.dumps(made | {"root": str(tmp_path / "a-file" / "cache")}))
+    ran = _cli("run", str(SAMPLES), str(tmp_path / "out"), "--job", str(_spec(tmp_path, cache, 1)), "-q",
+               env=_env(tmp_path, "pod-home"))
+    assert ran.returncode == 0, ran.stderr
+    own = tmp_path / "pod-home" / ".cache"
+    # The graph is found but not at the path it was compiled at: its kernels build again
+    assert [(b["hit"], b["same_path"], b["vllm"]) for b in _compiles(tmp_path / "pod-home.jsonl")] == [
+        (True, False, str(own / "vllm"))]
+    said = [line for line in ran.stderr.splitlines() if line.startswith("compile cache:")]
+    assert len(said) == 1 and f"{cache} copied into {own} ({tmp_path / 'a-file' / 'cache'}, where it was compiled, " \
+        "could not be made" in said[0] and "build again" in said[0], ran.stderr
+
+
+def test_place_shares_the_root_with_a_run_beside_it_and_leaves_anything_else_alone(tmp_path):
+    (tmp_path / "made" / "vllm").mkdir(parents=True)
+    (tmp_path / "made" / "vllm" / "g").write_text("x")
+    src = tmp_path / "cache"
+    compilecache.publish(tmp_path / "made", str(src), {"root": str(tmp_path / "at")})
+    made = json.loads((src / compilecache.COMPLETE).read_text())
+    assert compilecache.place(src, made) == (tmp_path / "at", "")
+    assert (tmp_path / "at" / "vllm" / "g").read_text() == "x"
+    assert compilecache.place(src, made) == (tmp_path / "at", "there")  # a second run: nothing copied
+    assert compilecache.place(src, made | {"made_at": "later"}) == (None, "holds something else")
+    assert compilecache.place(src, made | {"root": "relative/cache"}) == (None, "is not an absolute path")
+    assert compilecache.place(src, {k: v for k, v in made.items() if k != "root"}) == (None, "")
+    env: dict = {"VLLM_CACHE_ROOT": "/set/by/hand"}
+    compilecache.at_root(tmp_path / "at", env)
+    assert env == {"VLLM_CACHE_ROOT": str(tmp_path / "at" / "vllm"), "TRITON_CACHE_DIR": str(tmp_path / "at" / "triton"),
+                   "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "at" / "inductor")}
 
 
 def test_seed_puts_every_cache_under_one_root_unless_placed(tmp_path):

@@ -12,7 +12,11 @@ A run puts the last two under the first's root unless set, so that one folder ho
 
 The folder is written by `batchocr warm` (its own generated pages, never a user's documents: the
 caches hold compiled code every later run executes) and read by every run that names it, which
-copies it whole into its own cache root (the folder itself may be read-only: a shared volume).
+copies it whole (the folder itself may be read-only: a shared volume) to the root the warm-up
+compiled in, the same absolute path, and points vLLM's, Triton's and Inductor's caches there.
+Copied into a root at another path, the compiled graphs load but their kernels are built again
+in memory on their first calls (the profile run, the CUDA-graph capture), a slower start; so a
+run goes to another root only where that path cannot be made, and then says so.
 """
 
 from __future__ import annotations
@@ -64,9 +68,11 @@ def _size(folder: Path) -> int:
 
 
 def seed(folder: str, environ=os.environ, say=None) -> bool:
-    """Copy the compile cache at `folder` into this process's cache root (one_root) before an
-    engine builds; one line on stderr says what was found. False where it holds none yet (a
-    cold start: vLLM compiles as it would without one)."""
+    """Copy the compile cache at `folder` to the root it was compiled in and point this process's
+    caches there (at_root), before an engine builds; where that path cannot be made (or the cache
+    does not name it), into this process's own cache root (one_root). One line on stderr says what
+    was found and where it went. False where it holds none yet (a cold start: vLLM compiles as it
+    would without one)."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     root = one_root(environ)
     src = Path(folder)
@@ -78,17 +84,66 @@ def seed(folder: str, environ=os.environ, say=None) -> bool:
     t0 = time.monotonic()
     try:
         made = json.loads(marker.read_text())
-        shutil.copytree(src, root, symlinks=True, dirs_exist_ok=True,
-                        ignore=lambda d, names: [COMPLETE] if Path(d) == src else [])
+        placed, why = place(src, made)
+        if placed is not None:
+            at_root(placed, environ)
+            where = f"{'already at' if why == 'there' else 'copied to'} {placed}, where it was compiled"
+        else:
+            shutil.copytree(src, root, symlinks=True, dirs_exist_ok=True,
+                            ignore=lambda d, names: [COMPLETE] if Path(d) == src else [])
+            where = f"copied into {root}" + (f" ({made['root']}, where it was compiled, {why}: its kernels "
+                                             f"build again as the engine starts)" if why else "")
     except (OSError, ValueError) as exc:
         # A cache is only ever a speed-up: a run goes on compiling rather than fail on it.
         say(f"compile cache: {folder} could not be copied ({getattr(exc, 'strerror', None) or exc}): "
             f"vLLM compiles, a start of minutes")
         return False
-    say(f"compile cache: {folder} copied into {root} ({made.get('bytes', 0) / 1e6:.0f} MB in "
+    say(f"compile cache: {folder} {where} ({made.get('bytes', 0) / 1e6:.0f} MB in "
         f"{time.monotonic() - t0:.1f} s; made by `batchocr warm` {made.get('made_at', '?')}, "
         f"vLLM {made.get('vllm', '?')}" + (f" on {made['gpu']}" if made.get("gpu") else "") + ")")
     return True
+
+
+def place(src: Path, made: dict) -> tuple[Path | None, str]:
+    """The compile cache at `src` (its marker's content `made`) at the root it was compiled in
+    (made["root"]): (that root, "there") where an earlier run on this machine put it there already,
+    (that root, "") where copied there now, (None, why not) where it cannot be, and (None, "")
+    where the cache names no root (made before batchocr recorded it). The copy goes beside the
+    root and is renamed into its place with its marker, so a run beside it finds a whole one or none."""
+    if not made.get("root"):
+        return None, ""
+    dest = Path(made["root"])
+    if not dest.is_absolute():
+        return None, "is not an absolute path"
+
+    def ours() -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads((dest / COMPLETE).read_text()) == made
+        return False
+
+    if ours():
+        return dest, "there"
+    if dest.exists():
+        return None, "holds something else"
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, symlinks=True)  # the marker with it: renamed in whole, never half
+        os.rename(tmp, dest)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if ours():  # a run beside this one put it there first
+            return dest, "there"
+        return None, f"could not be made ({exc.strerror or exc})"
+    return dest, ""
+
+
+def at_root(root: Path, environ=os.environ) -> None:
+    """vLLM's, Triton's and Inductor's caches at `root`, as `batchocr warm` had them when it
+    compiled (a value set by hand gives way: the compile cache is of use only there)."""
+    environ["VLLM_CACHE_ROOT"] = str(root / "vllm")
+    environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
 
 
 def publish(root: Path, folder: str, about: dict) -> int:
