@@ -352,25 +352,26 @@ def test_processes_bench_says_what_a_build_added_beyond_the_compile_cache(tmp_pa
                                                 "(the rest)": {"files": 2, "mb": 0.0}}
 
 
-def test_processes_bench_warm_root_puts_a_run_where_the_warm_up_compiled(tmp_path):
-    """--caches warm --warm-root own,warm: the first run's cache root its own, the second's the
-    temporary root `batchocr warm` compiled in, as vLLM's log names it (the stand-in's log names
-    none: the run's own, said so), each run's cache_gained against the compile cache; a value
-    other than own or warm is refused."""
-    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
-    from processes import compiled_in
-
-    line = ("(EngineCore pid=1) INFO 12-06 16:39:46 [backends.py:1094] Using cache directory: /tmp/batchocr-warm-v_wl"
-            "995o/cache/vllm/torch_compile_cache/a39d6e0a6b/rank_0_0/backbone for vLLM's torch.compile")  # the lease's
-    assert compiled_in("INFO start\n" + line) == "/tmp/batchocr-warm-v_wl995o/cache" and compiled_in("INFO") is None
-
+def test_processes_bench_warm_root_compares_the_compiled_path_with_the_runs_own(tmp_path):
+    """--caches warm --warm-root own,warm: the first run from a copy of the compile cache without
+    its recorded root (into the run's own root, as before batchocr recorded it), the second at the
+    path `batchocr warm` compiled in (batchocr's way), under WORK/tmp and made again for each run;
+    each run's cache_gained against the compile cache; a value other than own or warm is refused."""
     work = tmp_path / "w"
-    report = _processes(tmp_path, "--pages", "4", "--per-doc", "4", "--max-tokens", "8", "--processes", "1,1",
+    report = _processes(tmp_path, "--pages", "4", "--per-doc", "4", "--max-tokens", "8", "--processes", "1,1,1",
                         "--caches", "warm", "--no-cold", "--warm-pages", "4", "--warm-root", "own,warm")
-    assert report["warm"]["rc"] == 0 and report["warm"]["root"] is None and report["equal_work"]["equal"]
+    at = report["warm"]["root"]
+    assert report["warm"]["rc"] == 0 and Path(at).parent == work / "tmp" and report["equal_work"]["equal"], report["warm"]
     assert [r["caches"] for r in report["runs"].values()] == [
-        "compile_cache (batchocr warm)", "compile_cache (batchocr warm) (the warm-up's path not in its log)"]
-    assert (work / "cache-1").is_dir() and (work / "cache-1#2").is_dir()
+        "compile_cache (batchocr warm) copied into the run's own root",
+        f"compile_cache (batchocr warm) at the path it was compiled in, {at}",
+        f"compile_cache (batchocr warm) at the path it was compiled in, {at}"]
+    assert "root" not in json.loads((work / "compile-cache-own" / "batchocr-compile-cache.json").read_text())
+    assert json.loads((work / "compile-cache" / "batchocr-compile-cache.json").read_text())["root"] == at
+    # The stand-in's log: the first run's graph not at the path it was compiled at, the others' there,
+    # each of the two a fresh copy (the third did not find the second's left in place)
+    assert "copied into" in report["runs"]["1"]["stderr_tail"]
+    assert f"copied to {at}, where it was compiled" in report["runs"]["1#3"]["stderr_tail"]
     assert all(isinstance(r["cache_gained"], dict) for r in report["runs"].values())
     bad = subprocess.run([sys.executable, str(ROOT / "bench/gpu/processes.py"), "--fake", "--warm-root", "own,there"],
                          capture_output=True, text=True, timeout=60)

@@ -185,11 +185,16 @@ def caches_of(root: Path, seed: Path | None = None) -> dict:
     return {k: str(v) for k, v in dirs.items()}
 
 
-def compiled_in(log: str) -> str | None:
-    """The cache root a build compiled in, as vLLM's log names it (`batchocr warm`'s is a temporary
-    folder of its own); None where the log does not say."""
-    found = re.search(r"(?:cache directory:|saved AOT compiled function to) (\S+?)/vllm/torch_compile_cache", log)
-    return found.group(1) if found else None
+def without_root(cache: Path, dest: Path) -> Path:
+    """A copy of the compile cache at `cache` at `dest` whose marker records no root: a run copies
+    it into its own cache root, as every run did before batchocr recorded the path it was compiled in."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(cache, dest, symlinks=True)
+    marker = dest / "batchocr-compile-cache.json"
+    made = json.loads(marker.read_text())
+    made.pop("root", None)
+    marker.write_text(json.dumps(made, indent=1) + "\n")
+    return dest
 
 
 def cache_gained(root: Path, seed: Path | None, most: int = 40) -> dict:
@@ -302,12 +307,12 @@ def main() -> None:
                          "of its own with engines.vllm.compile_cache naming it (the product's way), the first run "
                          "without it (cold)")
     ap.add_argument("--warm-pages", type=int, default=32, help="--caches warm: the pages `batchocr warm` reads")
-    ap.add_argument("--warm-root", default="own",
-                    help="--caches warm: where each run's cache root is, a comma list beside --processes (the last "
-                         "for the rest): own (WORK/cache-RUN) or warm (the temporary root `batchocr warm` compiled "
-                         "in, as vLLM's log names it, made again: the compile cache copied back to where it was "
-                         "made), e.g. own,warm: whether what a build finds in the compile cache depends on the "
-                         "root's path")
+    ap.add_argument("--warm-root", default="warm",
+                    help="--caches warm: where each run's compiled caches go, a comma list beside --processes (the "
+                         "last for the rest): warm (batchocr's way: the compile cache copied to the path `batchocr "
+                         "warm` compiled in, recorded in it; removed before each run, as on a fresh pod) or own (a "
+                         "copy of the compile cache without that record: the run copies it into its own root, "
+                         "WORK/cache-RUN), e.g. own,warm,own,warm")
     ap.add_argument("--no-cold", action="store_true",
                     help="--caches warm: the first run from the compile cache too (the warm-up's own log says the cold build)")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds a run may take")
@@ -343,15 +348,22 @@ def main() -> None:
         _, kv = kv_of(args.processes.split(",")[0])
         spec = job(args.work / "job-warm.yaml", src, args.work / "out-warm", model, args, *kv)
         shutil.rmtree(args.work / "compile-cache", ignore_errors=True)
+        tmp = args.work / "tmp"  # the warm-up's temporary folders: the root it compiles in, which runs copy back to
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "batchocr.cli", "warm", str(args.work / "compile-cache"), "--job",
                                str(spec), "--pages", str(args.warm_pages), "--quiet"], capture_output=True, text=True,
-                              env=env | caches_of(args.work / "cache-warm-home"), timeout=args.timeout)
+                              env=env | caches_of(args.work / "cache-warm-home") | {"TMPDIR": str(tmp)},
+                              timeout=args.timeout)
         if args.json:
             args.json.with_name(f"{args.json.stem}-warm.log").write_text(proc.stdout + proc.stderr)
+        marker = args.work / "compile-cache" / "batchocr-compile-cache.json"
         report["warm"] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 2), "pages": args.warm_pages,
-                          "root": compiled_in(proc.stdout + proc.stderr),
+                          "root": json.loads(marker.read_text()).get("root") if marker.is_file() else None,
                           "stdout": proc.stdout.strip()[-400:], "stderr_tail": proc.stderr.strip()[-1500:]}
+        if "own" in args.warm_root.split(",") and marker.is_file():
+            without_root(args.work / "compile-cache", args.work / "compile-cache-own")
         print("warm", json.dumps(report["warm"]), flush=True)
         save()
 
@@ -375,14 +387,19 @@ def main() -> None:
         elif args.caches == "warm":  # a fresh pod: empty caches; the first run cold, the others from the cache
             roots = args.warm_root.split(",")
             root = roots[min(len(report["runs"]), len(roots) - 1)]
-            at = report["warm"].get("root") if root == "warm" else None
-            run_env = env | caches_of(Path(at) if at else args.work / f"cache-{item}")
+            at = report["warm"].get("root")
+            if at:  # where the last run put it: a fresh pod has none there
+                shutil.rmtree(at, ignore_errors=True)
+            run_env = env | caches_of(args.work / f"cache-{item}")
             cold = not report["runs"] and not args.no_cold
-            caches = ("cold" if cold else "compile_cache (batchocr warm)") + (
-                f" at the warm-up's path {at}" if at else " (the warm-up's path not in its log)" if root == "warm" else "")
+            caches = "cold" if cold else "compile_cache (batchocr warm) " + (
+                "copied into the run's own root" if root == "own" else f"at the path it was compiled in, {at}")
             if cold:
                 spec.write_text("\n".join(line for line in spec.read_text().splitlines()
                                           if "compile_cache:" not in line) + "\n")
+            elif root == "own":
+                spec.write_text(spec.read_text().replace(f"compile_cache: {args.work / 'compile-cache'}\n",
+                                                         f"compile_cache: {args.work / 'compile-cache-own'}\n"))
         else:
             run_env, caches = env, "shared"
         if args.trace_start:
@@ -419,7 +436,8 @@ def main() -> None:
                 rec["cpu_cores_start"] = sampler.cpu_between(t0, t0 + rec["first_request_s"])
                 rec["gpu_busy_pct_start"] = sampler.gpu_between(t0, t0 + rec["first_request_s"])
         if args.caches in ("fresh", "warm"):  # what the build compiled that the compile cache (if any) did not hold
-            rec["cache_gained"] = cache_gained(Path(run_env["XDG_CACHE_HOME"]),
+            placed = caches.startswith("compile_cache") and root == "warm" and report["warm"].get("root")
+            rec["cache_gained"] = cache_gained(Path(placed or run_env["XDG_CACHE_HOME"]),
                                                args.work / "compile-cache" if caches.startswith("compile_cache") else None)
         if args.caches == "seeded" and not report["runs"]:  # what the first run left: the later runs' seed
             shutil.rmtree(args.work / "cache-seed", ignore_errors=True)

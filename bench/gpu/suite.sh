@@ -194,6 +194,19 @@ except Exception:
     print('fold 0')" "$RES/uocr-samfold.json"
 }
 
+moe_pick() {  # "FOLDER SPEEDUP": uocr-moe-tune's config file's folder (VLLM_TUNED_CONFIG_FOLDER reads it) and
+  # the tuned tiles' speedup over vLLM's default at a decode step's token counts (128-512: the geometric
+  # mean), "- 0" where it has not run
+  python3 -c "import json, math, os, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    assert d.get('config_file')
+    s = [d['by_m'][str(m)]['speedup'] for m in (128, 256, 512)]
+    print(os.path.dirname(sys.argv[1]), round(math.prod(s) ** (1 / len(s)), 3))
+except Exception:
+    print('- 0')" "$RES/uocr-moe-tune.json"
+}
+
 gains() {  # SPEEDUP: whether a kernel check's speedup is one worth an end-to-end run (>= 1.05x)
   python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.05)" "$1"
 }
@@ -475,9 +488,10 @@ run() {  # one named run of the suite
     # engine's environment: SAM's bias folded into its attention (uocr-samfold: the same embeddings, >= 1.05x) and
     # the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step); their names in
     # the log. Equal work with uocr-auto: its documents' folder (a page's length follows its path); its own caches
-    uocr-auto-fast) local levers="" tiles fold; tiles=$(tiles_pick)
+    uocr-auto-fast) local levers="" tiles fold moe; tiles=$(tiles_pick); moe=$(moe_pick)
       fold=$(fold_pick); gains "${fold#* }" && levers="BATCHOCR_SAM_ATTN=${fold% *}"
       gains "${tiles#* }" && levers="$levers BATCHOCR_PREFILL_TILES=${tiles% *}"
+      gains "${moe#* }" && levers="$levers VLLM_TUNED_CONFIG_FOLDER=${moe% *}"
       echo "$(date +%T) uocr-auto-fast levers: ${levers:-none}" >>"$RES/suite.log"
       [ -n "$levers" ] && (export $levers; PY_TIMEOUT=1700 py uocr-auto-fast bench/gpu/processes.py --models "$MODELS" \
         --work /tmp/proc-fast --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
@@ -487,12 +501,12 @@ run() {  # one named run of the suite
     # warm`'s compile cache, 256 pages; first_request_s (the issue's "first page") and the runs' wall_s. The
     # twenty-seventh lease's at once came 9 s later than the twenty-sixth's in turn, on another machine (~6 min)
     # UOCR_TURNS_PROCS: the runs in order, for a short lease (e.g. 2%21.84,auto: ~90 s less). UOCR_TURNS_ROOT
-    # (processes.py --warm-root): e.g. own,warm, the second run's caches where `batchocr warm` compiled: whether
-    # a build from the compile cache finds less at another path (each run's cache_gained says what it added)
+    # (processes.py --warm-root): warm (batchocr's way: the compile cache at the path `batchocr warm` compiled in)
+    # or own (a copy of it without that path: into the run's own root), e.g. warm,own,own,warm
     uocr-turns) PY_TIMEOUT=1700 py uocr-turns bench/gpu/processes.py --models "$MODELS" --work /tmp/turns \
                   --pages "${UOCR_TURNS_PAGES:-256}" --lengths B --timeout 900 \
                   --processes "${UOCR_TURNS_PROCS:-auto,2%${UOCR_TURNS_KV:-21.84},auto}" \
-                  --caches warm --no-cold --warm-pages 16 --warm-root "${UOCR_TURNS_ROOT:-own}" ${TURNS_ARGS:-} ;;
+                  --caches warm --no-cold --warm-pages 16 --warm-root "${UOCR_TURNS_ROOT:-warm}" ${TURNS_ARGS:-} ;;
     # a command's start (docs/history/GPU.md, twelfth lease: first row ~200 s from cold caches, 83 s warm): in turn cold
     # (the seed), then at once and in turn again each from a copy of the first run's caches (a pod whose
     # $HOME/.cache comes from a volume); 3,072 pages, the lognormal lengths (~19 min)
