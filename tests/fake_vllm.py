@@ -275,8 +275,8 @@ def _compile(log: str, kwargs: dict) -> None:
     """As vLLM's first build: its compiled graph in VLLM_CACHE_ROOT (by default $XDG_CACHE_HOME/vllm),
     keyed by the engine's settings, and a Triton kernel in TRITON_CACHE_DIR; read where there
     already, written where not. As on the GPU (docs/history/GPU.md, the thirty-first lease), a graph
-    read at the path it was compiled at finds its kernels; one copied to another path loads but
-    builds them again: the log says which ("same_path"), and where the caches were."""
+    read at the path it was compiled at starts fast; one copied to another path loads, but starts as
+    slowly as after a cold compile: the log says which ("same_path"), and where the caches were."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     vllm_root = Path(os.environ.get("VLLM_CACHE_ROOT") or root / "vllm")
     # vLLM 0.26 hashes its environment's settings into the key (envs.compile_factors), among them

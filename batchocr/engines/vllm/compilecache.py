@@ -14,9 +14,9 @@ The folder is written by `batchocr warm` (its own generated pages, never a user'
 caches hold compiled code every later run executes) and read by every run that names it, which
 copies it whole (the folder itself may be read-only: a shared volume) to the root the warm-up
 compiled in, the same absolute path, and points vLLM's, Triton's and Inductor's caches there.
-Copied into a root at another path, the compiled graphs load but their kernels are built again
-in memory on their first calls (the profile run, the CUDA-graph capture), a slower start; so a
-run goes to another root only where that path cannot be made, and then says so.
+Copied into a root at another path, the compiled graphs load, but the engine's profile run and
+CUDA-graph capture then take as long as after a cold compile (docs/PERFORMANCE.md, "A command's
+start"); so a run goes to another root only where that path cannot be made, and then says so.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def seed(folder: str, environ=os.environ, say=None) -> bool:
         else:
             shutil.copytree(src, root, symlinks=True, dirs_exist_ok=True,
                             ignore=lambda d, names: [COMPLETE] if Path(d) == src else [])
-            where = f"copied into {root}" + (f" ({made['root']}, where it was compiled, {why}: its kernels "
-                                             f"build again as the engine starts)" if why else "")
+            where = f"copied into {root}" + (f" ({made['root']}, where it was compiled, {why}: a slower "
+                                             f"start, as after a cold compile)" if why else "")
     except (OSError, ValueError) as exc:
         # A cache is only ever a speed-up: a run goes on compiling rather than fail on it.
         say(f"compile cache: {folder} could not be copied ({getattr(exc, 'strerror', None) or exc}): "
