@@ -366,6 +366,7 @@ def test_processes_bench_warm_root_compares_the_compiled_path_with_the_runs_own(
         "compile_cache (batchocr warm) copied into the run's own root",
         f"compile_cache (batchocr warm) at the path it was compiled in, {at}",
         f"compile_cache (batchocr warm) at the path it was compiled in, {at}"]
+    assert "processes: 1\n" in (work / "job-warm.yaml").read_text()  # built as the runs' engines are
     assert "root" not in json.loads((work / "compile-cache-own" / "batchocr-compile-cache.json").read_text())
     assert json.loads((work / "compile-cache" / "batchocr-compile-cache.json").read_text())["root"] == at
     # The stand-in's log: the first run's graph not at the path it was compiled at, the others' there,
