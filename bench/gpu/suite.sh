@@ -532,6 +532,11 @@ run() {  # one named run of the suite
     # compiles for its own config (a cold compile captured slowly in the thirtieth lease) and the second does not
     uocr-mml) uocr uocr-mml --pages "${UOCR_MML_PAGES:-512}" --lengths B --modes b --warmup 32 \
                 --variant "mml32k=--max-model-len 32768" --variant "mml32k_again=--max-model-len 32768" ;;
+    # issue 53's tokens: at ~95% busy the GPU's time a token is what is left, and a decode step's attention reads
+    # each request's KV (~78% of the card's bandwidth, history/GPU.md 26th lease): page b against b with an FP8
+    # KV cache (half the bytes; its effect on the text is not measured with random weights), 512 pages
+    uocr-kvfp8) uocr uocr-kvfp8 --pages "${UOCR_KVFP8_PAGES:-512}" --lengths B --modes b --warmup 32 \
+                  --variant "kvfp8=--engine-arg kv_cache_dtype=fp8" ;;
     # issue 53's start: fewer CUDA graphs to capture (vLLM 0.26 captures 51 piecewise sizes up to 512 and 35
     # full ones up to 256 for 256 sequences: ~15 s of an engine's build on the H200); page b against b with 13
     # sizes up to 256, 512 pages at equal work: llm_init_s of each (b's in the JSON's top level, the

@@ -63,8 +63,8 @@ def starts_alone(options: Mapping[str, Any]) -> bool:
 
 
 def before_build(options: Mapping[str, Any]) -> None:
-    """engines.vllm.compile_cache, where set, copied into this process's caches (its parts'
-    processes inherit where they are)."""
+    """engines.vllm.compile_cache, where set, copied to the path it was compiled in and this
+    process's caches pointed there (compilecache.seed; its parts' processes inherit where they are)."""
     if options.get("compile_cache"):
         from batchocr.engines.vllm.compilecache import seed
 
