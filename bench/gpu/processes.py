@@ -348,7 +348,7 @@ def main() -> None:
         n, kv = kv_of(args.processes.split(",")[0])
         spec = job(args.work / "job-warm.yaml", src, args.work / "out-warm", model, args, *kv)
         # the first run's processes, as the pods' job spec gives `batchocr warm` them (jobs/aks-vllm.yaml's
-        # auto): the engines built as the runs' are, so that their compiled graphs are keyed alike
+        # auto): its engines built as the runs' are, each with its share of the GPU
         spec.write_text(spec.read_text() + f"processes: {n}\n")
         shutil.rmtree(args.work / "compile-cache", ignore_errors=True)
         tmp = args.work / "tmp"  # the warm-up's temporary folders: the root it compiles in, which runs copy back to
