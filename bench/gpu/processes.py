@@ -42,6 +42,8 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from batchocr.engines.vllm.compilecache import COMPLETE  # noqa: E402  (the compile cache's marker)
 sys.path.insert(0, str(Path(__file__).parent))
 
 
@@ -51,9 +53,11 @@ def kv_of(item: str) -> tuple[str, tuple[float, float]]:
     return n, (float(gib or 0) if how == "@" else 0, float(gib or 0) if how == "%" else 0)
 
 
-def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0, kv_each_gib: float = 0) -> Path:
+def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0, kv_each_gib: float = 0,
+        compile_cache: Path | None = None, processes: str | None = None) -> Path:
     """KV_GIB: kv_cache_gib (split over the parts, which build at once); KV_EACH_GIB: each engine's KV
-    as vLLM's own kv_cache_memory_bytes (engine_args: the parts build in turn)."""
+    as vLLM's own kv_cache_memory_bytes (engine_args: the parts build in turn); COMPILE_CACHE:
+    engines.vllm.compile_cache; PROCESSES: the spec's processes (else the command line's)."""
     engine_args = ([] if args.fake else ["attention_config: {backend: TRITON_ATTN}"]) + (  # the kit's R-SWA
         [f"kv_cache_memory_bytes: {int(kv_each_gib * 2**30)}"] if kv_each_gib else [])
     attention = f"    engine_args: {{{', '.join(engine_args)}}}\n" if engine_args else ""
@@ -67,8 +71,9 @@ def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0, k
            if args.mode == "document" else "") +
         f"    gpu_memory_utilization: {args.gpu_memory_utilization}\n{attention}"
         + (f"    kv_cache_gib: {kv_gib}\n" if kv_gib else "")
-        + (f"    compile_cache: {args.work / 'compile-cache'}\n" if args.caches == "warm" else "") +
+        + (f"    compile_cache: {compile_cache}\n" if compile_cache else "") +
         "commit: {every_pages: 256, every_seconds: 30}\n"
+        + (f"processes: {processes}\n" if processes else "")
     )
     return path
 
@@ -190,7 +195,7 @@ def without_root(cache: Path, dest: Path) -> Path:
     it into its own cache root, as every run did before batchocr recorded the path it was compiled in."""
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(cache, dest, symlinks=True)
-    marker = dest / "batchocr-compile-cache.json"
+    marker = dest / COMPLETE
     made = json.loads(marker.read_text())
     made.pop("root", None)
     marker.write_text(json.dumps(made, indent=1) + "\n")
@@ -346,10 +351,9 @@ def main() -> None:
 
     if args.caches == "warm":  # the compile cache as a pod's volume gets it: `batchocr warm`, its own caches
         n, kv = kv_of(args.processes.split(",")[0])
-        spec = job(args.work / "job-warm.yaml", src, args.work / "out-warm", model, args, *kv)
         # the first run's processes, as the pods' job spec gives `batchocr warm` them (jobs/aks-vllm.yaml's
         # auto): its engines built as the runs' are, each with its share of the GPU
-        spec.write_text(spec.read_text() + f"processes: {n}\n")
+        spec = job(args.work / "job-warm.yaml", src, args.work / "out-warm", model, args, *kv, processes=n)
         shutil.rmtree(args.work / "compile-cache", ignore_errors=True)
         tmp = args.work / "tmp"  # the warm-up's temporary folders: the root it compiles in, which runs copy back to
         shutil.rmtree(tmp, ignore_errors=True)
@@ -361,7 +365,7 @@ def main() -> None:
                               timeout=args.timeout)
         if args.json:
             args.json.with_name(f"{args.json.stem}-warm.log").write_text(proc.stdout + proc.stderr)
-        marker = args.work / "compile-cache" / "batchocr-compile-cache.json"
+        marker = args.work / "compile-cache" / COMPLETE
         report["warm"] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 2), "pages": args.warm_pages,
                           "root": json.loads(marker.read_text()).get("root") if marker.is_file() else None,
                           "stdout": proc.stdout.strip()[-400:], "stderr_tail": proc.stderr.strip()[-1500:]}
@@ -377,7 +381,7 @@ def main() -> None:
         item = item if seen[item] == 1 else f"{item}#{seen[item]}"  # the same N again: its own key
         out = args.work / f"out-{item}"
         shutil.rmtree(out, ignore_errors=True)  # an earlier run's OUT in the same --work would have nothing to do
-        spec = job(args.work / f"job-{item}.yaml", src, out, model, args, *kv)
+        cache = None  # engines.vllm.compile_cache
         from throughput import Sampler
 
         if args.caches == "fresh":
@@ -397,14 +401,11 @@ def main() -> None:
             cold = not report["runs"] and not args.no_cold
             caches = "cold" if cold else "compile_cache (batchocr warm) " + (
                 "copied into the run's own root" if root == "own" else f"at the path it was compiled in, {at}")
-            if cold:
-                spec.write_text("\n".join(line for line in spec.read_text().splitlines()
-                                          if "compile_cache:" not in line) + "\n")
-            elif root == "own":
-                spec.write_text(spec.read_text().replace(f"compile_cache: {args.work / 'compile-cache'}\n",
-                                                         f"compile_cache: {args.work / 'compile-cache-own'}\n"))
+            if not cold:
+                cache = args.work / ("compile-cache-own" if root == "own" else "compile-cache")
         else:
             run_env, caches = env, "shared"
+        spec = job(args.work / f"job-{item}.yaml", src, out, model, args, *kv, compile_cache=cache)
         if args.trace_start:
             trace = (args.json.parent if args.json else args.work) / f"trace-{item}"
             shutil.rmtree(trace, ignore_errors=True)
