@@ -71,6 +71,12 @@ BAD_JOBS = [  # each bad value in a job spec, and the one line that must name it
     ("engines: {vllm: {model: /m, preset: unlimited-ocr, batch_encoder: false, pixel_bytes: true}}",
      "engines.vllm.pixel_bytes: the model takes the bytes in the batched encoder (patches.deepencoder): set "
      "batch_encoder true, or pixel_bytes false"),
+    ("engines: {vllm: {model: /m, preset: qwen2.5-vl, sam_fold: true}}",
+     "engines.vllm.sam_fold: folds the bias of DeepSeek-OCR's SAM into its attention (unlimited-ocr, deepseek-ocr); "
+     "preset qwen2.5-vl has another vision tower"),
+    ("engines: {vllm: {model: /m, preset: deepseek-ocr, sam_fold: true}}",
+     "engines.vllm.sam_fold: SAM's attention is installed with the batched encoder (patches.deepencoder): set "
+     "batch_encoder true, or sam_fold false"),
     ("engines: {vllm: {model: /m, prepare_threads: 0}}",
      "engines.vllm.prepare_threads: got 0, expected greater than or equal to 1"),
     ("engines: {vllm: {model: /m, queue_pages: -1}}", "engines.vllm.queue_pages: got -1, expected greater than or equal to 0"),

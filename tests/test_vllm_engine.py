@@ -110,6 +110,25 @@ def test_pixel_bytes_reach_the_engine_core_through_its_environment_and_the_proce
         assert (fake_vllm.DeepseekOCRProcessor.tokenize_with_images is pixels.tokenize_with_images) == (switch == "1")
 
 
+def test_sam_fold_reaches_the_engine_core_through_its_environment(monkeypatch):
+    """engines.vllm.sam_fold (on in the unlimited-ocr preset, with the batched encoder): the
+    environment vLLM's engine core inherits asks for SAM's folded attention in fold-pad mode (its
+    batched encoder installs it there: test_deepencoder); off, or with the batched encoder off, or
+    another preset, it asks for none, whatever it asked before."""
+    from batchocr.engines.vllm.patches import samattn
+
+    monkeypatch.setenv(samattn.ENV, "fold")
+    for options, switch in [({"preset": "unlimited-ocr"}, "fold-pad"), ({"preset": "unlimited-ocr", "sam_fold": False}, ""),
+                            ({"preset": "unlimited-ocr", "batch_encoder": False}, ""), ({"preset": "deepseek-ocr"}, ""),
+                            ({"preset": "deepseek-ocr", "batch_encoder": True}, ""),
+                            ({"preset": "deepseek-ocr", "batch_encoder": True, "sam_fold": True}, "fold-pad"),
+                            ({"preset": "qwen2.5-vl"}, "")]:
+        engine, _ = _engine(monkeypatch, **options)
+        engine.close()
+        assert os.environ[samattn.ENV] == switch, options
+        assert samattn.switched_to() == (switch or None), options
+
+
 def _run(engine, batches, stop=None):
     return [row for out in engine.run(iter(batches), stop or threading.Event()) for row in out.to_pylist()]
 

@@ -82,7 +82,8 @@ def test_each_patch_s_targets_are_vllm_0_26_0_s_code_and_a_change_is_named(tmp_p
 @pytest.mark.parametrize("key, patch, preset", [("rswa_tiles", rswa_tiles, "unlimited-ocr"),
                                                 ("batch_encoder", deepencoder, "unlimited-ocr"),
                                                 ("vit_pad", vitpad, "qwen2.5-vl"),
-                                                ("pixel_bytes", pixels, "unlimited-ocr")])
+                                                ("pixel_bytes", pixels, "unlimited-ocr"),
+                                                ("sam_fold", samattn, "unlimited-ocr")])
 def test_a_speed_patch_asked_for_on_a_vllm_where_it_moved_stops_naming_the_key(monkeypatch, key, patch, preset):
     monkeypatch.setattr(patch, "moved", lambda: "this vLLM's X is not vLLM 0.26.0's")
     with pytest.raises(ConfigError, match=rf"^engines\.vllm\.{key}: this vLLM's X is not vLLM 0\.26\.0's; "

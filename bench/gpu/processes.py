@@ -71,7 +71,8 @@ def job(path: Path, src: Path, out: Path, model: str, args, kv_gib: float = 0, k
            if args.mode == "document" else "") +
         f"    gpu_memory_utilization: {args.gpu_memory_utilization}\n{attention}"
         + (f"    kv_cache_gib: {kv_gib}\n" if kv_gib else "")
-        + (f"    compile_cache: {compile_cache}\n" if compile_cache else "") +
+        + (f"    compile_cache: {compile_cache}\n" if compile_cache else "")
+        + "".join(f"    {key}: {value}\n" for key, _, value in (kv.partition("=") for kv in args.vllm)) +
         "commit: {every_pages: 256, every_seconds: 30}\n"
         + (f"processes: {processes}\n" if processes else "")
     )
@@ -325,6 +326,8 @@ def main() -> None:
                     help="every process's main thread sampled each 0.2 s for its first 200 s (the runs', not the "
                          "warm-up's), one file a process beside --json: trace-RUN/PID.txt (bench/gpu/start_trace.py)")
     ap.add_argument("--fake", action="store_true", help="tests/fake_vllm.py for vLLM (a dry run on the CPU)")
+    ap.add_argument("--vllm", action="append", default=[], metavar="KEY=VALUE",
+                    help="an engines.vllm key in every run's job spec (VALUE as YAML), e.g. sam_fold=false")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if set(args.warm_root.split(",")) - {"own", "warm"}:

@@ -182,18 +182,6 @@ except Exception:
     print('64,64,8 0')" "$RES/uocr-prefill-tiles.json"
 }
 
-fold_pick() {  # "MODE SPEEDUP": uocr-samfold's faster mode with vLLM's embeddings, its speedup over the
-  # batched encoder's plain call ("fold 0" where it has not run)
-  python3 -c "import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-    ok = {m: d[f'sam_{m}_speedup'] for m in ('fold', 'fold_pad') if d.get(f'sam_{m}_same')}
-    best = max(ok, key=ok.get)
-    print(best.replace('_', '-'), ok[best])
-except Exception:
-    print('fold 0')" "$RES/uocr-samfold.json"
-}
-
 moe_pick() {  # "FOLDER SPEEDUP": uocr-moe-tune's config file's folder (VLLM_TUNED_CONFIG_FOLDER reads it) and
   # the tuned tiles' speedup over vLLM's default at a decode step's token counts (128-512: the geometric
   # mean), "- 0" where it has not run
@@ -409,10 +397,10 @@ run() {  # one named run of the suite
     # uocr-samfold-e2e, uocr-cg): the first process on a fresh machine pays cold compiles in its first steps
     uocr-pixels-e2e) uocr uocr-pixels-e2e --pages "${UOCR_PIXELS_PAGES:-1024}" --lengths B --modes b --warmup 32 \
                        --variant "floats=--no-pixel-bytes" ;;
-    # the faster of uocr-samfold's modes in the engine (the batched encoder installs it with BATCHOCR_SAM_ATTN):
-    # page b against it, equal work
-    uocr-samfold-e2e) mode=$(fold_pick); uocr uocr-samfold-e2e --pages "${UOCR_SAMFOLD_PAGES:-1024}" --lengths B --modes b --warmup 32 \
-                        --variant "fold=--env BATCHOCR_SAM_ATTN=${mode% *}" ;;
+    # engines.vllm.sam_fold (on in the unlimited-ocr preset: SAM's bias folded into its attention, fold-pad):
+    # page b against b with vLLM's SAM attention, equal work
+    uocr-samfold-e2e) uocr uocr-samfold-e2e --pages "${UOCR_SAMFOLD_PAGES:-1024}" --lengths B --modes b --warmup 32 \
+                        --variant "vllmsam=--no-sam-fold" ;;
     # the n-gram processor's write of a step's bans: the host no longer waits out the forward (seconds, torch only)
     uocr-ban-sync) py uocr-ban-sync bench/gpu/check_ban_sync.py ;;
     # vLLM 0.26 has no fused-MoE config for Unlimited-OCR's experts (E=64, N=896): the default's tiles
@@ -484,13 +472,18 @@ run() {  # one named run of the suite
     # gpu_busy_pct_steady (~15 min on an H100)
     uocr-auto) PY_TIMEOUT=1700 py uocr-auto bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                  --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-} ;;
+    # the same with vLLM's SAM attention (engines.vllm.sam_fold false; the preset's default folds its bias in):
+    # what sam_fold gives at the product level. Equal work with uocr-auto: its documents' folder (a page's
+    # length follows its path); its own caches
+    uocr-auto-nofold) PY_TIMEOUT=1700 py uocr-auto-nofold bench/gpu/processes.py --models "$MODELS" \
+        --work /tmp/proc-nofold --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
+        --processes "${UOCR_AUTO_PROCS:-1,auto}" --vllm sam_fold=false ${AUTO_ARGS:-} ;;
     # the same with the GPU-time levers that won at kernel level in this suite's earlier runs, in every
-    # engine's environment: SAM's bias folded into its attention (uocr-samfold: the same embeddings, >= 1.05x) and
-    # the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step); their names in
-    # the log. Equal work with uocr-auto: its documents' folder (a page's length follows its path); its own caches
-    uocr-auto-fast) local levers="" tiles fold moe; tiles=$(tiles_pick); moe=$(moe_pick)
-      fold=$(fold_pick); gains "${fold#* }" && levers="BATCHOCR_SAM_ATTN=${fold% *}"
-      gains "${tiles#* }" && levers="$levers BATCHOCR_PREFILL_TILES=${tiles% *}"
+    # engine's environment: the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step)
+    # and the MoE's tuned tiles (uocr-moe-tune: >= 1.05x at 128-512 tokens); their names in the log. Equal
+    # work with uocr-auto: its documents' folder (a page's length follows its path); its own caches
+    uocr-auto-fast) local levers="" tiles moe; tiles=$(tiles_pick); moe=$(moe_pick)
+      gains "${tiles#* }" && levers="BATCHOCR_PREFILL_TILES=${tiles% *}"
       gains "${moe#* }" && levers="$levers VLLM_TUNED_CONFIG_FOLDER=${moe% *}"
       echo "$(date +%T) uocr-auto-fast levers: ${levers:-none}" >>"$RES/suite.log"
       [ -n "$levers" ] && (export $levers; PY_TIMEOUT=1700 py uocr-auto-fast bench/gpu/processes.py --models "$MODELS" \

@@ -644,6 +644,9 @@ def main() -> None:
     ap.add_argument("--no-pixel-bytes", dest="pixel_bytes", action="store_const", const=False, default=None,
                     help="engines.vllm.pixel_bytes off: the image views as vLLM's floats (default: the preset's, "
                          "on for unlimited-ocr)")
+    ap.add_argument("--no-sam-fold", dest="sam_fold", action="store_const", const=False, default=None,
+                    help="engines.vllm.sam_fold off: vLLM's SAM attention with its bias made in full (default: "
+                         "the preset's, on for unlimited-ocr)")
     ap.add_argument("--rswa-tiles", action="store_const", const=True, default=None,
                     help="engines.vllm.rswa_tiles on: R-SWA's attention reads only the KV tiles it can see "
                          "(default: the preset's, on for unlimited-ocr in page mode)")
@@ -750,7 +753,7 @@ def main() -> None:
     options = VLLMOptions(model=args.model or "fake", preset=args.preset, mode=args.mode, document_fallback=False,
                           group_pages=args.group_pages, rswa_tiles=args.rswa_tiles,
                           ngram_bans=args.ngram_bans, batch_encoder=args.batch_encoder, vit_pad=args.vit_pad,
-                          pixel_bytes=args.pixel_bytes,
+                          pixel_bytes=args.pixel_bytes, sam_fold=args.sam_fold,
                           load_format="dummy", ignore_eos=True,
                           detokenize=False, max_model_len=context, quantization=args.quantization,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

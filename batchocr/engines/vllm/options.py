@@ -13,7 +13,7 @@ from annotated_types import Ge, Gt, Le
 
 from batchocr.config import FORBID
 from batchocr.engines.vllm import patches
-from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, pixels, rswa_tiles, vitpad, workerext
+from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, pixels, rswa_tiles, samattn, vitpad, workerext
 from batchocr.engines.vllm.presets import Preset, document_presets, get_preset
 from batchocr.errors import ConfigError
 
@@ -23,10 +23,11 @@ CHECK_EVERY = 32  # tokens between two looks for runaway repetition
 MAX_GROUP_PAGES = 50
 DOCUMENT_PROMPT_TOKENS = 16  # a group's prompt beyond its images (BOS, the instruction)
 # The patches that change only speed, by their key (each the same key in a preset, its default).
-SPEED = {"rswa_tiles": rswa_tiles, "batch_encoder": deepencoder, "vit_pad": vitpad, "pixel_bytes": pixels}
-# A speed patch that rides on another (pixel_bytes' model half installs with the batched encoder):
-# off wherever that one is off.
-RIDES_ON = {"pixel_bytes": "batch_encoder"}
+SPEED = {"rswa_tiles": rswa_tiles, "batch_encoder": deepencoder, "vit_pad": vitpad, "pixel_bytes": pixels,
+         "sam_fold": samattn}
+# A speed patch that rides on another (pixel_bytes' model half and sam_fold install with the
+# batched encoder): off wherever that one is off.
+RIDES_ON = {"pixel_bytes": "batch_encoder", "sam_fold": "batch_encoder"}
 # What this process (and the processes it starts: a shard's parts) has warned of: each once a run.
 WARNED_ENV = "BATCHOCR_VLLM_WARNED"
 
@@ -113,6 +114,12 @@ class VLLMOptions:
     # value for value, half the bytes a page crossing to the engine core and held on the host.
     # None: the preset's (on for unlimited-ocr; off for deepseek-ocr, whose encoder is vLLM's).
     pixel_bytes: bool | None = None
+    # unlimited-ocr, deepseek-ocr with batch_encoder: SAM's relative-position bias folded into its
+    # attention's dot products (patches.samattn, its values padded to the keys' width), so that no
+    # bias of heads x tokens^2 is made and PyTorch's flash kernel runs: the same embeddings within
+    # bf16's rounding. None: the preset's (on for unlimited-ocr; off for deepseek-ocr, whose
+    # encoder is vLLM's).
+    sam_fold: bool | None = None
     # qwen2.5-vl, olmocr-2: the vision MLPs' inner size padded 3,420 -> 3,456 with zeros once
     # loaded, so that cuBLAS runs a Hopper GEMM, not an Ampere one (patches.vitpad; the same
     # output). None: the preset's (off in every preset: over the compiled vision blocks, the
@@ -192,6 +199,10 @@ class VLLMOptions:
         """pixel_bytes as the engine uses it (speed_on)."""
         return self.speed_on("pixel_bytes", preset)
 
+    def fold_on(self, preset: Preset) -> bool:
+        """sam_fold as the engine uses it (speed_on)."""
+        return self.speed_on("sam_fold", preset)
+
     def speed_on(self, key: str, preset: Preset) -> bool:
         """A speed patch (SPEED) as the engine uses it: as set; unset, the preset's, and only where
         this vLLM has the code the patch rewrites: a default must not stop a run on another vLLM,
@@ -224,8 +235,11 @@ class VLLMOptions:
         """Before vLLM is built in this process (its engine-core process inherits it): the
         environment these options need. ngram_bans: sampler asks for vLLM's V2 runner;
         ConfigError naming the key where the environment says no. pixel_bytes: patches.pixels'
-        switch, which the engine core's batched encoder reads to install the model's half."""
-        os.environ[pixels.ENV] = "1" if self.bytes_on(get_preset(self.preset)) else "0"
+        switch, which the engine core's batched encoder reads to install the model's half; sam_fold:
+        patches.samattn's, which it reads to install SAM's attention (empty: vLLM's)."""
+        preset = get_preset(self.preset)
+        os.environ[pixels.ENV] = "1" if self.bytes_on(preset) else "0"
+        os.environ[samattn.ENV] = samattn.OPTION_MODE if self.fold_on(preset) else ""
         if self.ngram_bans == "sampler":
             try:
                 ngram_sampler.require_v2_runner()
@@ -343,6 +357,12 @@ def _check_patches_fit(o: VLLMOptions, preset: Preset) -> None:
     if o.pixel_bytes and not o.encoder_batched(preset):
         raise ConfigError("engines.vllm.pixel_bytes: the model takes the bytes in the batched encoder "
                           "(patches.deepencoder): set batch_encoder true, or pixel_bytes false")
+    if o.sam_fold and preset.name not in deepencoder.PRESETS:
+        raise ConfigError(f"engines.vllm.sam_fold: folds the bias of DeepSeek-OCR's SAM into its attention "
+                          f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another vision tower")
+    if o.sam_fold and not o.encoder_batched(preset):
+        raise ConfigError("engines.vllm.sam_fold: SAM's attention is installed with the batched encoder "
+                          "(patches.deepencoder): set batch_encoder true, or sam_fold false")
     if o.rswa_tiles and preset.name not in rswa_tiles.PRESETS:
         raise ConfigError(f"engines.vllm.rswa_tiles: skips the KV tiles R-SWA hides "
                           f"({', '.join(rswa_tiles.PRESETS)}); preset {preset.name} attends without R-SWA")

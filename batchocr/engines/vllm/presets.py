@@ -75,6 +75,9 @@ class Preset:
     # engines.vllm.pixel_bytes where the user sets none (with the batched encoder only):
     # patches.pixels' views handed over as bytes. Set from GPU runs (the same input, less host memory).
     pixel_bytes: bool = False
+    # engines.vllm.sam_fold where the user sets none (with the batched encoder only): patches.samattn's
+    # SAM attention with its bias folded in. Set from GPU runs at equal work.
+    sam_fold: bool = False
     # engines.vllm.rswa_tiles where the user sets none, in either mode (unlimited-ocr only):
     # patches.rswa_tiles' attention over the KV tiles R-SWA can see. Set from GPU runs at equal work.
     rswa_tiles: bool = False
@@ -225,6 +228,10 @@ def unlimited_ocr() -> Preset:
                   # the views as bytes (patches.pixels): the same model input value for value, half
                   # the bytes a page to the engine core, less host memory at equal work
                   pixel_bytes=True,
+                  # SAM's bias folded into its attention (patches.samattn): the flash kernel, not a
+                  # bias of heads x tokens^2; faster end to end at equal work, the same embeddings
+                  # within bf16's rounding
+                  sam_fold=True,
                   # attention reading only the KV tiles R-SWA can see (patches.rswa_tiles): faster end
                   # to end and in the steady state at equal work, the same output
                   rswa_tiles=True,

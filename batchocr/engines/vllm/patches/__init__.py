@@ -15,8 +15,8 @@ options choose them (options.py: VLLMOptions.llm_args):
   process that builds the LLM (wraps two functions for the build's duration; nothing in vLLM's
   worker).
 - workerext.py: how the patches reach vLLM's worker, and key its compile cache.
-- samattn.py: a bench's switch in the environment until measured, not an option: SAM's bias
-  folded into its attention.
+- samattn.py: SAM's relative-position bias folded into its attention (sam_fold; it rides with
+  deepencoder's, switched on in the engine's environment).
 
 Each patch names the vLLM code it rewrites or copies (`TARGETS`: a file of the vllm package
 and a function or class in it, with a hash of its source in vLLM 0.26.0; rswa_tiles: the anchors
@@ -27,7 +27,7 @@ worker extension):
 
 - the n-gram bans (ngram_bans: processor or sampler) change the output where they are missing:
   the run stops (exit 2, the key named), whatever asked for them.
-- rswa_tiles, batch_encoder, vit_pad, pixel_bytes change only speed (and host memory): left to
+- rswa_tiles, batch_encoder, vit_pad, pixel_bytes, sam_fold change only speed (and host memory): left to
   the preset, vLLM's own code runs, with one warning naming the key; asked for in the job spec,
   the run stops (exit 2).
 

@@ -108,9 +108,9 @@ def pixel_values_to_embedding(self, pixel_values, images_crop, images_spatial_cr
 
 def install() -> None:
     """Put the batched method in place of vLLM's (idempotent; Unlimited-OCR's class inherits it).
-    With BATCHOCR_SAM_ATTN=fold (or fold-pad) in the engine's environment, SAM's attention too
-    (patches.samattn: a bench's switch, `throughput.py --variant 'fold=--env BATCHOCR_SAM_ATTN=fold'`,
-    until its measurements make it an option); with BATCHOCR_PIXELS_U8=1 (engines.vllm.pixel_bytes,
+    With BATCHOCR_SAM_ATTN=fold-pad (engines.vllm.sam_fold, which the engine sets before vLLM
+    builds; `fold` for a bench) in the engine's environment, SAM's attention too (patches.samattn);
+    with BATCHOCR_PIXELS_U8=1 (engines.vllm.pixel_bytes,
     which the engine sets before vLLM builds), the model's half of patches.pixels (the engine
     installs the processor's)."""
     from vllm.model_executor.models import deepseek_ocr

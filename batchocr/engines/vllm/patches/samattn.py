@@ -15,11 +15,12 @@ d + height + width channels (64 + 64 + 64 in a global block, padded to a multipl
 bias is made. Mode `fold` hands the values as they are; `fold-pad` pads them with zeros to the
 keys' width (the flash kernels want one width; the extra output columns are zeros, dropped).
 
-Not an engine option yet: `bench/gpu/check_encoder_batch.py --sam-attn fold,fold-pad` installs
-each over vLLM's real modules and compares the embeddings and a page's encoder time with
-vLLM's; with BATCHOCR_SAM_ATTN=fold (or fold-pad) in an engine's environment the batched
-encoder installs it too (patches.deepencoder), for a throughput run's variant. Importing this
-module needs no torch.
+`engines.vllm.sam_fold` (on for unlimited-ocr) sets BATCHOCR_SAM_ATTN=fold-pad in the environment
+of the process that builds vLLM, which its engine core inherits; the batched encoder's install
+(patches.deepencoder) reads it there and installs this forward in that mode (empty: vLLM's).
+`bench/gpu/check_encoder_batch.py --sam-attn fold,fold-pad` installs each mode over vLLM's real
+modules and compares the embeddings and a page's encoder time with vLLM's. Importing this module
+needs no torch.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ TARGETS = {
 }
 ENV = "BATCHOCR_SAM_ATTN"
 MODES = ("fold", "fold-pad")
+OPTION_MODE = "fold-pad"  # engines.vllm.sam_fold's: the faster of the two at equal work
 
 _mode = "fold"  # install()'s
 _original = None  # vLLM's RelPosAttention.forward, once installed over
