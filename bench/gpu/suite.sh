@@ -472,6 +472,18 @@ run() {  # one named run of the suite
     # gpu_busy_pct_steady (~15 min on an H100)
     uocr-auto) PY_TIMEOUT=1700 py uocr-auto bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
                  --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-} ;;
+    # the same under NVIDIA's MPS: the card's engines' kernels run side by side, not in turns of the
+    # card's time slices. A daemon of this machine's driver is started for this run alone (its default
+    # pipe folder, which every CUDA process here then finds) and stopped after it; where the machine has
+    # no nvidia-cuda-mps-control the log says so and nothing runs. Equal work with uocr-auto (--src); its
+    # own caches
+    uocr-auto-mps) if command -v nvidia-cuda-mps-control >/dev/null; then
+        nvidia-cuda-mps-control -d; echo "$(date +%T) uocr-auto-mps: nvidia-cuda-mps-control -d rc=$?" >>"$RES/suite.log"
+        PY_TIMEOUT=1700 py uocr-auto-mps bench/gpu/processes.py --models "$MODELS" --work /tmp/proc-mps \
+          --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
+          --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-}
+        echo quit | nvidia-cuda-mps-control; echo "$(date +%T) uocr-auto-mps: MPS quit rc=$?" >>"$RES/suite.log"
+      else echo "$(date +%T) uocr-auto-mps: no nvidia-cuda-mps-control on this machine" >>"$RES/suite.log"; fi ;;
     # the same with vLLM's SAM attention (engines.vllm.sam_fold false; the preset's default folds its bias in):
     # what sam_fold gives at the product level. Equal work with uocr-auto: its documents' folder (a page's
     # length follows its path); its own caches
