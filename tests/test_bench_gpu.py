@@ -289,6 +289,10 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     # each part's first row (two parts, two run ids), and each run's whole log beside the JSON
     assert len(one["first_row_s_by_part"]) == 1 and len(two["first_row_s_by_part"]) == 2
     assert min(two["first_row_s_by_part"].values()) == two["first_row_s"]
+    # and its last row and output tokens: the parts' ends apart, and the work each did
+    assert two["last_row_s_by_part"].keys() == two["first_row_s_by_part"].keys()
+    assert max(two["last_row_s_by_part"].values()) == two["last_row_s"]
+    assert sum(two["output_tokens_by_part"].values()) == two["output_tokens"] == 32 * 12
     assert "batchocr: done" in (tmp_path / "p-2@8.log").read_text()
     # issue 53's measure: output tokens over the span from the first page handed to an engine to the last row
     for run in (one, two):

@@ -53,7 +53,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 keep = ("rc", "caches", "wall_s", "first_row_s", "first_row_s_by_part", "rows", "output_tokens", "attempts", "pages_per_s", "rows_pages_per_s", "steady_pages_per_s",
         "output_tokens_per_s", "gpu_busy_pct_rows", "gpu_busy_pct_steady", "host_rss_peak_gb",
-        "engine_span_output_tokens_per_s", "gpu_busy_pct_engine_span")
+        "engine_span_output_tokens_per_s", "gpu_busy_pct_engine_span", "last_row_s_by_part", "output_tokens_by_part")
 for n, run in r["runs"].items():
     print(n, {k: run.get(k) for k in keep}, (run.get("stderr_tail") or "")[-200:] if run["rc"] else "")
 print({k: v for k, v in r.items() if k.startswith(("ratio", "rows_ratio", "steady_ratio"))}, r.get("equal_work", {}).get("equal"))

@@ -257,12 +257,19 @@ def start_of(rows: list, clock: float, t0: float, records: list | None = None) -
     engine on the same clock (its record's first_request_s, on its own clock from its start,
     moved by the difference of the two first rows), and where the part's start went (its timings)."""
     first: dict = {}
+    ends: dict = {}
+    tokens: dict = {}
     for r in rows:
         t = r["processed_at"].timestamp() - clock - t0
         first[r["run_id"]] = min(first.get(r["run_id"], t), t)
+        ends[r["run_id"]] = max(ends.get(r["run_id"], t), t)
+        tokens[r["run_id"]] = tokens.get(r["run_id"], 0) + (r["output_tokens"] or 0)
     by_part = {k: round(v, 1) for k, v in sorted(first.items(), key=lambda kv: kv[1])}
-    last = max(r["processed_at"].timestamp() for r in rows) - clock - t0
-    out = {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part, "last_row_s": round(last, 2)}
+    last = max(ends.values())
+    # each part's last row and output tokens: how far apart the parts end (the later runs alone at the end)
+    out = {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part, "last_row_s": round(last, 2),
+           "last_row_s_by_part": {k: round(ends[k], 2) for k in by_part},
+           "output_tokens_by_part": {k: tokens[k] for k in by_part}}
     timings = {r["run_id"]: r.get("timings") or {} for r in records or []}
     requests = {k: round(first[k] - timings[k]["first_row_s"] + timings[k]["first_request_s"], 1)
                 for k in by_part if "first_row_s" in timings.get(k, {}) and "first_request_s" in timings[k]}
