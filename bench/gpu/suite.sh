@@ -477,13 +477,18 @@ run() {  # one named run of the suite
     # pipe folder, which every CUDA process here then finds) and stopped after it; where the machine has
     # no nvidia-cuda-mps-control the log says so and nothing runs. Equal work with uocr-auto (--src); its
     # own caches
-    uocr-auto-mps) if command -v nvidia-cuda-mps-control >/dev/null; then
-        nvidia-cuda-mps-control -d; echo "$(date +%T) uocr-auto-mps: nvidia-cuda-mps-control -d rc=$?" >>"$RES/suite.log"
+    # (the servers the daemon started, in the log after the run: none means the engines ran without MPS)
+    uocr-auto-mps) if ! command -v nvidia-cuda-mps-control >/dev/null; then
+        echo "$(date +%T) uocr-auto-mps: no nvidia-cuda-mps-control on this machine" >>"$RES/suite.log"
+      elif nvidia-cuda-mps-control -d; mps=$?; [ "$mps" -ne 0 ]; then
+        echo "$(date +%T) uocr-auto-mps: nvidia-cuda-mps-control -d failed (rc $mps)" >>"$RES/suite.log"
+      else
         PY_TIMEOUT=1700 py uocr-auto-mps bench/gpu/processes.py --models "$MODELS" --work /tmp/proc-mps \
           --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
           --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-}
+        echo "$(date +%T) uocr-auto-mps: MPS servers: $(echo get_server_list | nvidia-cuda-mps-control | tr '\n' ' ')" >>"$RES/suite.log"
         echo quit | nvidia-cuda-mps-control; echo "$(date +%T) uocr-auto-mps: MPS quit rc=$?" >>"$RES/suite.log"
-      else echo "$(date +%T) uocr-auto-mps: no nvidia-cuda-mps-control on this machine" >>"$RES/suite.log"; fi ;;
+      fi ;;
     # the same with vLLM's SAM attention (engines.vllm.sam_fold false; the preset's default folds its bias in):
     # what sam_fold gives at the product level. Equal work with uocr-auto: its documents' folder (a page's
     # length follows its path); its own caches

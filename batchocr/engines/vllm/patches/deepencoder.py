@@ -108,8 +108,8 @@ def pixel_values_to_embedding(self, pixel_values, images_crop, images_spatial_cr
 
 def install() -> None:
     """Put the batched method in place of vLLM's (idempotent; Unlimited-OCR's class inherits it).
-    With BATCHOCR_SAM_ATTN=fold-pad (engines.vllm.sam_fold, which the engine sets before vLLM
-    builds; `fold` for a bench) in the engine's environment, SAM's attention too (patches.samattn);
+    With BATCHOCR_SAM_ATTN set in the engine's environment (engines.vllm.sam_fold: fold-pad, which
+    the engine sets before vLLM builds), SAM's attention too, in that mode (patches.samattn);
     with BATCHOCR_PIXELS_U8=1 (engines.vllm.pixel_bytes,
     which the engine sets before vLLM builds), the model's half of patches.pixels (the engine
     installs the processor's)."""
