@@ -343,6 +343,15 @@ def warn_once(key: str, message: str | None) -> None:
     os.environ[WARNED_ENV] = ",".join(sorted(warned | {key}))
 
 
+# The speed patches that ride on the batched encoder (RIDES_ON): what each does, and why it needs
+# the batched encoder, for the line that refuses it where asked without.
+_ENCODER_RIDERS = {
+    "pixel_bytes": ("hands DeepSeek-OCR's image views over as bytes", "the model takes the bytes in the batched encoder"),
+    "sam_fold": ("folds the bias of DeepSeek-OCR's SAM into its attention",
+                 "SAM's attention is installed with the batched encoder"),
+}
+
+
 def _check_patches_fit(o: VLLMOptions, preset: Preset) -> None:
     """The mode and the patches asked for belong to the preset's model."""
     if o.mode == "document" and preset.document_template is None:
@@ -351,18 +360,13 @@ def _check_patches_fit(o: VLLMOptions, preset: Preset) -> None:
     if o.batch_encoder is True and preset.name not in deepencoder.PRESETS:
         raise ConfigError(f"engines.vllm.batch_encoder: batches DeepSeek-OCR's vision encoder "
                           f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another")
-    if o.pixel_bytes and preset.name not in deepencoder.PRESETS:
-        raise ConfigError(f"engines.vllm.pixel_bytes: hands DeepSeek-OCR's image views over as bytes "
-                          f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another vision tower")
-    if o.pixel_bytes and not o.encoder_batched(preset):
-        raise ConfigError("engines.vllm.pixel_bytes: the model takes the bytes in the batched encoder "
-                          "(patches.deepencoder): set batch_encoder true, or pixel_bytes false")
-    if o.sam_fold and preset.name not in deepencoder.PRESETS:
-        raise ConfigError(f"engines.vllm.sam_fold: folds the bias of DeepSeek-OCR's SAM into its attention "
-                          f"({', '.join(deepencoder.PRESETS)}); preset {preset.name} has another vision tower")
-    if o.sam_fold and not o.encoder_batched(preset):
-        raise ConfigError("engines.vllm.sam_fold: SAM's attention is installed with the batched encoder "
-                          "(patches.deepencoder): set batch_encoder true, or sam_fold false")
+    for key, (what, where) in _ENCODER_RIDERS.items():
+        if getattr(o, key) and preset.name not in deepencoder.PRESETS:
+            raise ConfigError(f"engines.vllm.{key}: {what} ({', '.join(deepencoder.PRESETS)}); "
+                              f"preset {preset.name} has another vision tower")
+        if getattr(o, key) and not o.encoder_batched(preset):
+            raise ConfigError(f"engines.vllm.{key}: {where} (patches.deepencoder): set batch_encoder true, "
+                              f"or {key} false")
     if o.rswa_tiles and preset.name not in rswa_tiles.PRESETS:
         raise ConfigError(f"engines.vllm.rswa_tiles: skips the KV tiles R-SWA hides "
                           f"({', '.join(rswa_tiles.PRESETS)}); preset {preset.name} attends without R-SWA")
