@@ -293,6 +293,10 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert two["last_row_s_by_part"].keys() == two["first_row_s_by_part"].keys()
     assert max(two["last_row_s_by_part"].values()) == two["last_row_s"]
     assert sum(two["output_tokens_by_part"].values()) == two["output_tokens"] == 32 * 12
+    # and over time, 10 s a bin from the command's start: every token once, the last bin the last row's
+    assert sum(two["output_tokens_by_10s"]) == two["output_tokens"] and two["output_tokens_by_10s"][-1] > 0
+    last = two["last_row_s"]  # rounded to 0.01 s: the bin of a last row at 29.996 s is 2, not 3
+    assert len(two["output_tokens_by_10s"]) - 1 in (int(last // 10), int((last - 0.01) // 10))
     assert "batchocr: done" in (tmp_path / "p-2@8.log").read_text()
     # issue 53's measure: output tokens over the span from the first page handed to an engine to the last row
     for run in (one, two):

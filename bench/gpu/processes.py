@@ -267,9 +267,13 @@ def start_of(rows: list, clock: float, t0: float, records: list | None = None) -
     by_part = {k: round(v, 1) for k, v in sorted(first.items(), key=lambda kv: kv[1])}
     last = max(ends.values())
     # each part's last row and output tokens: how far apart the parts end (the later runs alone at the end)
+    # and the output tokens of the rows written in each 10 s from the command's start: the fill and the drain
+    bins = [0] * (int(last // 10) + 1)
+    for r in rows:
+        bins[max(0, int((r["processed_at"].timestamp() - clock - t0) // 10))] += r["output_tokens"] or 0
     out = {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part, "last_row_s": round(last, 2),
            "last_row_s_by_part": {k: round(ends[k], 2) for k in by_part},
-           "output_tokens_by_part": {k: tokens[k] for k in by_part}}
+           "output_tokens_by_part": {k: tokens[k] for k in by_part}, "output_tokens_by_10s": bins}
     timings = {r["run_id"]: r.get("timings") or {} for r in records or []}
     requests = {k: round(first[k] - timings[k]["first_row_s"] + timings[k]["first_request_s"], 1)
                 for k in by_part if "first_row_s" in timings.get(k, {}) and "first_request_s" in timings[k]}
