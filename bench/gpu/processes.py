@@ -259,18 +259,19 @@ def start_of(rows: list, clock: float, t0: float, records: list | None = None) -
     first: dict = {}
     ends: dict = {}
     tokens: dict = {}
+    by_10s: dict = {}
     for r in rows:
         t = r["processed_at"].timestamp() - clock - t0
         first[r["run_id"]] = min(first.get(r["run_id"], t), t)
         ends[r["run_id"]] = max(ends.get(r["run_id"], t), t)
         tokens[r["run_id"]] = tokens.get(r["run_id"], 0) + (r["output_tokens"] or 0)
+        at = max(0, int(t // 10))
+        by_10s[at] = by_10s.get(at, 0) + (r["output_tokens"] or 0)
     by_part = {k: round(v, 1) for k, v in sorted(first.items(), key=lambda kv: kv[1])}
     last = max(ends.values())
     # each part's last row and output tokens: how far apart the parts end (the later runs alone at the end)
     # and the output tokens of the rows written in each 10 s from the command's start: the fill and the drain
-    bins = [0] * (int(last // 10) + 1)
-    for r in rows:
-        bins[max(0, int((r["processed_at"].timestamp() - clock - t0) // 10))] += r["output_tokens"] or 0
+    bins = [by_10s.get(i, 0) for i in range(int(last // 10) + 1)]
     out = {"first_row_s": min(by_part.values()), "first_row_s_by_part": by_part, "last_row_s": round(last, 2),
            "last_row_s_by_part": {k: round(ends[k], 2) for k in by_part},
            "output_tokens_by_part": {k: tokens[k] for k in by_part}, "output_tokens_by_10s": bins}
@@ -454,9 +455,9 @@ def main() -> None:
                 rec["cpu_cores_start"] = sampler.cpu_between(t0, t0 + rec["first_request_s"])
                 rec["gpu_busy_pct_start"] = sampler.gpu_between(t0, t0 + rec["first_request_s"])
         if args.caches in ("fresh", "warm"):  # what the build compiled that the compile cache (if any) did not hold
-            placed = caches.startswith("compile_cache") and root == "warm" and report["warm"].get("root")
+            placed = cache is not None and root == "warm" and at  # where batchocr put the run's caches
             rec["cache_gained"] = cache_gained(Path(placed or run_env["XDG_CACHE_HOME"]),
-                                               args.work / "compile-cache" if caches.startswith("compile_cache") else None)
+                                               args.work / "compile-cache" if cache is not None else None)
         if args.caches == "seeded" and not report["runs"]:  # what the first run left: the later runs' seed
             shutil.rmtree(args.work / "cache-seed", ignore_errors=True)
             shutil.copytree(args.work / "cache", args.work / "cache-seed", symlinks=True)

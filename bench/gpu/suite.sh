@@ -215,6 +215,13 @@ rt() {  # NAME ARGS...: one bench/route.py run, bounded in time, logged
   echo "$(date +%T) end $name rc=$rc" >>"$RES/suite.log"
 }
 
+auto() {  # NAME WORK ARGS...: processes.py over uocr-auto's documents (/tmp/proc/src: a page's length follows
+  # its path, so runs reading them do equal work), each run's caches under WORK
+  local name=$1 work=$2; shift 2
+  PY_TIMEOUT=1700 py "$name" bench/gpu/processes.py --models "$MODELS" --work "$work" --src /tmp/proc/src \
+    --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 --processes "${UOCR_AUTO_PROCS:-1,auto}" "$@" ${AUTO_ARGS:-}
+}
+
 run() {  # one named run of the suite
   case $1 in
     tp-7b) tp tp-7b "--model=$MODELS/qwen2.5-vl-7b" --pages 512 --modes a,c,b,a0 --variant "seqs512=--max-num-seqs 512" ;;
@@ -470,8 +477,7 @@ run() {  # one named run of the suite
     # against one process, 4,096 pages, lognormal lengths, whole commands at equal work; the goal's measure is
     # each run's engine_span_output_tokens_per_s (first page handed to an engine to the last row) and
     # gpu_busy_pct_steady (~15 min on an H100)
-    uocr-auto) PY_TIMEOUT=1700 py uocr-auto bench/gpu/processes.py --models "$MODELS" --work /tmp/proc \
-                 --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-} ;;
+    uocr-auto) auto uocr-auto /tmp/proc ;;
     # the same under NVIDIA's MPS: the card's engines' kernels run side by side, not in turns of the
     # card's time slices. A daemon of this machine's driver is started for this run alone (its default
     # pipe folder, which every CUDA process here then finds) and stopped after it; where the machine has
@@ -483,18 +489,14 @@ run() {  # one named run of the suite
       elif nvidia-cuda-mps-control -d; mps=$?; [ "$mps" -ne 0 ]; then
         echo "$(date +%T) uocr-auto-mps: nvidia-cuda-mps-control -d failed (rc $mps)" >>"$RES/suite.log"
       else
-        PY_TIMEOUT=1700 py uocr-auto-mps bench/gpu/processes.py --models "$MODELS" --work /tmp/proc-mps \
-          --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
-          --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-}
+        auto uocr-auto-mps /tmp/proc-mps
         echo "$(date +%T) uocr-auto-mps: MPS servers: $(echo get_server_list | nvidia-cuda-mps-control | tr '\n' ' ')" >>"$RES/suite.log"
         echo quit | nvidia-cuda-mps-control; echo "$(date +%T) uocr-auto-mps: MPS quit rc=$?" >>"$RES/suite.log"
       fi ;;
     # the same with vLLM's SAM attention (engines.vllm.sam_fold false; the preset's default folds its bias in):
     # what sam_fold gives at the product level. Equal work with uocr-auto: its documents' folder (a page's
     # length follows its path); its own caches
-    uocr-auto-nofold) PY_TIMEOUT=1700 py uocr-auto-nofold bench/gpu/processes.py --models "$MODELS" \
-        --work /tmp/proc-nofold --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
-        --processes "${UOCR_AUTO_PROCS:-1,auto}" --vllm sam_fold=false ${AUTO_ARGS:-} ;;
+    uocr-auto-nofold) auto uocr-auto-nofold /tmp/proc-nofold --vllm sam_fold=false ;;
     # the same with the GPU-time levers that won at kernel level in this suite's earlier runs, in every
     # engine's environment: the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step)
     # and the MoE's tuned tiles (uocr-moe-tune: >= 1.05x at 128-512 tokens); their names in the log. Equal
@@ -503,9 +505,7 @@ run() {  # one named run of the suite
       gains "${tiles#* }" && levers="BATCHOCR_PREFILL_TILES=${tiles% *}"
       gains "${moe#* }" && levers="$levers VLLM_TUNED_CONFIG_FOLDER=${moe% *}"
       echo "$(date +%T) uocr-auto-fast levers: ${levers:-none}" >>"$RES/suite.log"
-      [ -n "$levers" ] && (export $levers; PY_TIMEOUT=1700 py uocr-auto-fast bench/gpu/processes.py --models "$MODELS" \
-        --work /tmp/proc-fast --src /tmp/proc/src --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --timeout 900 \
-        --processes "${UOCR_AUTO_PROCS:-1,auto}" ${AUTO_ARGS:-}) ;;
+      [ -n "$levers" ] && (export $levers; auto uocr-auto-fast /tmp/proc-fast) ;;
     # the parts' builds at once (auto: each the KV its share leaves, given) against in turn with the same KV each
     # (2%GIB: vLLM's kv_cache_memory_bytes, so the parts take turns), then at once again: each from `batchocr
     # warm`'s compile cache, 256 pages; first_request_s (the issue's "first page") and the runs' wall_s. The
