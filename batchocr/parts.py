@@ -14,7 +14,9 @@ start, so a part done early keeps its engine until the later parts have built th
 with its share of the accelerator (`engines.shared`: vLLM's gpu_memory_utilization / N, less
 what the model takes beyond vLLM's profile), or all at once where the engine needs no measure
 (`engines.starts_alone`: vLLM with kv_cache_gib, the KV cache's size, given, or set by
-`engines.shared` from the card and the preset). The parent forwards SIGTERM and SIGINT to the
+`engines.shared` from the card and the preset). What the engines run beside starts before the
+parts and ends after them (`engines.beside`: vLLM's MPS daemon, engines.vllm.mps, so that the
+parts' kernels share the GPU side by side). The parent forwards SIGTERM and SIGINT to the
 parts (each commits what finished, as a run alone does), stops the others when one fails (a
 systemic failure is the run's: one line, its exit code), and finishes the shard once every
 part is done. Whether page errors before any page was read are the engine's or the pages' is
@@ -79,11 +81,12 @@ def run_parts(spec: JobSpec, progress: bool, stop: threading.Event) -> RunSummar
     engines.before_build(spec.engine, spec.engine_options)  # once, here: the parts inherit it
     dealt = shares(todo, spec.processes)
     parts = _Parts(spec, len(dealt))
-    try:
-        parts.start(dealt, progress, stop)
-        parts.watch(stop)
-    finally:
-        parts.close()
+    with engines.beside(spec.engine, spec.engine_options, len(dealt)):  # vLLM's MPS daemon: the parts inherit it
+        try:
+            parts.start(dealt, progress, stop)
+            parts.watch(stop)
+        finally:
+            parts.close()
     failed = [r for r in parts.results.values() if r[0] == "error"]
     if failed:
         _, name, message, code = failed[0]

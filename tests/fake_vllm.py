@@ -330,7 +330,9 @@ class LLM:
                                     # what vLLM's usage reporting reads as it starts (usage_lib.is_usage_stats_enabled)
                                     "no_usage_stats": os.environ.get("VLLM_NO_USAGE_STATS"),
                                     "do_not_track": os.environ.get("DO_NOT_TRACK"),
-                                    "kv_cache_memory_bytes": kwargs.get("kv_cache_memory_bytes")}) + "\n")
+                                    "kv_cache_memory_bytes": kwargs.get("kv_cache_memory_bytes"),
+                                    # the MPS daemon this engine's CUDA context would join (engines.vllm.mps)
+                                    "mps_pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}) + "\n")
 
     def start_profile(self):
         """As vllm.LLM.start_profile: only with profiler_config; the engine writes one trace of its

@@ -139,6 +139,7 @@ def test_vllm_parts_build_their_engines_one_after_the_other_with_half_the_memory
     assert len(builds) == 2 and builds[0]["pid"] != builds[1]["pid"]
     assert builds[1]["t0"] >= builds[0]["t1"], builds  # the second waits for the first: no overlap
     assert [b["gpu_memory_utilization"] for b in builds] == [0.45, 0.45]  # 0.9 shared
+    assert [b["mps_pipe"] for b in builds] == [None, None]  # no nvidia-cuda-mps-control on PATH: no MPS
     # The run records say where each part's start went: the first waited for nothing; the second
     # waited its turn until the first's build ended (the stand-in's takes 1.5 s here), from when its own
     # run started (its process's start-up overlaps the first's build, more or less as the machine
@@ -275,13 +276,17 @@ def test_vllm_parts_with_the_kv_size_given_build_their_engines_at_once(tmp_path)
     assert len(rows) == TOTAL and len({(r["doc_id"], r["page_index"]) for r in rows}) == TOTAL
 
 
-def test_unlimited_ocr_parts_on_a_known_card_build_at_once_with_equal_kv(tmp_path):
+def test_unlimited_ocr_parts_on_a_known_card_build_at_once_with_equal_kv_under_one_mps_daemon(tmp_path):
     """No kv_cache_gib in the job: on a card nvidia-smi names, Unlimited-OCR's parts each get the
     KV their share leaves (engines.vllm.shared, the preset's non_kv_gib), the same for each, and
-    so build at once, as with kv_cache_gib given."""
+    so build at once, as with kv_cache_gib given. With nvidia-cuda-mps-control on PATH, both
+    parts' engines are clients of the run's own MPS daemon (engines.vllm.mps), started before
+    them and told to quit after."""
     from batchocr.engines.vllm.presets import get_preset
+    from test_mps import control
 
-    env = _stand_in(tmp_path) | nvidia_smi(tmp_path, H100) | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")}
+    env = (_stand_in(tmp_path) | nvidia_smi(tmp_path, H100) | control(tmp_path)
+           | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")})
     out = tmp_path / "out"
     proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--preset",
                 "unlimited-ocr", "--route", "model", "--processes", "2", "-q", env=env)
@@ -291,6 +296,11 @@ def test_unlimited_ocr_parts_on_a_known_card_build_at_once_with_equal_kv(tmp_pat
     share = builds[0]["gpu_memory_utilization"]
     kv = round(share * 81559 / 1024 - get_preset("unlimited-ocr").non_kv_gib, 2)
     assert [b["kv_cache_memory_bytes"] for b in builds] == [int(kv * 2**30)] * 2
+    calls = (tmp_path / "mps.log").read_text().splitlines()
+    pipe = calls[0].split()[1]
+    assert calls[0].startswith("start ") and calls[-1] == f"quit {pipe}", calls
+    assert [b["mps_pipe"] for b in builds] == [pipe] * 2 and not Path(pipe).exists()
+    assert "mps:" not in err
     records = [json.loads(r.read_text()) for r in (out / "_runs").glob("*.json")]
     assert len(records) == 2 and all(r["timings"]["turn_wait_s"] < 0.2 for r in records), \
         [r["timings"] for r in records]

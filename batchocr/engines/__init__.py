@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
@@ -84,6 +84,10 @@ def _nothing_for(options: Mapping[str, Any]) -> None:
     return None
 
 
+def _nothing_beside(options: Mapping[str, Any], n: int) -> AbstractContextManager:
+    return nullcontext()
+
+
 @dataclass(frozen=True)
 class EngineType:
     """An engine type, registered once in its own module as `ENGINE`: everything the spec, the
@@ -112,6 +116,9 @@ class EngineType:
     # What a machine's first build of it needs first, made once a run where it has pages to do
     # (a shard's parts inherit it): vLLM's compile cache copied into the run's caches.
     before_build: Callable[[Mapping[str, Any]], None] = _nothing_for
+    # What n of its engines sharing the machine's accelerator run beside them while a shard's
+    # parts run (a context): vLLM's MPS daemon.
+    beside: Callable[[Mapping[str, Any], int], AbstractContextManager] = _nothing_beside
 
 
 # The registry: each engine type's name and the module that declares it (`ENGINE`). Each
@@ -163,6 +170,12 @@ def before_build(name: str, options: Mapping[str, Any]) -> None:
     """What the machine's first build of engine `name` needs, made now: once a run, where it has
     pages to do (an idle shard's run copies no compile cache)."""
     _ask(name, "before_build", options)
+
+
+def beside(name: str, options: Mapping[str, Any], n: int) -> AbstractContextManager:
+    """What n engines `name` sharing the accelerator (a shard's parts) run beside, while the block
+    runs: vllm's MPS daemon (engines.vllm.mps)."""
+    return _ask(name, "beside", options, n)
 
 
 def create(name: str, options: Mapping[str, Any]) -> Engine:

@@ -20,6 +20,7 @@ Importing it imports no vLLM: vLLM loads when an engine is built.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Mapping
 
 from batchocr.engines import EngineType, parse_options
@@ -71,6 +72,15 @@ def before_build(options: Mapping[str, Any]) -> None:
         seed(options["compile_cache"])
 
 
+def beside(options: Mapping[str, Any], n: int) -> AbstractContextManager:
+    """n parts' engines on one GPU: an MPS daemon of the run's own while they run, where
+    engines.vllm.mps wants one (batchocr.engines.vllm.mps)."""
+    from batchocr.engines.vllm import mps
+
+    setting = parse_options(VLLMOptions, options, "vllm").mps
+    return mps.daemon() if mps.wanted(setting, n) else nullcontext()
+
+
 def preload() -> None:
     """vLLM's imports (torch's among them), made by a part while the part before it builds: its
     own build starts without them, and its engine core, forked, inherits them."""
@@ -92,4 +102,4 @@ def create(options: Mapping[str, Any]) -> VLLMEngine | VLLMInstances:
 
 ENGINE = EngineType(name="vllm", options=VLLMOptions, create=create, settings=settings, shared=shared,
                     starts_alone=starts_alone, auto_processes=auto_processes, slow_to_build=True,
-                    preload=preload, before_build=before_build)
+                    preload=preload, before_build=before_build, beside=beside)

@@ -120,6 +120,11 @@ class VLLMOptions:
     # bf16's rounding. None: the preset's (on for unlimited-ocr; off for deepseek-ocr, whose
     # encoder is vLLM's).
     sam_fold: bool | None = None
+    # processes N > 1 on one GPU (a shard's parts): an NVIDIA MPS daemon of the run's own, so that
+    # the parts' kernels run side by side on the card instead of in turns (engines.vllm.mps). None:
+    # where nvidia-cuda-mps-control is on PATH; true: a warning where it cannot start; false: never.
+    # An MPS daemon the environment names already (CUDA_MPS_PIPE_DIRECTORY) serves the parts instead.
+    mps: bool | None = None
     # qwen2.5-vl, olmocr-2: the vision MLPs' inner size padded 3,420 -> 3,456 with zeros once
     # loaded, so that cuBLAS runs a Hopper GEMM, not an Ampere one (patches.vitpad; the same
     # output). None: the preset's (off in every preset: over the compiled vision blocks, the

@@ -1,0 +1,100 @@
+"""NVIDIA's Multi-Process Service (MPS) for a shard's parts on one GPU (engines.vllm.mps).
+
+Without it the GPU runs one process's kernels at a time: the parts' CUDA contexts take turns on
+the card. Under one MPS server the parts' kernels run side by side, so a decode step's small
+kernels from one engine use SMs the other's leave idle (docs/PERFORMANCE.md, several engines on
+one GPU).
+
+The daemon is the run's own: `nvidia-cuda-mps-control -d` with its pipe and log folders in a
+private temporary folder, named to the parts through the environment they inherit
+(CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY), and told to quit once every part is done. It
+starts before any part's CUDA context, in the parent, which makes none. Where the environment
+names a pipe folder already, an MPS daemon someone else started serves this process: none is
+started. A daemon that does not start costs one warning line: the parts then share the GPU in turns,
+as without MPS. In a Kubernetes pod, the NVIDIA container toolkit mounts nvidia-cuda-mps-control with
+the `compute` driver capability, and a daemon started inside the container serves that
+container's processes.
+
+Under MPS a fatal GPU fault in one client is reported to every client of the server: a part's
+engine death is then every part's, which the run already treats as one failure (batchocr/parts.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, MutableMapping
+
+CONTROL = "nvidia-cuda-mps-control"
+PIPE, LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+WAIT_S = 60  # for the control program's start (it forks the daemon and returns) or its quit
+
+
+def control(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """The MPS control program on PATH, or None."""
+    return shutil.which(CONTROL, path=environ.get("PATH"))
+
+
+def wanted(setting: bool | None, n: int, environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Whether n engines on one GPU get a daemon of the run's own: n > 1, not switched off, no MPS
+    daemon serving this process already, and (unset) the control program on PATH."""
+    if n < 2 or setting is False or PIPE in environ:
+        return False
+    return setting is True or control(environ) is not None
+
+
+@contextmanager
+def daemon(environ: MutableMapping[str, str] = os.environ,
+           say: Callable[[str], None] | None = None) -> Iterator[bool]:
+    """An MPS daemon of this run's own while the block runs, its folders in `environ` for the
+    processes started meanwhile; True where it started, False (one line said) where it did not."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    folder = Path(tempfile.mkdtemp(prefix="batchocr-mps-"))
+    env = {**environ, PIPE: str(folder / "pipe"), LOG: str(folder / "log")}
+    for key in (PIPE, LOG):
+        Path(env[key]).mkdir()
+    program = control(environ)
+
+    def ask(command: str) -> str:
+        """One command to the daemon (its answer), as `echo COMMAND | nvidia-cuda-mps-control`."""
+        return subprocess.run([program], input=command + "\n", env=env, capture_output=True, text=True,
+                              timeout=WAIT_S).stdout
+
+    why = f"no {CONTROL} on PATH" if program is None else ""
+    if program is not None:
+        try:
+            done = subprocess.run([program, "-d"], env=env, capture_output=True, text=True, timeout=WAIT_S)
+            if done.returncode:
+                said = (done.stderr or done.stdout).strip().splitlines()
+                why = f"exit code {done.returncode}" + (f": {said[-1]}" if said else "")
+            else:
+                # The server the parts' CUDA contexts would join, started now: where it cannot start
+                # (a GPU MPS cannot share), the parts go without rather than fail their builds.
+                ask(f"start_server -uid {os.getuid()}")
+                if not ask("get_server_list").split():
+                    why = "its server did not start"
+                    ask("quit")
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = str(exc)
+    if why:
+        shutil.rmtree(folder, ignore_errors=True)
+        say(f"mps: {CONTROL} -d did not start ({why}); the parts share the GPU in turns "
+            f"(engines.vllm.mps: false leaves it out)")
+        yield False
+        return
+    environ[PIPE], environ[LOG] = env[PIPE], env[LOG]
+    try:
+        yield True
+    finally:
+        environ.pop(PIPE, None)
+        environ.pop(LOG, None)
+        try:
+            ask("quit")
+        except (OSError, subprocess.SubprocessError):
+            pass  # a daemon that does not quit is the machine's to end: its folder goes all the same
+        shutil.rmtree(folder, ignore_errors=True)
