@@ -478,21 +478,11 @@ run() {  # one named run of the suite
     # each run's engine_span_output_tokens_per_s (first page handed to an engine to the last row) and
     # gpu_busy_pct_steady (~15 min on an H100)
     uocr-auto) auto uocr-auto /tmp/proc ;;
-    # the same under NVIDIA's MPS: the card's engines' kernels run side by side, not in turns of the
-    # card's time slices. A daemon of this machine's driver is started for this run alone (its default
-    # pipe folder, which every CUDA process here then finds) and stopped after it; where the machine has
-    # no nvidia-cuda-mps-control the log says so and nothing runs. Equal work with uocr-auto (--src); its
-    # own caches
-    # (the servers the daemon started, in the log after the run: none means the engines ran without MPS)
-    uocr-auto-mps) if ! command -v nvidia-cuda-mps-control >/dev/null; then
-        echo "$(date +%T) uocr-auto-mps: no nvidia-cuda-mps-control on this machine" >>"$RES/suite.log"
-      elif nvidia-cuda-mps-control -d; mps=$?; [ "$mps" -ne 0 ]; then
-        echo "$(date +%T) uocr-auto-mps: nvidia-cuda-mps-control -d failed (rc $mps)" >>"$RES/suite.log"
-      else
-        auto uocr-auto-mps /tmp/proc-mps
-        echo "$(date +%T) uocr-auto-mps: MPS servers: $(echo get_server_list | nvidia-cuda-mps-control | tr '\n' ' ')" >>"$RES/suite.log"
-        echo quit | nvidia-cuda-mps-control; echo "$(date +%T) uocr-auto-mps: MPS quit rc=$?" >>"$RES/suite.log"
-      fi ;;
+    # the same without NVIDIA's MPS (engines.vllm.mps false; the product starts a daemon of the run's own
+    # where nvidia-cuda-mps-control is on PATH, so uocr-auto has it there): what MPS gives at the product
+    # level (the thirty-third lease, 1,536 pages: 1.208x over the engines' span, the daemon started by the
+    # suite). Equal work with uocr-auto (--src); its own caches
+    uocr-auto-nomps) auto uocr-auto-nomps /tmp/proc-nomps --vllm mps=false ;;
     # the same with vLLM's SAM attention (engines.vllm.sam_fold false; the preset's default folds its bias in):
     # what sam_fold gives at the product level. Equal work with uocr-auto: its documents' folder (a page's
     # length follows its path); its own caches
