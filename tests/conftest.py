@@ -109,11 +109,14 @@ def _run_once(tmp_path_factory, worker_id: str, name: str, *args: str):
 def _pixels_as_found(monkeypatch):
     """An engine with engines.vllm.pixel_bytes on (the unlimited-ocr preset's default) sets its
     switch in this process's environment and installs patches.pixels' processor half class-wide;
-    one with sam_fold on sets patches.samattn's switch: each test leaves them as it found them."""
+    one with sam_fold on sets patches.samattn's switch: each test leaves them as it found them.
+    No MPS daemon of the machine's is named either (engines.vllm.mps leaves the parts to one)."""
+    from batchocr.engines.vllm import mps
     from batchocr.engines.vllm.patches import pixels, samattn
 
     monkeypatch.delenv(pixels.ENV, raising=False)
     monkeypatch.delenv(samattn.ENV, raising=False)
+    monkeypatch.delenv(mps.PIPE, raising=False)
     yield
     pixels.uninstall()
 

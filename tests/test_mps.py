@@ -13,10 +13,10 @@ import pytest
 from batchocr.engines.vllm import mps
 
 
-def control(tmp_path: Path, start_rc: int = 0, server: str = "4242") -> dict[str, str]:
+def control(tmp_path: Path, start_rc: int = 0, server: str = "4242", late: int = 0) -> dict[str, str]:
     """PATH with an nvidia-cuda-mps-control that logs each call (its arguments, the pipe and log
     folders it was given and whether they exist, the command it read), exits `start_rc` on -d and
-    lists `server` as its server."""
+    lists `server` as its server from its (late + 1)th get_server_list on."""
     bin_ = tmp_path / "bin"
     bin_.mkdir(exist_ok=True)
     log = tmp_path / "mps.log"
@@ -29,7 +29,10 @@ if [ "$1" = "-d" ]; then
 fi
 read -r line
 echo "$line $CUDA_MPS_PIPE_DIRECTORY" >> {log}
-[ "$line" = "get_server_list" ] && echo "{server}"
+if [ "$line" = "get_server_list" ]; then
+  echo x >> {tmp_path / "lists"}
+  [ "$(wc -l < {tmp_path / "lists"})" -gt {late} ] && echo "{server}"
+fi
 exit 0
 """)
     script.chmod(0o755)
@@ -65,13 +68,14 @@ def test_the_daemon_runs_while_the_block_runs_and_quits_after(tmp_path):
 @pytest.mark.parametrize("how", ["fails", "no server", "missing"])
 def test_a_daemon_that_does_not_start_is_one_line_and_nothing_else(tmp_path, monkeypatch, how):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(mps, "SERVER_S", 0.5)
     (tmp_path / "tmp").mkdir()
     environ = {"fails": lambda: control(tmp_path, start_rc=3), "no server": lambda: control(tmp_path, server=""),
                "missing": lambda: {"PATH": str(tmp_path / "nowhere")}}[how]()
     said: list[str] = []
     with mps.daemon(environ, said.append) as started:
         assert not started and mps.PIPE not in environ
-    assert len(said) == 1 and said[0].startswith(f"mps: {mps.CONTROL} -d did not start (")
+    assert len(said) == 1 and said[0].startswith("mps: no MPS daemon for the parts (")
     assert {"fails": "exit code 3: An instance of this daemon is already running",
             "no server": "its server did not start", "missing": f"no {mps.CONTROL} on PATH"}[how] in said[0]
     if how == "fails":
@@ -79,3 +83,10 @@ def test_a_daemon_that_does_not_start_is_one_line_and_nothing_else(tmp_path, mon
     if how == "no server":  # the daemon that started is told to quit
         assert (tmp_path / "mps.log").read_text().splitlines()[-1].startswith("quit ")
     assert not list((tmp_path / "tmp").iterdir())  # its folder is gone
+
+
+def test_a_server_listed_a_moment_after_its_start_is_waited_for(tmp_path):
+    environ = control(tmp_path, late=2)
+    with mps.daemon(environ, print) as started:
+        assert started and mps.PIPE in environ
+    assert (tmp_path / "lists").read_text().count("x") == 3  # asked until it was listed

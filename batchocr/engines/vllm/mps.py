@@ -10,8 +10,8 @@ private temporary folder, named to the parts through the environment they inheri
 (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY), and told to quit once every part is done. It
 starts before any part's CUDA context, in the parent, which makes none. Where the environment
 names a pipe folder already, an MPS daemon someone else started serves this process: none is
-started. A daemon that does not start costs one warning line: the parts then share the GPU in turns,
-as without MPS. In a Kubernetes pod, the NVIDIA container toolkit mounts nvidia-cuda-mps-control with
+started. A daemon that does not start, or whose server does not, costs one warning line: the parts
+then share the GPU in turns, as without MPS. In a Kubernetes pod, the NVIDIA container toolkit mounts nvidia-cuda-mps-control with
 the `compute` driver capability, and a daemon started inside the container serves that
 container's processes.
 
@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, MutableMapping
@@ -33,6 +34,7 @@ from typing import Callable, Iterator, MutableMapping
 CONTROL = "nvidia-cuda-mps-control"
 PIPE, LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 WAIT_S = 60  # for the control program's start (it forks the daemon and returns) or its quit
+SERVER_S = 10  # for the daemon's server to be listed once asked to start
 
 
 def control(environ: MutableMapping[str, str] = os.environ) -> str | None:
@@ -76,15 +78,19 @@ def daemon(environ: MutableMapping[str, str] = os.environ,
                 # The server the parts' CUDA contexts would join, started now: where it cannot start
                 # (a GPU MPS cannot share), the parts go without rather than fail their builds.
                 ask(f"start_server -uid {os.getuid()}")
-                if not ask("get_server_list").split():
-                    why = "its server did not start"
-                    ask("quit")
+                until = time.monotonic() + SERVER_S
+                while not ask("get_server_list").split():
+                    if time.monotonic() > until:
+                        why = "its server did not start"
+                        ask("quit")
+                        break
+                    time.sleep(0.2)
         except (OSError, subprocess.SubprocessError) as exc:
             why = str(exc)
     if why:
         shutil.rmtree(folder, ignore_errors=True)
-        say(f"mps: {CONTROL} -d did not start ({why}); the parts share the GPU in turns "
-            f"(engines.vllm.mps: false leaves it out)")
+        say(f"mps: no MPS daemon for the parts ({why}): they share the GPU in turns "
+            f"(engines.vllm.mps: false leaves this out)")
         yield False
         return
     environ[PIPE], environ[LOG] = env[PIPE], env[LOG]
