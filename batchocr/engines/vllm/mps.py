@@ -29,7 +29,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, MutableMapping
+from typing import Callable, Iterator, Mapping, MutableMapping
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE, LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
@@ -61,32 +61,7 @@ def daemon(environ: MutableMapping[str, str] = os.environ,
     for key in (PIPE, LOG):
         Path(env[key]).mkdir()
     program = control(environ)
-
-    def ask(command: str) -> str:
-        """One command to the daemon (its answer), as `echo COMMAND | nvidia-cuda-mps-control`."""
-        return subprocess.run([program], input=command + "\n", env=env, capture_output=True, text=True,
-                              timeout=WAIT_S).stdout
-
-    why = f"no {CONTROL} on PATH" if program is None else ""
-    if program is not None:
-        try:
-            done = subprocess.run([program, "-d"], env=env, capture_output=True, text=True, timeout=WAIT_S)
-            if done.returncode:
-                said = (done.stderr or done.stdout).strip().splitlines()
-                why = f"exit code {done.returncode}" + (f": {said[-1]}" if said else "")
-            else:
-                # The server the parts' CUDA contexts would join, started now: where it cannot start
-                # (a GPU MPS cannot share), the parts go without rather than fail their builds.
-                ask(f"start_server -uid {os.getuid()}")
-                until = time.monotonic() + SERVER_S
-                while not ask("get_server_list").split():
-                    if time.monotonic() > until:
-                        why = "its server did not start"
-                        ask("quit")
-                        break
-                    time.sleep(0.2)
-        except (OSError, subprocess.SubprocessError) as exc:
-            why = str(exc)
+    why = _start(program, env) if program is not None else f"no {CONTROL} on PATH"
     if why:
         shutil.rmtree(folder, ignore_errors=True)
         say(f"mps: no MPS daemon for the parts ({why}): they share the GPU in turns "
@@ -100,7 +75,35 @@ def daemon(environ: MutableMapping[str, str] = os.environ,
         environ.pop(PIPE, None)
         environ.pop(LOG, None)
         try:
-            ask("quit")
+            _ask(program, env, "quit")
         except (OSError, subprocess.SubprocessError):
             pass  # a daemon that does not quit is the machine's to end: its folder goes all the same
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ask(program: str, env: Mapping[str, str], command: str) -> str:
+    """One command to the daemon (its answer), as `echo COMMAND | nvidia-cuda-mps-control`."""
+    return subprocess.run([program], input=command + "\n", env=dict(env), capture_output=True, text=True,
+                          timeout=WAIT_S).stdout
+
+
+def _start(program: str, env: Mapping[str, str]) -> str:
+    """The daemon started with `env`'s folders, and its server for this user: "" where both are
+    up, else why not (a daemon whose server did not start told to quit)."""
+    try:
+        done = subprocess.run([program, "-d"], env=dict(env), capture_output=True, text=True, timeout=WAIT_S)
+        if done.returncode:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            return f"exit code {done.returncode}" + (f": {said[-1]}" if said else "")
+        # The server the parts' CUDA contexts would join, started now: where it cannot start (a GPU
+        # MPS cannot share), the parts go without rather than fail their builds.
+        _ask(program, env, f"start_server -uid {os.getuid()}")
+        until = time.monotonic() + SERVER_S
+        while not _ask(program, env, "get_server_list").split():
+            if time.monotonic() > until:
+                _ask(program, env, "quit")
+                return "its server did not start"
+            time.sleep(0.2)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    return ""
