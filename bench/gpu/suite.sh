@@ -487,6 +487,12 @@ run() {  # one named run of the suite
     # what sam_fold gives at the product level. Equal work with uocr-auto: its documents' folder (a page's
     # length follows its path); its own caches
     uocr-auto-nofold) auto uocr-auto-nofold /tmp/proc-nofold --vllm sam_fold=false ;;
+    # issue 53's baseline beside uocr-auto: vLLM alone (throughput.py's mode c: batchocr's engine arguments, the pages
+    # rendered beforehand, `generate` over 2,048 of them at a time; one call over 4,096 would hold every page's
+    # processed inputs, ~64 GB at 2,048), over uocr-auto's documents and lengths (--src /tmp/proc/src, made where
+    # absent): equal work with uocr-auto (~17 min on an H100)
+    uocr-alone) TP_TIMEOUT=1700 uocr uocr-alone --pages "${UOCR_AUTO_PAGES:-4096}" --lengths B --modes c \
+                  --chunk "${UOCR_ALONE_CHUNK:-2048}" --src /tmp/proc/src ;;
     # the same with the GPU-time levers that won at kernel level in this suite's earlier runs, in every
     # engine's environment: the prefill's larger launch sizes (uocr-prefill-tiles: >= 1.05x on the mixed step)
     # and the MoE's tuned tiles (uocr-moe-tune: >= 1.05x at 128-512 tokens); their names in the log. Equal

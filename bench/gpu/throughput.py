@@ -703,8 +703,15 @@ def main() -> None:
                          "where a or c rendered pages, else (b alone, one engine) batchocr's pipeline on the "
                          "first documents that hold N pages; so that the first mode does not pay the first "
                          "steps' compiles that the later ones skip. Each --variant's process warms up the same")
+    ap.add_argument("--src", type=Path,
+                    help="the documents' folder, made where absent as bench/gpu/processes.py makes it, read in place "
+                         "of a temporary one; --lengths B then keys a page's length as processes.py does (the "
+                         "document's doc_id, the page), so a run here does the same work as a processes.py run "
+                         "over the same folder (--src there too)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.src and (args.part or args.engines > 1 or args.variant):
+        ap.error("--src: one engine and no --variant (their processes cut and re-make the folder)")
     for item in args.env:  # before vLLM is imported; a variant's process inherits the parent's
         key, _, value = item.partition("=")
         os.environ[key] = value
@@ -729,13 +736,15 @@ def main() -> None:
     if args.engines > len(counts):  # a process would get no document, and no table
         raise SystemExit(f"--engines {args.engines}: {args.pages} pages make {len(counts)} documents "
                          "(--per-doc); give each engine one at least")
-    a4_documents(work / "src", counts)
+    src = args.src if args.src is not None else work / "src"  # every mode's documents
+    if not src.exists():
+        a4_documents(src, counts)
     if args.part:  # one of several engines: every N-th document
         i, n = map(int, args.part.split("/"))
         for k, f in enumerate(sorted((work / "src").iterdir())):
             if k % n != i:
                 f.unlink()
-    docs = list(list_documents(Store(str(work / "src"))))
+    docs = list(list_documents(Store(str(src))))
     names = {d.doc_id: d.name for d in docs}  # lengths are keyed by file name: the same in every run
     counts = [counts[int(d.name[3:7])] for d in docs]  # docNNNN.pdf: its pages (--part keeps some)
     guard = {} if args.guard == "on" else {"repetition_span": 10**6}  # never reached: max_tokens <= 4000
@@ -764,10 +773,12 @@ def main() -> None:
     preset = get_preset(options.preset)
     # (vLLM's defaults are built from args, not options: the profiler goes there too)
     llm_args = vllm_defaults(args) | profiler if args.llm == "defaults" else options.llm_args(preset)
-    report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier)},
+    report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier), "src": str(args.src)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
     keys = [f"{d.name}/{i}" for d, count in zip(docs, counts) for i in range(count)]
-    lengths = {key: length_of(key, args.lengths, args.tokens) for key in keys}
+    # keyed by file name; with --src as processes.py keys them, by the document's doc_id (its URI in that folder)
+    lengths = {f"{d.name}/{i}": length_of(f"{d.doc_id if args.src is not None else d.name}/{i}", args.lengths,
+                                          args.tokens) for d, count in zip(docs, counts) for i in range(count)}
     report["pages"] = len(keys)
     report["output_tokens_total"] = sum(lengths.values())
     sampler = Sampler()
@@ -1029,10 +1040,11 @@ def main() -> None:
             finishes += [time.monotonic()] * sum(len(u) for u in chunk)
         return start, finishes, outs
 
-    def b_job(src: str, out: str):
-        """b's job over WORK/src into WORK/out; route model: the corpus is born-digital, and every page
-        must reach the model."""
-        return load_job(None, source=str(work / src), out=str(work / out), engine="vllm", route="model",
+    def b_job(folder: str, out: str):
+        """b's job over WORK/FOLDER ("src": the documents, --src's where given) into WORK/out; route
+        model: the corpus is born-digital, and every page must reach the model."""
+        source = src if folder == "src" else work / folder
+        return load_job(None, source=str(source), out=str(work / out), engine="vllm", route="model",
                         engine_options={"model": options.model}, **{"render.workers": args.render_workers})
 
     if args.warmup and llm is not None and pages:  # off the clock, before every mode's start
@@ -1051,7 +1063,7 @@ def main() -> None:
             held += n
         (work / "warm-src").mkdir(exist_ok=True)
         for d in chosen:
-            shutil.copy(work / "src" / d.name, work / "warm-src" / d.name)
+            shutil.copy(src / d.name, work / "warm-src" / d.name)
         warm_engine = Bench(options, llm=llm)
         warm_engine.warm = True
         summary = run_job(b_job("warm-src", "out-warmup"), progress=False, engine=warm_engine)
