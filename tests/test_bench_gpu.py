@@ -401,6 +401,24 @@ def test_processes_bench_lognormal_lengths_reach_every_part(tmp_path):
     assert {(r["doc_id"], r["page_index"]): r["output_tokens"] for r in rows} == want and len(set(want.values())) > 4
 
 
+def test_throughput_over_a_processes_folder_does_the_processes_runs_work(tmp_path):
+    """throughput.py --src: vLLM alone (mode c, two calls) over processes.py's documents generates
+    each page's length as processes.py keys it (doc_id, page), so the two runs do equal work: the
+    same rows, prompt and output tokens, one attempt each. By file name (without --src) they differ."""
+    run = _processes(tmp_path, "--pages", "16", "--per-doc", "4", "--lengths", "B", "--processes", "1")["runs"]["1"]
+    assert run["rc"] == 0 and run["rows"] == 16, run["stderr_tail"]
+    argv = ("--pages", "16", "--per-doc", "4", "--lengths", "B", "--modes", "c", "--chunk", "8",
+            "--max-num-seqs", "4", "--render-workers", "1", "--preset", "unlimited-ocr")
+    (tmp_path / "own").mkdir()
+    alone = dry_run(tmp_path, *argv, "--src", str(tmp_path / "w" / "src"))
+    work = alone["c_batch_at_a_time"]["work"]
+    assert work["pages"] == 16 and work["attempts"] == {"1": 16}
+    assert alone["equal_work"]["tokens"]["c_batch_at_a_time"] == run["output_tokens"] == alone["output_tokens_total"]
+    assert alone["equal_work"]["prompt_tokens"]["c_batch_at_a_time"] == run["prompt_tokens"]
+    assert dry_run(tmp_path / "own", *argv)["output_tokens_total"] != run["output_tokens"]
+    assert sorted(p.name for p in (tmp_path / "w" / "src").iterdir()) == [f"doc{d:04d}.pdf" for d in range(4)]
+
+
 def test_processes_bench_document_mode(tmp_path):
     """--mode document: a request a document of 4 (--group-pages 4), --max-tokens a page; the
     split's fallback off (random weights write no <page>), so every row is an error row."""
