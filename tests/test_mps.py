@@ -13,6 +13,14 @@ import pytest
 from batchocr.engines.vllm import mps
 
 
+@pytest.fixture(autouse=True)
+def _own_tempdir(tmp_path, monkeypatch):
+    """Each test's run folders in a temporary folder of its own: a start reaps the folders of killed
+    runs it finds there (the machine's /tmp may hold some)."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+
 def control(tmp_path: Path, start_rc: int = 0, server: str = "4242", late: int = 0) -> dict[str, str]:
     """PATH with an nvidia-cuda-mps-control that logs each call (its arguments, the pipe and log
     folders it was given and whether they exist, the command it read), exits `start_rc` on -d and
@@ -67,9 +75,7 @@ def test_the_daemon_runs_while_the_block_runs_and_quits_after(tmp_path):
 
 @pytest.mark.parametrize("how", ["fails", "no server", "missing"])
 def test_a_daemon_that_does_not_start_is_one_line_and_nothing_else(tmp_path, monkeypatch, how):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     monkeypatch.setattr(mps, "SERVER_S", 0.5)
-    (tmp_path / "tmp").mkdir()
     environ = {"fails": lambda: control(tmp_path, start_rc=3), "no server": lambda: control(tmp_path, server=""),
                "missing": lambda: {"PATH": str(tmp_path / "nowhere")}}[how]()
     said: list[str] = []
@@ -90,3 +96,42 @@ def test_a_server_listed_a_moment_after_its_start_is_waited_for(tmp_path):
     with mps.daemon(environ, print) as started:
         assert started and mps.PIPE in environ
     assert (tmp_path / "lists").read_text().count("x") == 3  # asked until it was listed
+
+
+def test_a_killed_run_s_daemon_is_told_to_quit_by_the_next_run(tmp_path, monkeypatch):
+    """SIGKILL skips the run's `finally`: its daemon lives on, its folder naming the run's process.
+    The next run's start tells that daemon to quit through its pipe and removes its folder; a folder
+    whose process lives, and one without an owner yet, are left alone."""
+    import subprocess
+    import sys
+
+    environ = control(tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folders = {}
+    for name, owner in (("killed", gone.stdout.strip()), ("running", str(os.getpid())), ("new", None)):
+        folders[name] = tmp_path / "tmp" / f"{mps.PREFIX}{name}"
+        (folders[name] / "pipe").mkdir(parents=True)
+        if owner is not None:
+            (folders[name] / mps.OWNER).write_text(owner)
+    with mps.daemon(environ, print) as started:
+        assert started
+        mine = Path(environ[mps.PIPE]).parent
+        assert (mine / mps.OWNER).read_text() == str(os.getpid())
+    log = (tmp_path / "mps.log").read_text().splitlines()
+    assert log[0] == f"quit {folders['killed'] / 'pipe'}"  # before this run's daemon starts
+    assert log[1].startswith("start ") and not folders["killed"].exists()
+    assert folders["running"].exists() and folders["new"].exists()
+    assert sum(line.startswith("quit ") for line in log) == 2  # the killed run's and this run's own
+
+
+def test_a_killed_run_s_folder_goes_even_where_no_daemon_answers(tmp_path, monkeypatch):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / mps.CONTROL).write_text("#!/bin/sh\nexec sleep 30\n")  # a pipe nobody reads: the ask times out
+    (bin_ / mps.CONTROL).chmod(0o755)
+    monkeypatch.setattr(mps, "REAP_S", 0.3)
+    stale = tmp_path / "tmp" / f"{mps.PREFIX}killed"
+    stale.mkdir()
+    (stale / mps.OWNER).write_text("999999999")  # above any pid_max: no such process
+    mps._reap(str(bin_ / mps.CONTROL), {"PATH": os.environ["PATH"]})
+    assert not stale.exists()

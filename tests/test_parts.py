@@ -284,8 +284,9 @@ def test_unlimited_ocr_parts_on_a_known_card_build_at_once_with_equal_kv_under_o
     from batchocr.engines.vllm.presets import get_preset
     from test_mps import control
 
+    (tmp_path / "tmp").mkdir()  # the run's MPS folder, and no other run's to reap (engines.vllm.mps)
     env = (_stand_in(tmp_path) | nvidia_smi(tmp_path, H100) | control(tmp_path)
-           | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl")})
+           | {"BATCHOCR_FAKE_BUILDS": str(tmp_path / "builds.jsonl"), "TMPDIR": str(tmp_path / "tmp")})
     out = tmp_path / "out"
     proc = _cli("run", str(SAMPLES), str(out), "--engine", "vllm", "--model", "fake-model", "--preset",
                 "unlimited-ocr", "--route", "model", "--processes", "2", "-q", env=env)

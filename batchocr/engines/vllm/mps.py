@@ -8,7 +8,9 @@ one GPU).
 The daemon is the run's own: `nvidia-cuda-mps-control -d` with its pipe and log folders in a
 private temporary folder, named to the parts through the environment they inherit
 (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY), and told to quit once every part is done. It
-starts before any part's CUDA context, in the parent, which makes none. Where the environment
+starts before any part's CUDA context, in the parent, which makes none. A run killed before its
+daemon could quit (SIGKILL) leaves the daemon and its folder: the next run's start tells such a
+daemon to quit, its folder naming a process that is gone. Where the environment
 names a pipe folder already, an MPS daemon someone else started serves this process: none is
 started. A daemon that does not start, or whose server does not, costs one warning line: the parts
 then share the GPU in turns, as without MPS. In a Kubernetes pod, the NVIDIA container toolkit mounts nvidia-cuda-mps-control with
@@ -35,6 +37,8 @@ CONTROL = "nvidia-cuda-mps-control"
 PIPE, LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 WAIT_S = 60  # for the control program's start (it forks the daemon and returns) or its quit
 SERVER_S = 10  # for the daemon's server to be listed once asked to start
+REAP_S = 5  # for a killed run's daemon to be told to quit (where none listens, the ask fails or times out)
+PREFIX, OWNER = "batchocr-mps-", "owner"  # a run's folder, and the file in it naming the run's process
 
 
 def control(environ: MutableMapping[str, str] = os.environ) -> str | None:
@@ -56,11 +60,14 @@ def daemon(environ: MutableMapping[str, str] = os.environ,
     """An MPS daemon of this run's own while the block runs, its folders in `environ` for the
     processes started meanwhile; True where it started, False (one line said) where it did not."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    folder = Path(tempfile.mkdtemp(prefix="batchocr-mps-"))
+    program = control(environ)
+    if program is not None:
+        _reap(program, environ)
+    folder = Path(tempfile.mkdtemp(prefix=PREFIX))
+    (folder / OWNER).write_text(str(os.getpid()))
     env = {**environ, PIPE: str(folder / "pipe"), LOG: str(folder / "log")}
     for key in (PIPE, LOG):
         Path(env[key]).mkdir()
-    program = control(environ)
     why = _start(program, env) if program is not None else f"no {CONTROL} on PATH"
     if why:
         shutil.rmtree(folder, ignore_errors=True)
@@ -81,10 +88,39 @@ def daemon(environ: MutableMapping[str, str] = os.environ,
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _ask(program: str, env: Mapping[str, str], command: str) -> str:
+def _ask(program: str, env: Mapping[str, str], command: str, timeout: float = WAIT_S) -> str:
     """One command to the daemon (its answer), as `echo COMMAND | nvidia-cuda-mps-control`."""
     return subprocess.run([program], input=command + "\n", env=dict(env), capture_output=True, text=True,
-                          timeout=WAIT_S).stdout
+                          timeout=timeout).stdout
+
+
+def _reap(program: str, environ: Mapping[str, str]) -> None:
+    """The daemons of runs killed before they could tell theirs to quit (SIGKILL skips every
+    `finally`): each of this user's run folders whose owner process is gone is told to quit through
+    its pipe, then removed. A folder without an owner file (one being made) or whose owner lives is
+    left alone, as are other users' (mkdtemp makes them readable by their owner only)."""
+    for folder in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+        try:
+            pid = int((folder / OWNER).read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(pid):
+            continue
+        try:
+            _ask(program, {**environ, PIPE: str(folder / "pipe"), LOG: str(folder / "log")}, "quit", REAP_S)
+        except (OSError, subprocess.SubprocessError):
+            pass  # no daemon listens there any more: the folder alone is left
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that number
+        return True
+    return True
 
 
 def _start(program: str, env: Mapping[str, str]) -> str:
