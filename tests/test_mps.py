@@ -5,6 +5,8 @@ what it reads; the parts are real processes (tests/test_parts.py's stand-in vLLM
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -98,13 +100,10 @@ def test_a_server_listed_a_moment_after_its_start_is_waited_for(tmp_path):
     assert (tmp_path / "lists").read_text().count("x") == 3  # asked until it was listed
 
 
-def test_a_killed_run_s_daemon_is_told_to_quit_by_the_next_run(tmp_path, monkeypatch):
+def test_a_killed_run_s_daemon_is_told_to_quit_by_the_next_run(tmp_path):
     """SIGKILL skips the run's `finally`: its daemon lives on, its folder naming the run's process.
     The next run's start tells that daemon to quit through its pipe and removes its folder; a folder
     whose process lives, and one without an owner yet, are left alone."""
-    import subprocess
-    import sys
-
     environ = control(tmp_path)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     folders = {}
