@@ -775,10 +775,11 @@ def main() -> None:
     llm_args = vllm_defaults(args) | profiler if args.llm == "defaults" else options.llm_args(preset)
     report: dict = {"args": vars(args) | {"json": str(args.json), "barrier": str(args.barrier), "src": str(args.src)},
                     "llm_args": llm_args, "host_cpus": os.cpu_count()}
-    keys = [f"{d.name}/{i}" for d, count in zip(docs, counts) for i in range(count)]
-    # keyed by file name; with --src as processes.py keys them, by the document's doc_id (its URI in that folder)
+    # a page's length, drawn from its file name and page; with --src as processes.py draws it, from the
+    # document's doc_id (its URI in that folder)
     lengths = {f"{d.name}/{i}": length_of(f"{d.doc_id if args.src is not None else d.name}/{i}", args.lengths,
                                           args.tokens) for d, count in zip(docs, counts) for i in range(count)}
+    keys = list(lengths)  # every page, "docNNNN.pdf/I", in the documents' order
     report["pages"] = len(keys)
     report["output_tokens_total"] = sum(lengths.values())
     sampler = Sampler()

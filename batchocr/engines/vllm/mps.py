@@ -61,31 +61,45 @@ def daemon(environ: MutableMapping[str, str] = os.environ,
     processes started meanwhile; True where it started, False (one line said) where it did not."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     program = control(environ)
+    why = f"no {CONTROL} on PATH"
     if program is not None:
         _reap(program, environ)
-    folder = Path(tempfile.mkdtemp(prefix=PREFIX))
-    (folder / OWNER).write_text(str(os.getpid()))
-    env = {**environ, PIPE: str(folder / "pipe"), LOG: str(folder / "log")}
-    for key in (PIPE, LOG):
-        Path(env[key]).mkdir()
-    why = _start(program, env) if program is not None else f"no {CONTROL} on PATH"
+        folder = _new_folder()
+        env = {**environ, **_folders(folder)}
+        why = _start(program, env)
+        if why:
+            shutil.rmtree(folder, ignore_errors=True)
     if why:
-        shutil.rmtree(folder, ignore_errors=True)
         say(f"mps: no MPS daemon for the parts ({why}): they share the GPU in turns "
             f"(engines.vllm.mps: false leaves this out)")
         yield False
         return
-    environ[PIPE], environ[LOG] = env[PIPE], env[LOG]
+    environ.update(_folders(folder))
     try:
         yield True
     finally:
-        environ.pop(PIPE, None)
-        environ.pop(LOG, None)
+        for key in (PIPE, LOG):
+            environ.pop(key, None)
         try:
             _ask(program, env, "quit")
         except (OSError, subprocess.SubprocessError):
             pass  # a daemon that does not quit is the machine's to end: its folder goes all the same
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _new_folder() -> Path:
+    """A run folder of this process's (private to this user): the file naming its owner, the pipe
+    and log folders."""
+    folder = Path(tempfile.mkdtemp(prefix=PREFIX))
+    (folder / OWNER).write_text(str(os.getpid()))
+    for path in _folders(folder).values():
+        Path(path).mkdir()
+    return folder
+
+
+def _folders(folder: Path) -> dict[str, str]:
+    """A run folder's pipe and log folders, as the environment names them to the daemon and its clients."""
+    return {PIPE: str(folder / "pipe"), LOG: str(folder / "log")}
 
 
 def _ask(program: str, env: Mapping[str, str], command: str, timeout: float = WAIT_S) -> str:
@@ -107,7 +121,7 @@ def _reap(program: str, environ: Mapping[str, str]) -> None:
         if _alive(pid):
             continue
         try:
-            _ask(program, {**environ, PIPE: str(folder / "pipe"), LOG: str(folder / "log")}, "quit", REAP_S)
+            _ask(program, {**environ, **_folders(folder)}, "quit", REAP_S)
         except (OSError, subprocess.SubprocessError):
             pass  # no daemon listens there any more: the folder alone is left
         shutil.rmtree(folder, ignore_errors=True)
