@@ -235,7 +235,7 @@ def unlimited_ocr() -> Preset:
                   # attention reading only the KV tiles R-SWA can see (patches.rswa_tiles): faster end
                   # to end and in the steady state at equal work, the same output
                   rswa_tiles=True,
-                  # document mode in groups of 4 pages: faster than page mode end to end at equal work;
+                  # document mode in groups of 4 pages: no slower than page mode end to end at equal work;
                   # the groups the context allows (8 of a 16-page document) were slower than page mode
                   group_pages=4,
                   # one engine leaves a GPU half idle: its engine core is the limit. A process holds
