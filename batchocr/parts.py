@@ -39,7 +39,7 @@ from batchocr import engines, errors, signals
 from batchocr.engines import systemic
 from batchocr.errors import BatchocrError, Interrupted
 from batchocr.renderpool import before_os_exit
-from batchocr.renderworker import die_with_parent
+from batchocr.renderworker import die_with_parent, skip_pyarrow_pandas_probe
 from batchocr.runner import run_shard
 from batchocr.shard import Part, RunSummary, prepare
 from batchocr.sources import DocRef
@@ -220,6 +220,7 @@ def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int)
     It dies with the parent (kill -9 of the run must not leave parts writing on, to meet a
     rerun's parts over the same pages), as render workers do."""
     die_with_parent(parent_pid)
+    skip_pyarrow_pandas_probe()  # a fresh interpreter (spawn): batchocr's own, as the run's is
     if part.judged is not None:
         systemic.share(systemic.Parts(part.judged, part.index))
 

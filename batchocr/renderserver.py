@@ -3,8 +3,7 @@ forkserver (batchocr/renderpool.py), so that each worker is a fork of a process 
 imported what a worker needs, not a fresh interpreter importing it again.
 
 A spawned worker imports PyMuPDF, pyarrow, numpy and batchocr.render's other imports
-itself (pandas too, where installed: pyarrow's first conversion looks for it), about a
-second of CPU each, and a worker killed on a hung page costs as much again; a fork of the
+itself, about a second of CPU each, and a worker killed on a hung page costs as much again; a fork of the
 server starts in milliseconds (measured figures: docs/PERFORMANCE.md).
 
 The server is single-threaded when it forks but for jemalloc's background thread, which
@@ -53,10 +52,9 @@ try:
     renderworker.skip_pymupdf_extras()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads: none to fork past
     import pymupdf  # noqa: F401
-    import pyarrow as pa
 
-    from batchocr import render  # noqa: F401 - what it imports: fsspec, numpy, the word lists
+    from batchocr import render  # noqa: F401 - what it imports: pyarrow, fsspec, numpy, the word lists
 
-    pa.array([0])  # pyarrow looks for pandas on its first conversion: once here, not in every worker
+    renderworker.skip_pyarrow_pandas_probe()  # pyarrow's look for pandas: answered once here, for every worker
 except Exception:  # noqa: BLE001 - a worker imports what it needs itself, and says what is wrong
     pass

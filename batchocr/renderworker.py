@@ -28,6 +28,34 @@ def skip_pymupdf_extras() -> None:
     os.environ.setdefault("PYMUPDF_SUGGEST_LAYOUT_ANALYZER", "0")
 
 
+class _Withheld:
+    """A meta path finder under which `import pandas` fails, as where pandas is not installed."""
+
+    @staticmethod
+    def find_spec(name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r} (withheld from pyarrow's probe)", name=name)
+        return None
+
+
+def skip_pyarrow_pandas_probe() -> None:
+    """pyarrow imports pandas, where it is installed, on its first conversion of Python
+    objects, to tell pandas objects apart: the largest import of a run's start (pandas, numpy's
+    extras, pytz, dateutil). batchocr hands pyarrow no pandas objects, so that first probe
+    is made here with pandas withheld, and pyarrow takes pandas as absent for what it only
+    probes. An explicit use (Table.to_pandas) still imports pandas. Only for processes
+    batchocr owns: a library user's own process keeps pyarrow's probe."""
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    sys.meta_path.insert(0, _Withheld)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(_Withheld)
+
+
 def die_with_parent(parent_pid: int | None) -> None:
     """SIGKILL this process when the one that started it dies (kill -9 of a run
     must not leave a worker hung on a page at 100% CPU, re-parented to PID 1). A
@@ -75,6 +103,7 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], prog
     if cwd is not None:
         os.chdir(cwd)
     skip_pymupdf_extras()
+    skip_pyarrow_pandas_probe()
     # The parent decides when to stop: SIGINT (Ctrl-C) and SIGTERM sent to the whole process group
     # (tini -g, kill -TERM -PGID) reach the workers too, and a worker killed by one mid-page would cost
     # that page a renderer_crashed row (final the second time); the parent stops them with SIGKILL.

@@ -6,6 +6,7 @@ build) import neither: on a GPU node each import is seconds of every start."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import types
@@ -69,3 +70,54 @@ def test_the_ngram_processor_is_made_on_first_use_as_vllm_loads_it(monkeypatch):
     assert updates == ["an update"] and processor.is_argmax_invariant() is False
     with pytest.raises(AttributeError):
         ngram.NoSuchThing  # noqa: B018 - any other name is still an AttributeError
+
+
+RUN_IN_PROCESS = """
+import json, sys
+from batchocr.cli import main
+main.main(args=["run", sys.argv[1], sys.argv[2], "--engine", "textlayer", "--quiet"], standalone_mode=False)
+import polars as pl
+from batchocr import read_pages
+print(json.dumps({"pandas": "pandas" in sys.modules, "rows": read_pages(sys.argv[2]).collect().height}))
+"""
+
+
+def test_a_run_imports_no_pandas_where_pandas_is_installed(tmp_path):
+    """pyarrow imports pandas on its first conversion of Python objects, to probe for pandas
+    objects; batchocr's own processes answer that probe without the import (pandas is installed
+    here: the test extra has it). Without the answer, the run's process imports it (checked)."""
+    import pandas  # noqa: F401 - installed, so that the probe would find it
+
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", RUN_IN_PROCESS, str(ROOT / "samples"), str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["rows"] > 0 and got["pandas"] is False
+
+
+PROBE = """
+import json, sys
+from batchocr.renderworker import skip_pyarrow_pandas_probe
+finders = list(sys.meta_path)
+if sys.argv[1] == "skip":
+    skip_pyarrow_pandas_probe()
+import pyarrow as pa
+table = pa.Table.from_pylist([{"a": 1, "b": "x"}])
+pa.array([1.5, None])
+probed = "pandas" in sys.modules
+frame = table.to_pandas()  # an explicit use: pandas is imported then
+print(json.dumps({"probed": probed, "frame": [int(frame["a"][0]), frame["b"][0]],
+                  "finders": sys.meta_path == finders}))
+"""
+
+
+@pytest.mark.parametrize("how", ["skip", "library"])
+def test_the_probes_answer_leaves_explicit_pandas_use_working(how):
+    """After the answer pyarrow converts Python objects without importing pandas, and
+    Table.to_pandas still works; a library user's process (no answer) keeps pyarrow's probe."""
+    done = subprocess.run([sys.executable, "-c", PROBE, how], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["frame"] == [1, "x"] and got["finders"]
+    assert got["probed"] is (how == "library")
