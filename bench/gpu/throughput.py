@@ -716,6 +716,12 @@ def main() -> None:
         key, _, value = item.partition("=")
         os.environ[key] = value
 
+    # this process runs batchocr's pipeline as a run's own process does: without PyMuPDF's unused
+    # extras (onnxruntime) and without the pandas pyarrow would import to probe for pandas objects
+    from batchocr.renderworker import skip_pyarrow_pandas_probe, skip_pymupdf_extras
+
+    skip_pymupdf_extras()
+    skip_pyarrow_pandas_probe()
     if args.fake:
         import fake_vllm
 
