@@ -30,7 +30,6 @@ import dataclasses
 import multiprocessing as mp
 import os
 import signal
-import sys
 import threading
 import time
 from multiprocessing.connection import wait
@@ -38,9 +37,8 @@ from multiprocessing.connection import wait
 from batchocr import engines, errors, signals
 from batchocr.engines import systemic
 from batchocr.errors import BatchocrError, Interrupted
-from batchocr.renderpool import before_os_exit
-from batchocr.renderworker import die_with_parent, skip_pyarrow_pandas_probe
-from batchocr.runner import run_shard
+from batchocr.partentry import NOTHING as _NOTHING
+from batchocr.partentry import main as part_main
 from batchocr.shard import Part, RunSummary, prepare
 from batchocr.sources import DocRef
 from batchocr.spec import JobSpec
@@ -64,8 +62,6 @@ def shares(documents: list[DocRef], n: int) -> list[list[DocRef]]:
     return [s for s in out if s]
 
 
-_NOTHING = {"run_id": "", "documents": 0, "documents_skipped": 0, "pages": 0, "error_pages": 0, "skipped_pages": 0,
-            "routed_pages": 0, "failed_documents": 0}  # an interrupted part's summary before its run began
 _STOP_EXITS = {-s for s in signals.STOP}  # a part's exit code when a stop signal killed it
 
 
@@ -126,9 +122,9 @@ class _Parts:
             part = Part(j, n, dealt[j], self.built[j - 1] if j and in_turn else None, self.built[j], self.judged,
                         tuple(self.built[j + 1:]) if in_turn else ())
             recv, send = self.ctx.Pipe(duplex=False)
-            p = self.ctx.Process(target=_part_main, args=(one, part, progress, send, os.getpid()),
+            p = self.ctx.Process(target=part_main, args=(one, part, progress, send, os.getpid()),
                                  name=f"batchocr-part-{j + 1}")
-            with signals.held_for_a_child():  # until _part_main has its handlers in place
+            with signals.held_for_a_child():  # until part_main has its handlers in place
                 p.start()
             send.close()
             self.procs.append(p)
@@ -213,45 +209,3 @@ def _error(name: str, message: str, code: int) -> BatchocrError:
     exc = cls(message) if isinstance(cls, type) and issubclass(cls, BatchocrError) else BatchocrError(message)
     exc.exit_code = code
     return exc
-
-
-def _part_main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int) -> None:
-    """A part's process: run_job over its share; its summary, or its error, to the parent.
-    It dies with the parent (kill -9 of the run must not leave parts writing on, to meet a
-    rerun's parts over the same pages), as render workers do."""
-    die_with_parent(parent_pid)
-    skip_pyarrow_pandas_probe()  # a fresh interpreter (spawn): batchocr's own, as the run's is
-    if part.judged is not None:
-        systemic.share(systemic.Parts(part.judged, part.index))
-
-    code = errors.EXIT_OK
-    try:
-        with signals.graceful_stop() as stop:  # before the signals held since the spawn come: a stop, not a death
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.STOP)
-            if stop.is_set():
-                raise Interrupted("batchocr: interrupted before the run started (nothing done; rerun to resume)")
-            summary = run_shard(spec, progress, None, stop, part)
-        conn.send(("done", dataclasses.asdict(summary)))
-    except Interrupted as exc:
-        summary = getattr(exc, "summary", None)
-        conn.send(("interrupted", summary or _NOTHING))
-        code = exc.exit_code
-    except BatchocrError as exc:
-        conn.send(("error", type(exc).__name__, str(exc), exc.exit_code))
-        code = exc.exit_code
-    except BaseException as exc:  # noqa: BLE001 - a bug: its traceback here, the run's one line there
-        import traceback
-
-        traceback.print_exc()
-        conn.send(("error", "BoundaryError", f"part {part} of shard {spec.shard}: {type(exc).__name__}: {exc}",
-                   errors.EXIT_FAILED))
-        code = errors.EXIT_FAILED
-    finally:
-        conn.close()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-    before_os_exit()
-    os._exit(code)  # as the console script does (batchocr.cli.entry): no interpreter teardown

@@ -121,3 +121,20 @@ def test_the_probes_answer_leaves_explicit_pandas_use_working(how):
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["frame"] == [1, "x"] and got["finders"]
     assert got["probed"] is (how == "library")
+
+
+def test_no_process_of_a_run_of_two_parts_imports_pymupdfs_extras_or_pandas(tmp_path):
+    """The run, its parts (spawned interpreters), their render servers and workers: each is
+    batchocr's own, so none loads onnxruntime for PyMuPDF's unused extras or pandas for pyarrow's
+    probe. Every Python process of the run reports its imports on stderr (PYTHONPROFILEIMPORTTIME).
+    Without the parts' entry point, each part loaded onnxruntime (checked)."""
+    import os
+
+    done = subprocess.run([sys.executable, "-m", "batchocr.cli", "run", str(ROOT / "samples"), str(tmp_path / "out"),
+                           "--engine", "textlayer", "--processes", "2", "-q"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert imported.count("pymupdf") >= 3, "the run's parts and render servers report their imports"
+    # a withheld import is listed too (pymupdf.layout, pandas), but alone: a real one lists what it loads
+    assert "onnxruntime" not in imported and "pandas.core.api" not in imported
