@@ -3,8 +3,8 @@ forkserver (batchocr/renderpool.py), so that each worker is a fork of a process 
 imported what a worker needs, not a fresh interpreter importing it again.
 
 A spawned worker imports PyMuPDF, pyarrow, numpy and batchocr.render's other imports
-itself, about a second of CPU each, and a worker killed on a hung page costs as much again; a fork of the
-server starts in milliseconds (measured figures: docs/PERFORMANCE.md).
+itself, about a second of CPU each, and a worker killed on a hung page costs as much again;
+a fork of the server starts in milliseconds (measured figures: docs/PERFORMANCE.md).
 
 The server is single-threaded when it forks but for jemalloc's background thread, which
 jemalloc's own fork handlers deal with (OpenBLAS is held to one thread), so forking it is
