@@ -16,7 +16,6 @@ rows, checked.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -102,11 +101,7 @@ def main() -> None:
                    for name, rs in runs.items()},
         "runs": runs,
     }
-    m = result["median"]
-    result["ratio_current/baseline"] = {k: round(m["current"][k] / m["baseline"][k], 3) for k in m["current"]}
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    twotrees.report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -18,3 +18,13 @@ def measure(child: str, tree: str, *args: str, timeout: float = 900) -> dict:
     if proc.returncode:
         raise SystemExit(f"{tree}: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def report(result: dict, path=None) -> None:
+    """`result`'s medians' ratios, current over baseline, added to it; printed without its runs,
+    and written whole to `path` where given."""
+    m = result["median"]
+    result["ratio_current/baseline"] = {k: round(m["current"][k] / m["baseline"][k], 3) for k in m["current"]}
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+    if path:
+        path.write_text(json.dumps(result, indent=1))
