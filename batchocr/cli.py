@@ -47,10 +47,9 @@ def main():
         batchocr run samples/ out/demo
         batchocr eval out/demo --truth samples/truth
     """
-    from batchocr.renderworker import skip_pyarrow_pandas_probe, skip_pymupdf_extras
+    from batchocr.renderworker import own_process
 
-    skip_pymupdf_extras()  # this process is batchocr's own: PyMuPDF's unused extras stay out
-    skip_pyarrow_pandas_probe()  # ... and pandas, which pyarrow would import to probe for
+    own_process()  # PyMuPDF's unused extras and pyarrow's pandas stay out of batchocr's processes
     if not sys.stderr.isatty():  # a pod's log, a file: rapidocr's colorlog honours NO_COLOR
         os.environ.setdefault("NO_COLOR", "1")
 

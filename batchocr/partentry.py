@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from batchocr import errors, signals
 from batchocr.engines import systemic
 from batchocr.errors import BatchocrError, Interrupted
-from batchocr.renderworker import die_with_parent, skip_pyarrow_pandas_probe, skip_pymupdf_extras
+from batchocr.renderworker import die_with_parent, own_process
 
 if TYPE_CHECKING:
     from batchocr.shard import Part
@@ -31,8 +31,7 @@ def main(spec: JobSpec, part: Part, progress: bool, conn, parent_pid: int) -> No
     run's process is (batchocr.cli): PyMuPDF's unused extras and the pandas of pyarrow's probe
     stay out, before the run's modules load PyMuPDF."""
     die_with_parent(parent_pid)
-    skip_pymupdf_extras()
-    skip_pyarrow_pandas_probe()
+    own_process()
     from batchocr.renderpool import before_os_exit
     from batchocr.runner import run_shard
 

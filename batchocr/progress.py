@@ -427,10 +427,9 @@ class Counter:
 def main() -> None:
     """The counting process: opens each document as a render worker does (batchocr.render) and
     answers its rows. Killed with the run (die_with_parent)."""
-    from batchocr.renderworker import die_with_parent, skip_pyarrow_pandas_probe, skip_pymupdf_extras
+    from batchocr.renderworker import die_with_parent, own_process
 
-    skip_pymupdf_extras()
-    skip_pyarrow_pandas_probe()
+    own_process()
     die_with_parent(int(sys.argv[1]))
     from batchocr.render import open_document
     from batchocr.sources import DocRef

@@ -49,12 +49,10 @@ def _remove_run_temp() -> None:
 atexit.register(_remove_run_temp)
 
 try:
-    renderworker.skip_pymupdf_extras()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads: none to fork past
+    renderworker.own_process()  # pyarrow's look for pandas too: answered once here, for every worker
     import pymupdf  # noqa: F401
 
     from batchocr import render  # noqa: F401 - what it imports: pyarrow, fsspec, numpy, the word lists
-
-    renderworker.skip_pyarrow_pandas_probe()  # pyarrow's look for pandas: answered once here, for every worker
 except Exception:  # noqa: BLE001 - a worker imports what it needs itself, and says what is wrong
     pass

@@ -56,6 +56,13 @@ def skip_pyarrow_pandas_probe() -> None:
         sys.meta_path.remove(_Withheld)
 
 
+def own_process() -> None:
+    """What makes a process batchocr's own (a run's, a part's, a render server's or worker's):
+    PyMuPDF's unused extras and the pandas of pyarrow's probe left out. Before PyMuPDF loads."""
+    skip_pymupdf_extras()
+    skip_pyarrow_pandas_probe()
+
+
 def die_with_parent(parent_pid: int | None) -> None:
     """SIGKILL this process when the one that started it dies (kill -9 of a run
     must not leave a worker hung on a page at 100% CPU, re-parented to PID 1). A
@@ -102,8 +109,7 @@ def main(conn: Connection, spec, needs, storage_options: Mapping[str, Any], prog
         os.environ.update(env)
     if cwd is not None:
         os.chdir(cwd)
-    skip_pymupdf_extras()
-    skip_pyarrow_pandas_probe()
+    own_process()
     # The parent decides when to stop: SIGINT (Ctrl-C) and SIGTERM sent to the whole process group
     # (tini -g, kill -TERM -PGID) reach the workers too, and a worker killed by one mid-page would cost
     # that page a renderer_crashed row (final the second time); the parent stops them with SIGKILL.

@@ -718,10 +718,9 @@ def main() -> None:
 
     # this process runs batchocr's pipeline as a run's own process does: without PyMuPDF's unused
     # extras (onnxruntime) and without the pandas pyarrow would import to probe for pandas objects
-    from batchocr.renderworker import skip_pyarrow_pandas_probe, skip_pymupdf_extras
+    from batchocr.renderworker import own_process
 
-    skip_pymupdf_extras()
-    skip_pyarrow_pandas_probe()
+    own_process()
     if args.fake:
         import fake_vllm
 
