@@ -531,3 +531,31 @@ def test_every_gpu_bench_script_imports_batchocr_names_that_exist():
                 if not found:
                     missing.append(f"{script.name}: from {module} import {name}")
     assert not missing, missing
+
+
+def test_stack_sampler_take_while_it_samples():
+    """take() runs while the sampler thread still counts (mode c's record comes before the
+    sampler stops): a key the sampler adds during take()'s pass must wait for it, not break it.
+    The counter here yields its items slowly, so the sampler adds its new key (the main thread
+    inside take) during the pass."""
+    import collections
+    import time
+
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    from throughput import StackSampler
+
+    class SlowCounter(collections.Counter):
+        def items(self):
+            for item in super().items():
+                time.sleep(0.01)
+                yield item
+
+    stacks = StackSampler()
+    stacks.counts = SlowCounter({f"k{i}": 20 - i for i in range(20)})
+    stacks.start()
+    stacks.running = True
+    top = stacks.take()
+    stacks.running = False
+    assert list(top)[:3] == ["k0", "k1", "k2"] and len(top) == 15
+    time.sleep(0.05)  # the sampler's count of the main thread inside take() lands after the pass
+    assert sum(stacks.counts.values()) >= 1

@@ -201,12 +201,15 @@ class Timeline:
 
 
 class StackSampler(threading.Thread):
-    """Where the main thread is, every 10 ms: the innermost frame in batchocr or vllm code."""
+    """Where the main thread is, every 10 ms: the innermost frame in batchocr or vllm code.
+    take() may run while it samples (mode c records before it stops), so the counts are
+    touched under a lock."""
 
     def __init__(self):
         super().__init__(daemon=True)
         self.main = threading.main_thread().ident
         self.counts: collections.Counter[str] = collections.Counter()
+        self.lock = threading.Lock()
         self.running = False
 
     def run(self):
@@ -224,12 +227,15 @@ class StackSampler(threading.Thread):
                                       or "throughput" in code.co_filename):
                     where = f"{code.co_filename.rsplit('/', 2)[-2]}/{Path(code.co_filename).name}:{code.co_name}"
                 frame = frame.f_back
-            self.counts[f"{where} <- {inner}" if where != inner else str(where)] += 1
+            key = f"{where} <- {inner}" if where != inner else str(where)
+            with self.lock:
+                self.counts[key] += 1
 
     def take(self) -> dict[str, float]:
-        total = sum(self.counts.values()) or 1
-        top = {k: round(v / total * 100, 1) for k, v in self.counts.most_common(15)}
-        self.counts.clear()
+        with self.lock:
+            total = sum(self.counts.values()) or 1
+            top = {k: round(v / total * 100, 1) for k, v in self.counts.most_common(15)}
+            self.counts.clear()
         return top
 
 
