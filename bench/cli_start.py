@@ -6,18 +6,23 @@ Each measurement is a fresh interpreter running the CLI's `run` in process (as t
 script does, without its final os._exit), timed from before batchocr is imported; its CPU is
 its own and its children's (the fork server, stopped and reaped first; the parts), and whether
 pandas was imported in it. The textlayer engine reads born-digital pages, so no OCR is
-measured. Equal work: the same pages and rows, checked.
+measured unless `--engine rapidocr` (then over `--source`, e.g. samples/). `--burners N` runs N
+CPU-bound processes beside both trees' runs throughout, as on a loaded machine. Equal work: the
+same pages and rows, checked.
 
     git worktree add /tmp/base c3bd427            # before pyarrow's pandas probe was answered
     python bench/cli_start.py --baseline /tmp/base --repeats 5
     python bench/cli_start.py --baseline /tmp/base --repeats 5 --processes 2
+    python bench/cli_start.py --baseline /tmp/base --engine rapidocr --source samples --burners 2
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,9 +35,9 @@ CHILD = r"""
 import time
 t0 = time.perf_counter()
 import json, os, resource, sys
-tree, src, out, processes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+tree, src, out, processes, engine = sys.argv[1:6]
 from batchocr.cli import main
-main.main(args=["run", src, out, "--engine", "textlayer", "--processes", processes, "-q"], standalone_mode=False)
+main.main(args=["run", src, out, "--engine", engine, "--processes", processes, "-q"], standalone_mode=False)
 wall = time.perf_counter() - t0
 try:  # the fork server lives as long as its process: stopped and reaped, its CPU is counted
     from multiprocessing import forkserver
@@ -60,25 +65,33 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=2)
     ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--engine", default="textlayer", help="the run's engine [textlayer]")
+    ap.add_argument("--source", type=Path, help="a folder to read instead of the generated born-digital corpus")
+    ap.add_argument("--burners", type=int, default=0, help="CPU-bound processes running beside both trees [0]")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
     from corpus import text_corpus
 
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "src"
-        text_corpus(src, args.documents, args.pages)
+    with tempfile.TemporaryDirectory() as tmp, burning(args.burners):
+        if args.source:
+            src = args.source.resolve()
+        else:
+            src = Path(tmp) / "src"
+            text_corpus(src, args.documents, args.pages)
         trees = {"baseline": str(Path(args.baseline).resolve()), "current": str(ROOT)}
         runs: dict[str, list] = {name: [] for name in trees}
         for i in range(args.repeats):  # alternated: the machine's drift falls on both alike
             for name, tree in trees.items():
                 out = Path(tmp) / f"out-{name}-{i}"
-                runs[name].append(twotrees.measure(CHILD, tree, str(src), str(out), str(args.processes)))
+                runs[name].append(twotrees.measure(CHILD, tree, str(src), str(out), str(args.processes),
+                                                   args.engine))
     work = {name: sorted({(r["rows"], r["text_rows"]) for r in rs}) for name, rs in runs.items()}
     result = {
         "machine": f"{platform.node()} {platform.processor() or platform.machine()}, python {platform.python_version()}",
-        "corpus": {"documents": args.documents, "pages_each": args.pages, "pages": args.documents * args.pages,
-                   "processes": args.processes, "repeats": args.repeats},
+        "corpus": ({"source": str(args.source)} if args.source else
+                   {"documents": args.documents, "pages_each": args.pages, "pages": args.documents * args.pages})
+        | {"engine": args.engine, "processes": args.processes, "repeats": args.repeats, "burners": args.burners},
         "work": work, "equal_work": len({tuple(w) for w in work.values()}) == 1 and len(work["current"]) == 1,
         "pandas_imported": {name: sorted({r["pandas_imported"] for r in rs}) for name, rs in runs.items()},
         "median": {name: {k: round(statistics.median(r[k] for r in rs), 3)
@@ -86,6 +99,18 @@ def main() -> None:
         "runs": runs,
     }
     twotrees.report(result, args.json)
+
+
+@contextlib.contextmanager
+def burning(n: int):
+    """n CPU-bound processes for the block's length."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
 
 
 if __name__ == "__main__":
