@@ -95,6 +95,7 @@ class RapidOCREngine(Engine):
                 "EngineConfig.onnxruntime.inter_op_num_threads": 1,
             }
         )
+        _load_models(self._ocr, options.use_cls)
         cfg = self._ocr.cfg
         self.max_detector_pixels = max_detector_pixels(options.memory_mb)
         self._capped = False
@@ -349,6 +350,40 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
 
     parse_options(RapidOCROptions, options, "rapidocr")
     return {"model": _model(ParseParams.load(DEFAULT_CFG_PATH))}
+
+
+# onnxruntime's intra-op threads poll for work between operators by default, a core each.
+# A page's OCR is many short operators, and the polling between them is CPU that the render
+# workers, the other parts and whatever else shares the machine wait for.
+SPINNING = "session.intra_op.allow_spinning"
+_LOADING = threading.Lock()
+
+
+def _load_models(ocr, use_cls: bool) -> None:
+    """Load rapidocr's models now (it loads each on first use), their onnxruntime sessions with
+    SPINNING off. rapidocr passes no session config entries through its settings, so its own
+    session-options builder is wrapped while they load (hand-written: nothing else reaches the
+    entry short of building the three sessions and their model choice ourselves). A rapidocr
+    without that builder loads them as it would."""
+    from rapidocr.inference_engine.onnxruntime.main import OrtInferSession
+
+    build = OrtInferSession.__dict__.get("_init_sess_opts")
+    with _LOADING:
+        if isinstance(build, staticmethod):
+            def without_spinning(cfg):
+                opts = build.__func__(cfg)
+                opts.add_session_config_entry(SPINNING, "0")
+                return opts
+
+            OrtInferSession._init_sess_opts = staticmethod(without_spinning)
+        try:
+            ocr._load_det_model()
+            ocr._load_rec_model()
+            if use_cls:
+                ocr._load_cls_model()
+        finally:
+            if isinstance(build, staticmethod):
+                OrtInferSession._init_sess_opts = build
 
 
 def _model(cfg) -> str:
