@@ -102,6 +102,33 @@ sys.meta_path.insert(0, _Hook())
 '''
 
 
+# rapidocr's detection model that onnxruntime cannot load (a truncated wheel, a model
+# of another onnxruntime): the engine loads its models when it is made (SPINNING).
+UNLOADABLE_MODEL = BROKEN_RAPIDOCR.replace(
+    "del module.RapidOCR.recognize_txt",
+    "module.TextDetector = _refuse")
+UNLOADABLE_MODEL = UNLOADABLE_MODEL.replace("class _Hook", """def _refuse(cfg):
+    raise RuntimeError("[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from\\n det.onnx failed")
+
+class _Hook""")
+
+
+def test_a_model_onnxruntime_cannot_load_stops_the_run_in_one_line(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(UNLOADABLE_MODEL)
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "out"
+    proc = run_cli("run", str(SAMPLES / "scanned.pdf"), str(out), "--engine", "rapidocr", "--quiet", env=env,
+                   subprocess=True)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert errors == ["Error: engine rapidocr could not load its models (RuntimeError: [ONNXRuntimeError] : 7 : "
+                      "INVALID_PROTOBUF : Load model from det.onnx failed): the installation is broken "
+                      "(pip install batchocr again)"], proc.stderr
+    assert "Traceback" not in proc.stderr and not list(out.glob("pages/**/*.parquet"))
+
+
 def test_rapidocr_failing_on_every_page_stops_the_run_in_one_line(tmp_path):
     """Was: an engine_error row for each page, final (a rerun skips them), exit 0."""
     site = tmp_path / "site"

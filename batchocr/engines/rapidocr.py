@@ -21,6 +21,7 @@ from batchocr import mdescape, readingorder, schema
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
 from batchocr.engines import Engine, EngineType, parse_options, result, systemic
+from batchocr.errors import BatchocrError
 from batchocr.schema import Needs
 
 log = logging.getLogger(__name__)
@@ -381,6 +382,10 @@ def _load_models(ocr, use_cls: bool) -> None:
             ocr._load_rec_model()
             if use_cls:
                 ocr._load_cls_model()
+        except Exception as exc:  # noqa: BLE001 - a model onnxruntime cannot load: the run's one line
+            raise BatchocrError(f"engine rapidocr could not load its models ({type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:300]}): the installation is broken "
+                                "(pip install batchocr again)") from None
         finally:
             if isinstance(build, staticmethod):
                 OrtInferSession._init_sess_opts = build
