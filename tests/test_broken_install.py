@@ -113,33 +113,33 @@ UNLOADABLE_MODEL = UNLOADABLE_MODEL.replace("class _Hook", """def _refuse(cfg):
 class _Hook""")
 
 
-def test_a_model_onnxruntime_cannot_load_stops_the_run_in_one_line(tmp_path):
+def _scanned_with(tmp_path, sitecustomize: str):
+    """rapidocr's run over the 2 scanned pages of SAMPLES/scanned.pdf (a short shard's end
+    decides), every process importing `sitecustomize`: the result and the lines of stderr
+    that start with Error."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(UNLOADABLE_MODEL)
+    (site / "sitecustomize.py").write_text(sitecustomize)
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    out = tmp_path / "out"
-    proc = run_cli("run", str(SAMPLES / "scanned.pdf"), str(out), "--engine", "rapidocr", "--quiet", env=env,
-                   subprocess=True)
+    proc = run_cli("run", str(SAMPLES / "scanned.pdf"), str(tmp_path / "out"), "--engine", "rapidocr", "--quiet",
+                   env=env, subprocess=True)
+    return proc, [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+
+
+def test_a_model_onnxruntime_cannot_load_stops_the_run_in_one_line(tmp_path):
+    proc, errors = _scanned_with(tmp_path, UNLOADABLE_MODEL)
     assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
     assert errors == ["Error: engine rapidocr could not load its models (RuntimeError: [ONNXRuntimeError] : 7 : "
                       "INVALID_PROTOBUF : Load model from det.onnx failed): the installation is broken "
                       "(pip install batchocr again)"], proc.stderr
-    assert "Traceback" not in proc.stderr and not list(out.glob("pages/**/*.parquet"))
+    assert "Traceback" not in proc.stderr and not list((tmp_path / "out").glob("pages/**/*.parquet"))
 
 
 def test_rapidocr_failing_on_every_page_stops_the_run_in_one_line(tmp_path):
     """Was: an engine_error row for each page, final (a rerun skips them), exit 0."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(BROKEN_RAPIDOCR)
-    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    out = tmp_path / "out"
-    source = str(SAMPLES / "scanned.pdf")  # 2 scanned pages: a short shard's end decides
-    proc = run_cli("run", source, str(out), "--engine", "rapidocr", "--quiet", env=env, subprocess=True)
+    proc, errors = _scanned_with(tmp_path, BROKEN_RAPIDOCR)
+    out, source = tmp_path / "out", str(SAMPLES / "scanned.pdf")
     assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
     assert len(errors) == 1, proc.stderr
     assert "engine rapidocr failed on every page alike (2 pages, none read): AttributeError" in errors[0], errors
     assert "recognize_txt" in errors[0] and "Traceback" not in proc.stderr
