@@ -26,7 +26,8 @@ class _Group(click.Group):
         except BatchocrError as exc:
             from batchocr.storage import environment_secrets, redact
 
-            click.echo(f"Error: {redact(str(exc), environment_secrets())}", err=True)
+            # one line, whatever the message holds (a library's exception text may span lines)
+            click.echo(f"Error: {' '.join(redact(str(exc), environment_secrets()).split())}", err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:  # a subcommand's bad flag or argument: the same one line, no banner
             # An option's missing value is raised by the parser without a context: the

@@ -103,7 +103,7 @@ sys.meta_path.insert(0, _Hook())
 
 
 # rapidocr's detection model that onnxruntime cannot load (a truncated wheel, a model
-# of another onnxruntime): the engine loads its models when it is made (SPINNING).
+# of another onnxruntime), its message over two lines as onnxruntime's can be.
 UNLOADABLE_MODEL = BROKEN_RAPIDOCR.replace(
     "del module.RapidOCR.recognize_txt",
     "module.TextDetector = _refuse")
@@ -129,9 +129,11 @@ def _scanned_with(tmp_path, sitecustomize: str):
 def test_a_model_onnxruntime_cannot_load_stops_the_run_in_one_line(tmp_path):
     proc, errors = _scanned_with(tmp_path, UNLOADABLE_MODEL)
     assert proc.returncode == 1, proc.stderr
-    assert errors == ["Error: engine rapidocr could not load its models (RuntimeError: [ONNXRuntimeError] : 7 : "
-                      "INVALID_PROTOBUF : Load model from det.onnx failed): the installation is broken "
-                      "(pip install batchocr again)"], proc.stderr
+    assert errors == ["Error: engine rapidocr failed on every page alike (2 pages, none read): RuntimeError: "
+                      "[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from det.onnx failed (a property "
+                      "of the engine or model, not of the pages: none of them was recorded; fix it and rerun)"], \
+        proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr and not list((tmp_path / "out").glob("pages/**/*.parquet"))
 
 

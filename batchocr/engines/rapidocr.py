@@ -21,7 +21,6 @@ from batchocr import mdescape, readingorder, schema
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
 from batchocr.engines import Engine, EngineType, parse_options, result, systemic
-from batchocr.errors import BatchocrError
 from batchocr.schema import Needs
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ class RapidOCREngine(Engine):
                 "EngineConfig.onnxruntime.inter_op_num_threads": 1,
             }
         )
-        _load_models(self._ocr, options.use_cls)
+        _without_spinning(self._ocr)
         cfg = self._ocr.cfg
         self.max_detector_pixels = max_detector_pixels(options.memory_mb)
         self._capped = False
@@ -360,35 +359,44 @@ SPINNING = "session.intra_op.allow_spinning"
 _LOADING = threading.Lock()
 
 
-def _load_models(ocr, use_cls: bool) -> None:
-    """Load rapidocr's models now (it loads each on first use), their onnxruntime sessions with
-    SPINNING off. rapidocr passes no session config entries through its settings, so its own
-    session-options builder is wrapped while they load (hand-written: nothing else reaches the
-    entry short of building the three sessions and their model choice ourselves). A rapidocr
-    without that builder loads them as it would."""
+# rapidocr's loaders (it loads each model on its first use) and what each sets on the instance.
+LOADERS = {"_load_det_model": "text_det", "_load_cls_model": "text_cls", "_load_rec_model": "text_rec"}
+
+
+def _without_spinning(ocr) -> None:
+    """This RapidOCR's models, when it loads them, get onnxruntime sessions with SPINNING off:
+    its loaders are wrapped on the instance (rapidocr and batchocr both call them through it).
+    rapidocr passes no session config entries through its settings, so its own session-options
+    builder is wrapped while a model loads (hand-written: nothing else reaches the entry short of
+    building the sessions and rapidocr's model choice ourselves). A rapidocr without those
+    loaders or that builder loads its models as it would. Loading stays lazy: a run whose pages
+    all come from the text layer loads none."""
     from rapidocr.inference_engine.onnxruntime.main import OrtInferSession
 
     build = OrtInferSession.__dict__.get("_init_sess_opts")
-    with _LOADING:
-        if isinstance(build, staticmethod):
-            def without_spinning(cfg):
-                opts = build.__func__(cfg)
-                opts.add_session_config_entry(SPINNING, "0")
-                return opts
+    if not isinstance(build, staticmethod):
+        return
 
-            OrtInferSession._init_sess_opts = staticmethod(without_spinning)
-        try:
-            ocr._load_det_model()
-            ocr._load_rec_model()
-            if use_cls:
-                ocr._load_cls_model()
-        except Exception as exc:  # noqa: BLE001 - a model onnxruntime cannot load: the run's one line
-            raise BatchocrError(f"engine rapidocr could not load its models ({type(exc).__name__}: "
-                                f"{' '.join(str(exc).split())[:300]}): the installation is broken "
-                                "(pip install batchocr again)") from None
-        finally:
-            if isinstance(build, staticmethod):
-                OrtInferSession._init_sess_opts = build
+    def without_spinning(cfg):
+        opts = build.__func__(cfg)
+        opts.add_session_config_entry(SPINNING, "0")
+        return opts
+
+    def wrapped(load, attr):
+        def load_without_spinning():
+            if (model := getattr(ocr, attr, None)) is not None:
+                return model
+            with _LOADING:
+                OrtInferSession._init_sess_opts = staticmethod(without_spinning)
+                try:
+                    return load()
+                finally:
+                    OrtInferSession._init_sess_opts = build
+        return load_without_spinning
+
+    for name, attr in LOADERS.items():
+        if (load := getattr(ocr, name, None)) is not None:
+            setattr(ocr, name, wrapped(load, attr))
 
 
 def _model(cfg) -> str:
