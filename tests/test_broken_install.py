@@ -78,10 +78,14 @@ def test_a_job_spec_naming_rapidocr_runs_another_engine_without_opencv(tmp_path)
     assert table.num_rows > 0 and set(table.column("engine").to_pylist()) == {"textlayer"}
 
 
-# rapidocr released without a method batchocr calls (its private detect/recognise steps):
-# every page would fail alike. Patched as rapidocr.main is imported, in every process.
-BROKEN_RAPIDOCR = '''
+def _rapidocr_patched(patch: str) -> str:
+    """A sitecustomize that runs `patch` (Python, `module` being rapidocr.main) as rapidocr.main
+    is imported, in every process of the run."""
+    return f'''
 import importlib.abc, importlib.util, sys
+
+def _refuse(cfg):
+    raise RuntimeError("[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from\\n det.onnx failed")
 
 class _Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -93,7 +97,7 @@ class _Hook(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run(module)
-            del module.RapidOCR.recognize_txt
+            {patch}
 
         spec.loader.exec_module = exec_module
         return spec
@@ -102,15 +106,12 @@ sys.meta_path.insert(0, _Hook())
 '''
 
 
+# rapidocr released without a method batchocr calls (its private detect/recognise steps):
+# every page would fail alike.
+BROKEN_RAPIDOCR = _rapidocr_patched("del module.RapidOCR.recognize_txt")
 # rapidocr's detection model that onnxruntime cannot load (a truncated wheel, a model
 # of another onnxruntime), its message over two lines as onnxruntime's can be.
-UNLOADABLE_MODEL = BROKEN_RAPIDOCR.replace(
-    "del module.RapidOCR.recognize_txt",
-    "module.TextDetector = _refuse")
-UNLOADABLE_MODEL = UNLOADABLE_MODEL.replace("class _Hook", """def _refuse(cfg):
-    raise RuntimeError("[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from\\n det.onnx failed")
-
-class _Hook""")
+UNLOADABLE_MODEL = _rapidocr_patched("module.TextDetector = _refuse")
 
 
 def _scanned_with(tmp_path, sitecustomize: str):
