@@ -1,6 +1,6 @@
-"""Page geometry from detected text boxes: the skew angle, the text height, and
-the one affine warp (rotation and scale) that straightens a page and brings its
-text to the recogniser's preferred height.
+"""Page geometry from detected text boxes: which way up the page is, the skew angle,
+the text height, and the one affine warp (rotation and scale) that straightens a
+page and brings its text to the recogniser's preferred height.
 
 Estimating from the detector's boxes costs nothing extra (the detector has run
 anyway); a projection profile would cost a pass over the pixels per angle tried.
@@ -27,6 +27,41 @@ TEXT_HEIGHT = 36.0
 # The rescaled image's longest side stays at most this (detector time grows with pixels);
 # its pixel count is bounded by the engine's memory budget too (plan's max_pixels).
 MAX_SIDE = 4000
+# rapidocr cuts a box at least this many times taller than wide out turned a quarter
+# counter-clockwise (rapidocr.utils.process_img.get_rotate_crop_image).
+CROP_TURNED = 1.5
+# Which way up a page is, is voted on by its longest lines' crops: the longest read most surely.
+ORIENT_LINES = 32
+
+
+def quarter_turns(quads, upside_down: Sequence[bool | None]) -> int:
+    """Quarter turns counter-clockwise (np.rot90's k) that bring a page upright, from the
+    boxes detected on it and, for each box's crop as rapidocr cuts it (a tall box turned
+    a quarter counter-clockwise), whether a line classifier reads it upside down (True),
+    upright (False) or is unsure (None).
+
+    The page lies sideways when more of its boxes' length is in tall boxes than in wide
+    ones; its crops read upside down when more of the classified length (the crops'
+    widths) reads upside down than upright. A vote over the page rather than each line
+    taken alone: the classifier turns some upright lines of an upright page."""
+    q = np.asarray(quads, dtype=np.float64).reshape(-1, 4, 2)
+    if len(q) == 0:
+        return 0
+    w = np.hypot(*(q[:, 1] - q[:, 0]).T)
+    h = np.hypot(*(q[:, 3] - q[:, 0]).T)
+    sideways = h[h >= CROP_TURNED * w].sum() > w[w >= CROP_TURNED * h].sum()
+    length = np.where(h >= CROP_TURNED * w, h, w)  # the crop's width
+    votes = np.array([0 if v is None else (1 if v else -1) for v in upside_down], dtype=np.float64)
+    flipped = float((votes * length).sum()) > 0
+    if sideways:
+        return 3 if flipped else 1
+    return 2 if flipped else 0
+
+
+def quarter_angle(turns: int) -> float:
+    """The angle (degrees, counter-clockwise positive, in (-180, 180]) a page's text lay at
+    when `turns` quarter turns counter-clockwise bring it upright."""
+    return {0: 0.0, 1: -90.0, 2: 180.0, 3: 90.0}[turns % 4]
 
 
 def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = True,

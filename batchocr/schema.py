@@ -26,7 +26,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("width", pa.int32(), "width of the rendered page image in pixels"),
     ("height", pa.int32(), "height of the rendered page image in pixels"),
     ("dpi", pa.float32(), "resolution the page was rendered at (image files: their own, after any downscaling)"),
-    ("skew_angle", pa.float32(), "the page's estimated skew in degrees, counter-clockwise positive; the `rapidocr` engine straightens pages skewed by 0.5 or more before recognition; null for other engines"),
+    ("skew_angle", pa.float32(), "the page's estimated skew in degrees, counter-clockwise positive, in (-180, 180]; the `rapidocr` engine turns pages lying sideways (-90, 90) or upside down (180) upright and straightens pages skewed by 0.5 or more before recognition; null for other engines"),
     ("engine", pa.string(), "engine that produced the row: `rapidocr`, `textlayer` or `vllm`"),
     ("model", pa.string(), "model (or library version) the engine used"),
     ("text", pa.large_string(), "the page text as Markdown, in reading order, lines separated by `\\n` (see Text format); null on error rows"),

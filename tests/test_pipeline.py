@@ -82,7 +82,7 @@ def test_run_record_and_done_marker(rapidocr_run):
     record = json.loads(record_path.read_text())
     assert record["status"] == "done"
     assert record["engine"] == "rapidocr"
-    assert record["engine_params"]["use_cls"] is False
+    assert record["engine_params"]["orient"] is True
     # The numbers used, not the spec's 0 for "one per CPU" (which "spec" keeps, as it was given).
     from batchocr.cpus import available_cpus
     from batchocr.spec import RenderSpec

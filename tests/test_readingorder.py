@@ -124,6 +124,39 @@ def test_skew_angle_from_boxes_and_turned_boxes_lie_level(angle):
     assert np.ptp(turned[:10, :2, 1], axis=1).max() < 0.01  # top edges level
 
 
+def _page_lines(angle: float, n: int = 12) -> list:
+    """Quads of a page's lines as the detector gives them (corners tl, tr, br, bl as seen)
+    on a page turned counter-clockwise by `angle`, 0 or a quarter: wide boxes, or tall."""
+    if angle % 180 == 0:
+        return [quad(800, 200 + 45 * k, 500 + 40 * k, H, 0.0) for k in range(n)]
+    return [quad(200 + 45 * k, 800, H, 500 + 40 * k, 0.0) for k in range(n)]
+
+
+@pytest.mark.parametrize("turned, upside_down, want", [
+    (0, False, 0), (180, True, 2),  # wide boxes: upright, or upside down
+    (90, False, 1), (270, True, 3),  # tall boxes: rapidocr's crops turned a quarter counter-clockwise
+])
+def test_quarter_turns_from_box_shapes_and_the_classifiers_vote(turned, upside_down, want):
+    quads = _page_lines(turned)
+    assert deskew.quarter_turns(quads, [upside_down] * len(quads)) == want
+    assert deskew.quarter_angle(want) == {0: 0.0, 90: -90.0, 180: 180.0, 270: 90.0}[turned]
+
+
+def test_quarter_turns_is_a_vote_by_length():
+    quads = _page_lines(0)
+    # the classifier turns two short lines of an upright page (rapidocr's own steps would turn them)
+    votes: list = [False] * len(quads)
+    votes[0] = votes[1] = True
+    assert deskew.quarter_turns(quads, votes) == 0
+    # unsure lines (None) have no say: the one sure line decides
+    assert deskew.quarter_turns(quads, [None] * (len(quads) - 1) + [True]) == 2
+    assert deskew.quarter_turns(quads, [None] * len(quads)) == 0
+    # a margin label set sideways on an upright page does not turn it
+    label = quad(80, 800, H, 900, 0.0)
+    assert deskew.quarter_turns(quads + [label], [False] * (len(quads) + 1)) == 0
+    assert deskew.quarter_turns([], []) == 0
+
+
 def test_warp_straightens_and_scales():
     img = np.full((400, 600, 3), 255, np.uint8)
     img[100:110, 100:500] = 0  # a level bar
@@ -284,6 +317,39 @@ def test_the_cpu_engine_reads_a_real_reference_card_column_by_column(ocr):
     truth = page.get_text(clip=clip).replace("\ufb01", "fi").replace("\ufb02", "fl")
     assert _cer(text, truth) <= 0.08
     assert text.index("Starting Octave") < text.index("Getting Help") < text.index("Killing and Yanking")
+
+
+@pytest.fixture(scope="module")
+def cardinal(ocr):
+    """OCRmyPDF's cardinal.pdf (fetched from PyPI): linn.png scanned onto four pages turned
+    0, 90, 180 and 270 degrees. Each page's clip of the sheet's top, and the engine's read
+    of the upright one."""
+    import pymupdf
+    from tools import CARDINAL, Unavailable, pypi_sdist_member
+
+    try:
+        doc = pymupdf.open(pypi_sdist_member(*CARDINAL))
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    clips = []
+    for k, page in enumerate(doc):  # the sheet's top: its title, first paragraph and bullets
+        w, h = page.rect.width, page.rect.height
+        box = [(0, 0, w, .27 * h), (.73 * w, 0, w, h), (0, .73 * h, w, h), (0, 0, .27 * w, h)][k]
+        clips.append(_pixels(page, pymupdf.Rect(*box)))
+    upright, _ = ocr.recognise(clips[0])
+    assert upright.startswith("The LinnSequencer\n32 Track MIDI Sequence Recorder")
+    return clips, upright
+
+
+@pytest.mark.parametrize("k, angle", [(1, -90.0), (2, 180.0), (3, 90.0)])
+def test_the_cpu_engine_reads_a_real_scan_turned_sideways_or_upside_down(ocr, cardinal, k, angle):
+    """The same scan turned a quarter, a half and three quarters reads as the upright one
+    does, and its skew angle says how it lay. Without orient the sideways pages read
+    nothing (CER 1.0) and the upside-down one 0.82 (checked)."""
+    clips, upright = cardinal
+    text, skew = ocr.recognise(clips[k])
+    assert _cer(text, upright) <= 0.02
+    assert skew == pytest.approx(angle, abs=1.0)
 
 
 def test_batchocr_run_reads_a_real_scanned_two_column_sheet_in_order(tmp_path):

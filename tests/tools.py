@@ -198,6 +198,8 @@ def _realset_uses() -> list[tuple[str, tuple[str, ...]]]:
 # linn.png is "image with two columns", a scanned LinnSequencer product sheet from Wikimedia).
 PYPI_SDISTS = {("ocrmypdf", "17.13.0"): "151c35d810eb628fbc5cb9bbe80b834ecf094737efa0e7a2e9e1fac3c730ed49"}
 LINN = ("ocrmypdf", "17.13.0", "tests/resources/linn.png")  # pypi_sdist_member(*LINN)
+# linn.png scanned into four pages turned 0, 90, 180 and 270 degrees (OCRmyPDF's --rotate-pages test)
+CARDINAL = ("ocrmypdf", "17.13.0", "tests/resources/cardinal.pdf")
 
 
 def pypi_sdist_member(project: str, version: str, member: str) -> Path:
@@ -251,7 +253,7 @@ USES = {
                                        "test_resume_bytes")},
     "test_privacy": [("strace", ())],
     "test_layertext": [("debian", REFCARD), ("debian", MANUAL)],
-    "test_readingorder": [("debian", REFCARD), ("pypi", LINN)],
+    "test_readingorder": [("debian", REFCARD), ("pypi", LINN), ("pypi", CARDINAL)],
     "test_realset": _realset_uses(),
 }
 FETCH = {"checkov": checkov, "azurite": azurite_blob, "strace": strace, "debian": debian_doc, "debian_docs": debian_docs,

@@ -52,9 +52,10 @@ class RapidOCROptions:
     __pydantic_config__ = FORBID  # typed by batchocr.config, like all configuration
     # onnxruntime intra-op threads; 0 = one per CPU core.
     threads: Annotated[int, Ge(0)] = 0
-    # The text-orientation classifier flips upright lines (CER 0.29 vs 0.0001
-    # without it on an upright page); turn on only for rotated scans.
-    use_cls: bool = False
+    # Turn pages scanned sideways or upside down upright before reading them: the detected
+    # boxes say whether the page lies sideways, rapidocr's line classifier on its longest
+    # lines votes whether it is upside down (batchocr/deskew.py: quarter_turns).
+    orient: bool = True
     # Recognised lines scoring below this are dropped.
     text_score: Annotated[float, Ge(0), Le(1)] = 0.5
     # Read the detected lines column by column, block by block (batchocr/readingorder.py);
@@ -88,7 +89,7 @@ class RapidOCREngine(Engine):
         self.threads = threads = options.threads or available_cpus()  # the record gives the count used
         self._ocr = RapidOCR(
             params={
-                "Global.use_cls": options.use_cls,
+                "Global.use_cls": False,  # its classifier votes per page here (orient), not per line
                 "Global.text_score": options.text_score,
                 "Global.log_level": "warning",
                 "EngineConfig.onnxruntime.intra_op_num_threads": threads,
@@ -148,37 +149,36 @@ class RapidOCREngine(Engine):
         its skew angle (None with deskew off).
 
         rapidocr's own steps (RapidOCR.__call__: preprocess, detect, recognise), with
-        the page geometry between detection and recognition: a page that needs
-        straightening or rescaling is warped once and detected again."""
+        the page geometry between detection and recognition: a page lying sideways or
+        upside down is turned and detected again; one that needs straightening or
+        rescaling is warped once (the turn included) and detected again."""
         from rapidocr.main import RapidOCRError
-        from rapidocr.utils.process_img import ResizeImgError, resize_image_within_bounds
 
         from batchocr import deskew  # OpenCV: imported by the engine, not by its options' check
 
         opts, ocr = self.options, self._ocr
-        # rapidocr's preprocessing (longest side at most 2000, Global.max_side_len) on the
-        # RGB page, then BGR (rapidocr's order, like OpenCV's) of the small image only: no
-        # full-size copy of a large page (resizing is per channel, so the pixels are the same)
         try:
-            img = _bgr(resize_image_within_bounds(rgb, ocr.min_side_len, ocr.max_side_len)[0])
-        except ResizeImgError:  # its shorter side rounded to 0 px (rapidocr raises it without a word)
-            h, w = rgb.shape[:2]
-            raise TooNarrow(f"the page ({w}x{h} px) is too narrow for rapidocr: its longest side is shrunk to "
-                            f"{ocr.max_side_len:g} px, which leaves the shorter under 16 px (a ratio over about "
-                            f"125:1); crop it, or split it into shorter pieces") from None
-        try:
-            img, crops, det = self._detect(img)  # img: shrunk further if the budget asked for it
+            img, crops, det = self._detect(self._shrunk(rgb))  # img: shrunk further if the budget asked for it
         except RapidOCRError:  # nothing detected
             return "", (0.0 if opts.deskew else None)
+        turns = deskew.quarter_turns(det.boxes, self._upside_down(crops)) if opts.orient else 0
+        if turns:  # detected again upright: reading order and the skew need the page's own boxes
+            img = np.ascontiguousarray(np.rot90(img, turns))
+            try:
+                img, crops, det = self._detect(img)
+            except RapidOCRError:
+                return "", (deskew.quarter_angle(turns) if opts.deskew else None)
+        high = rgb.shape[turns % 2]  # the original's side that runs down the upright page
         angle, rotate, wanted = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale,
-                                            most=rgb.shape[0] / img.shape[0])
+                                            most=high / img.shape[0])
         scale = deskew.bound(wanted, rotate, img.shape, self.max_detector_pixels * FIT_MARGIN)
-        angle_out = round(angle, 2) if opts.deskew else None
+        angle_out = round(_half_turn(deskew.quarter_angle(turns) + angle), 2) if opts.deskew else None
         if scale < wanted:
             self._bounded(f"rescaled by {scale:.2f}x rather than {wanted:.2f}x")
         if rotate or scale != 1.0:
-            # from the original pixels: a page rapidocr shrank and we enlarge keeps its detail
-            img = _bgr(deskew.warp(rgb, rotate, scale * img.shape[0] / rgb.shape[0]))
+            # from the original pixels (a page rapidocr shrank and we enlarge keeps its detail),
+            # turned upright and straightened by one warp
+            img = _bgr(deskew.warp(rgb, rotate - 90 * turns, scale * img.shape[0] / high))
             try:
                 img, crops, det = self._detect(img)
             except RapidOCRError:
@@ -196,6 +196,35 @@ class RapidOCREngine(Engine):
         if opts.reading_order:
             return markdown(readingorder.read(readingorder.boxes_from_quads(*zip(*kept)))), angle_out
         return markdown(join_lines(*zip(*kept))), angle_out
+
+    def _shrunk(self, rgb: np.ndarray) -> np.ndarray:
+        """rapidocr's preprocessing (longest side at most 2000, Global.max_side_len) on the
+        RGB page, then BGR (rapidocr's order, like OpenCV's) of the small image only: no
+        full-size copy of a large page (resizing is per channel, so the pixels are the same)."""
+        from rapidocr.utils.process_img import ResizeImgError, resize_image_within_bounds
+
+        ocr = self._ocr
+        try:
+            return _bgr(resize_image_within_bounds(rgb, ocr.min_side_len, ocr.max_side_len)[0])
+        except ResizeImgError:  # its shorter side rounded to 0 px (rapidocr raises it without a word)
+            h, w = rgb.shape[:2]
+            raise TooNarrow(f"the page ({w}x{h} px) is too narrow for rapidocr: its longest side is shrunk to "
+                            f"{ocr.max_side_len:g} px, which leaves the shorter under 16 px (a ratio over about "
+                            f"125:1); crop it, or split it into shorter pieces") from None
+
+    def _upside_down(self, crops: list[np.ndarray]) -> list[bool | None]:
+        """For each crop, whether rapidocr's line classifier reads it upside down: None for
+        all but the deskew.ORIENT_LINES widest, and where the classifier is unsure (a score
+        under its cls_thresh)."""
+        from batchocr import deskew
+
+        widest = sorted(range(len(crops)), key=lambda i: -crops[i].shape[1])[:deskew.ORIENT_LINES]
+        classifier = self._ocr._load_cls_model()
+        votes: list[bool | None] = [None] * len(crops)
+        for i, (label, score) in zip(widest, classifier([crops[i] for i in widest]).cls_res):
+            if score >= classifier.cls_thresh:
+                votes[i] = "180" in label
+        return votes
 
     def _detect(self, img: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], Any]:
         """rapidocr's detect_and_crop, its input bounded to max_detector_pixels: an image
@@ -231,7 +260,7 @@ class RapidOCREngine(Engine):
 
         return {
             "threads": self.threads,
-            "use_cls": self.options.use_cls,
+            "orient": self.options.orient,
             "text_score": self.options.text_score,
             "reading_order": self.options.reading_order,
             "deskew": self.options.deskew,
@@ -289,6 +318,11 @@ def _padded(h: int, w: int) -> int:
     if h <= 30 or w / h > 8:
         return h + 2 * int(abs(max(int(w / 8), 30) * 2 - h) / 2)
     return h
+
+
+def _half_turn(angle: float) -> float:
+    """`angle` in degrees, brought into (-180, 180]."""
+    return 180.0 - (180.0 - angle) % 360.0
 
 
 def _bgr(rgb: np.ndarray) -> np.ndarray:
