@@ -352,6 +352,34 @@ def test_the_cpu_engine_reads_a_real_scan_turned_sideways_or_upside_down(ocr, ca
     assert skew == pytest.approx(angle, abs=1.0)
 
 
+def test_the_cpu_engine_reads_a_real_page_whose_only_text_is_its_number(ocr):
+    """PARI's parallel.pdf (a real pdfTeX manual): its fourth page holds nothing but the
+    page number. rapidocr's detector finds nothing on the whole page and finds it on the
+    page cut to its ink; without the second look the page read empty (checked)."""
+    import pymupdf
+    from tools import PARI_PARALLEL, debian_doc
+
+    page = pymupdf.open(debian_doc(*PARI_PARALLEL))[3]
+    assert page.get_text().split() == ["4"]
+    assert ocr.recognise(_pixels(page))[0] == "4"
+
+
+def test_short_text_alone_on_a_page_is_read_and_a_blank_page_detected_once(ocr, monkeypatch):
+    import pymupdf
+
+    doc = pymupdf.open()
+    for words in ("Appendix", ""):
+        doc.new_page(width=612, height=792).insert_text((150, 400), words, fontsize=14)
+    calls = []
+    detect = ocr._detect
+    monkeypatch.setattr(ocr, "_detect", lambda img: calls.append(img.shape) or detect(img))
+    assert ocr.recognise(_pixels(doc[0]))[0] == "Appendix"
+    assert len(calls) == 2 and calls[1][0] * calls[1][1] < calls[0][0] * calls[0][1] / 10  # then the cut
+    calls.clear()
+    assert ocr.recognise(_pixels(doc[1]))[0] == ""
+    assert len(calls) == 1  # no ink: nothing to look at again
+
+
 def test_batchocr_run_reads_a_real_scanned_two_column_sheet_in_order(tmp_path):
     """A real 300-dpi scan (OCRmyPDF's linn.png, fetched from PyPI; truth in tests/data/scans):
     a product sheet whose two columns have a narrow gutter (0.8 of the page's median line

@@ -147,6 +147,7 @@ DEBIAN_DOCS = {"libtasn1-doc": "4.19.0-2+deb12u1", "octave-doc": "7.3.0-2", "asy
                "fonts-sil-abyssinica": "2.100-3", "fonts-sil-dai-banna": "2.200-2", "fonts-sil-ezra": "2.51-9"}
 REFCARD = ("octave-doc", "usr/share/doc/octave/refcard-a4.pdf")  # debian_doc(*REFCARD): a 3-column card
 MANUAL = ("libtasn1-doc", "usr/share/doc/libtasn1-doc/libtasn1.pdf")  # a single-column manual
+PARI_PARALLEL = ("pari-doc", "usr/share/pari/doc/parallel.pdf")  # its page 4 holds nothing but "4"
 
 
 def debian_doc(package: str, path: str) -> Path:
@@ -253,7 +254,7 @@ USES = {
                                        "test_resume_bytes")},
     "test_privacy": [("strace", ())],
     "test_layertext": [("debian", REFCARD), ("debian", MANUAL)],
-    "test_readingorder": [("debian", REFCARD), ("pypi", LINN), ("pypi", CARDINAL)],
+    "test_readingorder": [("debian", REFCARD), ("debian", PARI_PARALLEL), ("pypi", LINN), ("pypi", CARDINAL)],
     "test_realset": _realset_uses(),
 }
 FETCH = {"checkov": checkov, "azurite": azurite_blob, "strace": strace, "debian": debian_doc, "debian_docs": debian_docs,

@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 #     python bench/page_memory.py --detector 1,2,4,8
 BYTES_PER_DETECTOR_PIXEL = 150
 BASE_MB = 500
+# A page where the detector finds nothing is looked at again cut to its ink, this many
+# pixels (of rapidocr's shrunk image) around it; not where the ink spans more than INK_MOST of it.
+INK_MARGIN = 32
+INK_MOST = 0.5
 MIN_MEMORY_MB = 960  # a detector input of 3.2 Mpx: a Letter page after rapidocr's 2000-px preprocessing
 # deskew.plan's warp aims this far below the bound: the detector rounds sides to 32 px
 # (up to 4% more pixels), and a warped image over the bound would be resampled again.
@@ -158,7 +162,7 @@ class RapidOCREngine(Engine):
 
         opts, ocr = self.options, self._ocr
         try:
-            img, crops, det = self._detect(self._shrunk(rgb))  # img: shrunk further if the budget asked for it
+            rgb, img, crops, det = self._detect_page(rgb)  # img: shrunk further if the budget asked for it
         except RapidOCRError:  # nothing detected
             return "", (0.0 if opts.deskew else None)
         turns = deskew.quarter_turns(det.boxes, self._upside_down(crops)) if opts.orient else 0
@@ -196,6 +200,26 @@ class RapidOCREngine(Engine):
         if opts.reading_order:
             return markdown(readingorder.read(readingorder.boxes_from_quads(*zip(*kept)))), angle_out
         return markdown(join_lines(*zip(*kept))), angle_out
+
+    def _detect_page(self, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], Any]:
+        """The first detection on a page: (the page, the image detected, the crops, rapidocr's
+        result). rapidocr's detector misses short text alone on a large page (a heading, a
+        page number: nothing found on the whole page, found on the same pixels cropped);
+        where it finds nothing, it looks again at the page cut to its ink, and the page
+        returned is that cut (a view of the original pixels). Raises RapidOCRError where
+        nothing is found, at once where the page has no ink."""
+        from rapidocr.main import RapidOCRError
+
+        small = self._shrunk(rgb)
+        try:
+            return (rgb, *self._detect(small))
+        except RapidOCRError:
+            box = _inked(small)
+            if box is None:
+                raise
+        (y0, y1, x0, x1), f = box, rgb.shape[0] / small.shape[0]
+        rgb = rgb[int(y0 * f):math.ceil(y1 * f), int(x0 * f):math.ceil(x1 * f)]
+        return (rgb, *self._detect(np.ascontiguousarray(small[y0:y1, x0:x1])))
 
     def _shrunk(self, rgb: np.ndarray) -> np.ndarray:
         """rapidocr's preprocessing (longest side at most 2000, Global.max_side_len) on the
@@ -318,6 +342,22 @@ def _padded(h: int, w: int) -> int:
     if h <= 30 or w / h > 8:
         return h + 2 * int(abs(max(int(w / 8), 30) * 2 - h) / 2)
     return h
+
+
+def _inked(img: np.ndarray) -> tuple[int, int, int, int] | None:
+    """(top, bottom, left, right) of the pixels darker than mid-grey in `img`, with INK_MARGIN
+    around, within the image; None where there are none, or where they span most of it (a
+    dark or noisy page: the cut would be the page again)."""
+    rows = np.flatnonzero((img.min(axis=2) < 128).any(axis=1))
+    if not len(rows):
+        return None
+    cols = np.flatnonzero((img[rows[0]:rows[-1] + 1].min(axis=2) < 128).any(axis=0))
+    h, w = img.shape[:2]
+    y0, y1 = max(rows[0] - INK_MARGIN, 0), min(rows[-1] + 1 + INK_MARGIN, h)
+    x0, x1 = max(cols[0] - INK_MARGIN, 0), min(cols[-1] + 1 + INK_MARGIN, w)
+    if (y1 - y0) * (x1 - x0) > INK_MOST * h * w:
+        return None
+    return int(y0), int(y1), int(x0), int(x1)
 
 
 def _half_turn(angle: float) -> float:
