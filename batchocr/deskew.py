@@ -32,6 +32,10 @@ MAX_SIDE = 4000
 CROP_TURNED = 1.5
 # Which way up a page is, is voted on by its longest lines' crops: the longest read most surely.
 ORIENT_LINES = 32
+# Its crops are taken as upside down only where the length read upside down exceeds the length
+# read upright by this share of the two: most pages are upright, and a near tie (a few lines of
+# large handwriting the classifier is unsure of) leaves the page as it is.
+FLIP_MARGIN = 0.2
 
 
 def quarter_turns(quads, upside_down: Sequence[bool | None]) -> int:
@@ -41,9 +45,10 @@ def quarter_turns(quads, upside_down: Sequence[bool | None]) -> int:
     upright (False) or is unsure (None).
 
     The page lies sideways when more of its boxes' length is in tall boxes than in wide
-    ones; its crops read upside down when more of the classified length (the crops'
-    widths) reads upside down than upright. A vote over the page rather than each line
-    taken alone: the classifier turns some upright lines of an upright page."""
+    ones; its crops read upside down when, of the classified length (the crops' widths),
+    the length read upside down exceeds the length read upright by FLIP_MARGIN of the two.
+    A vote over the page rather than each line taken alone: the classifier turns some
+    upright lines of an upright page."""
     q = np.asarray(quads, dtype=np.float64).reshape(-1, 4, 2)
     if len(q) == 0:
         return 0
@@ -51,8 +56,9 @@ def quarter_turns(quads, upside_down: Sequence[bool | None]) -> int:
     h = np.hypot(*(q[:, 3] - q[:, 0]).T)
     sideways = h[h >= CROP_TURNED * w].sum() > w[w >= CROP_TURNED * h].sum()
     length = np.where(h >= CROP_TURNED * w, h, w)  # the crop's width
-    votes = np.array([0 if v is None else (1 if v else -1) for v in upside_down], dtype=np.float64)
-    flipped = float((votes * length).sum()) > 0
+    down = sum(n for n, v in zip(length, upside_down) if v is True)
+    up = sum(n for n, v in zip(length, upside_down) if v is False)
+    flipped = down - up > FLIP_MARGIN * (down + up)
     if sideways:
         return 3 if flipped else 1
     return 2 if flipped else 0
