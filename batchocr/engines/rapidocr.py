@@ -348,10 +348,10 @@ def _inked(img: np.ndarray) -> tuple[int, int, int, int] | None:
     """(top, bottom, left, right) of the pixels darker than mid-grey in `img`, with INK_MARGIN
     around, within the image; None where there are none, or where they span most of it (a
     dark or noisy page: the cut would be the page again)."""
-    rows = np.flatnonzero((img.min(axis=2) < 128).any(axis=1))
+    ink = img.min(axis=2) < 128
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
     if not len(rows):
         return None
-    cols = np.flatnonzero((img[rows[0]:rows[-1] + 1].min(axis=2) < 128).any(axis=0))
     h, w = img.shape[:2]
     y0, y1 = max(rows[0] - INK_MARGIN, 0), min(rows[-1] + 1 + INK_MARGIN, h)
     x0, x1 = max(cols[0] - INK_MARGIN, 0), min(cols[-1] + 1 + INK_MARGIN, w)
