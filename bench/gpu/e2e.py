@@ -11,8 +11,14 @@ Needs vLLM (see bench/gpu/README.md) and the model folders of make_models.py. Ru
    with SIGKILL once some parts are committed: the run stops within seconds with one line,
    exit 1, its record `failed`; the committed pages stay; the rerun completes the shard,
    every page once.
+4. the Unlimited-OCR layout in two parts under the run's own MPS daemon (`processes: 2`,
+   engines.vllm.mps unset: on where nvidia-cuda-mps-control is on PATH), the run's own process
+   killed with SIGKILL once some parts are committed: its parts die with it and free the GPU;
+   the daemon, which SIGKILL gave no chance to quit, is left; the rerun tells it to quit
+   (batchocr.engines.vllm.mps._reap), completes the shard, every page once, and leaves no daemon.
 
     python bench/gpu/e2e.py --skip full,sigterm --json $OUT/kill.json   # 3. alone
+    python bench/gpu/e2e.py --skip full,sigterm,kill --json $OUT/mpskill.json   # 4. alone
 """
 
 from __future__ import annotations
@@ -92,7 +98,7 @@ def main() -> None:
     ap.add_argument("--pages-per-doc", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--skip", default="", help="comma list of steps to skip: full,sigterm,kill")
+    ap.add_argument("--skip", default="", help="comma list of steps to skip: full,sigterm,kill,mpskill")
     args = ap.parse_args()
     report: dict = {}
     src = args.work / "src"
@@ -141,6 +147,11 @@ def main() -> None:
     if "kill" not in args.skip:
         report["engine_kill_uocr"] = engine_kill(args, src, pages, env)
         print(json.dumps(report["engine_kill_uocr"], indent=1), flush=True)
+        save()
+
+    if "mpskill" not in args.skip:
+        report["run_kill_mps_uocr"] = run_kill_mps(args, src, pages, env)
+        print(json.dumps(report["run_kill_mps_uocr"], indent=1), flush=True)
         save()
 
 
@@ -202,6 +213,77 @@ def engine_kill(args, src: Path, pages: int, env: dict) -> dict:
     first["record_status"] = [r["status"] for r in records]
     return {"command": f"batchocr run --job {spec} --quiet; SIGKILL the engine core; the same again",
             "first": first, "rerun": rerun(spec, env), "check": check(out, pages, args.max_tokens)}
+
+
+def mps_processes() -> list[dict]:
+    """The machine's MPS control daemons and servers: pid, name, and the pipe folder each serves."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        if proc.info["name"] and proc.info["name"].startswith("nvidia-cuda-mps"):
+            try:
+                pipe = proc.environ().get("CUDA_MPS_PIPE_DIRECTORY")
+            except psutil.Error:
+                pipe = None
+            found.append({"pid": proc.info["pid"], "name": proc.info["name"], "pipe": pipe})
+    return found
+
+
+def gpu_apps() -> list[str]:
+    """nvidia-smi's compute processes (pid, name, memory), one line each."""
+    done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=30)
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+def run_folders() -> list[str]:
+    import tempfile
+
+    return sorted(str(p) for p in Path(tempfile.gettempdir()).glob("batchocr-mps-*"))
+
+
+def run_kill_mps(args, src: Path, pages: int, env: dict) -> dict:
+    """Step 4: the run's own process killed with SIGKILL, its parts under the run's MPS daemon."""
+    import psutil
+
+    out = args.work / "outmps"
+    extra = '    engine_args: {attention_config: {backend: TRITON_ATTN}}\n'  # R-SWA: the kit's backend
+    spec = job(args.work / "jobmps.yaml", src, out, args.models / "unlimited-ocr", args.max_tokens, 32,
+               preset="unlimited-ocr", extra=extra)
+    spec.write_text(spec.read_text().replace("    gpu_memory_utilization: 0.85\n", "") + "processes: 2\n")
+    before = {"mps": mps_processes(), "folders": run_folders()}
+    proc, parts = start_until_parts(spec, out, env, poll=0.2)
+    family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] if proc.poll() is None else []
+    first = {"parts_when_killed": parts, "exited_before_kill": proc.poll(), "descendants": len(family),
+             "mps_while_running": mps_processes(), "folders_while_running": run_folders(),
+             "gpu_apps_while_running": gpu_apps()}
+    t_kill = time.monotonic()
+    proc.kill()  # the run's own process only: its parts must follow on their own
+    proc.communicate(timeout=60)
+    left = family
+    while left and time.monotonic() - t_kill < 120:
+        time.sleep(0.5)
+        left = [pid for pid in left if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    first.update({"exit": proc.returncode, "descendants_alive_after": len(left),
+                  "seconds_until_descendants_gone": round(time.monotonic() - t_kill, 1),
+                  "mps_after_kill": mps_processes(), "folders_after_kill": run_folders(),
+                  "gpu_apps_after_kill": gpu_apps()})
+    first["rows_committed"] = pq.read_table(out / "pages", partitioning=None).num_rows
+    again = rerun(spec, env)
+    again.update({"mps_after": mps_processes(), "folders_after": run_folders(), "gpu_apps_after": gpu_apps()})
+    killed_daemons = {p["pid"] for p in first["mps_after_kill"]}
+    verdict = {
+        "killed_mid_run": first["exited_before_kill"] is None and first["rows_committed"] < pages,
+        "parts_followed_the_run": first["descendants"] > 0 and first["descendants_alive_after"] == 0,
+        "daemon_ran_during_the_run": any(p["pipe"] for p in first["mps_while_running"]),
+        "daemon_left_by_the_kill": bool(first["mps_after_kill"]),
+        "rerun_reaped_it": not (killed_daemons & {p["pid"] for p in again["mps_after"]}),
+        "no_daemon_or_folder_after_the_rerun": not again["mps_after"] and not again["folders_after"],
+    }
+    return {"command": f"batchocr run --job {spec} --quiet; SIGKILL the run's process; the same again",
+            "before": before, "first": first, "rerun": again, "verdict": verdict,
+            "check": check(out, pages, args.max_tokens)}
 
 
 if __name__ == "__main__":

@@ -523,6 +523,9 @@ run() {  # one named run of the suite
                   --pages "${UOCR_START_PAGES:-3072}" --lengths B --timeout 900 --processes "${UOCR_START_PROCS:-2,2@48,2}" --caches "${UOCR_START_CACHES:-seeded}" \
                   ${START_ARGS:-} ;;
     uocr-kill) py uocr-kill bench/gpu/e2e.py --skip full,sigterm --documents 32 --pages-per-doc 8 ;;
+    # the run's own process killed (SIGKILL) with its two parts under the run's MPS daemon: the parts
+    # follow it, the daemon is left, the rerun reaps it and completes every page once (e2e.py's step 4)
+    uocr-mpskill) py uocr-mpskill bench/gpu/e2e.py --skip full,sigterm,kill --documents 32 --pages-per-doc 8 ;;
     uocr-check) py uocr-check bench/gpu/check_layout.py "$MODELS/unlimited-ocr" ;;
     # issue 49: the rebuild kept the speed. Each layout at equal work, on the same pages and output
     # lengths: a (vLLM alone) with the old tree, whose process pays the cold compile caches; b with the
