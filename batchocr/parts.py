@@ -37,8 +37,7 @@ from multiprocessing.connection import wait
 from batchocr import engines, errors, signals
 from batchocr.engines import systemic
 from batchocr.errors import BatchocrError, Interrupted
-from batchocr.partentry import NOTHING as _NOTHING
-from batchocr.partentry import main as part_main
+from batchocr.partentry import NOTHING as _NOTHING, main as part_main
 from batchocr.shard import Part, RunSummary, prepare
 from batchocr.sources import DocRef
 from batchocr.spec import JobSpec
