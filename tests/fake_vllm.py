@@ -114,9 +114,9 @@ class _Resources:
 
 class _Core:
     """vLLM's sync engine-core client, as far as its death goes: with
-    BATCHOCR_FAKE_CORE_PROCESS set, the engine core is a real child process (a sleep),
-    watched as vLLM's MPClientEngineMonitor watches its engine cores. When it dies, the
-    monitor sets resources.engine_dead and shuts the output thread down without a word,
+    BATCHOCR_FAKE_CORE_PROCESS set, the engine core is a real child process (a sleep, its pid
+    a line of that file), watched as vLLM's MPClientEngineMonitor watches its engine cores.
+    When it dies, the monitor sets resources.engine_dead and shuts the output thread down without a word,
     as vLLM 0.26 does (v1/engine/core_client.py: monitor_engine_cores, BackgroundResources),
     so that a step() then waits on outputs_queue for good, as vLLM's get_output() does."""
 
@@ -132,8 +132,8 @@ class _Core:
         self.process = None
         if os.environ.get("BATCHOCR_FAKE_CORE_PROCESS"):
             self.process = subprocess.Popen(["sleep", "3600"])
-            with open(os.environ["BATCHOCR_FAKE_CORE_PROCESS"], "w") as f:
-                f.write(str(self.process.pid))
+            with open(os.environ["BATCHOCR_FAKE_CORE_PROCESS"], "a") as f:  # a line an engine core
+                f.write(f"{self.process.pid}\n")
 
             def monitor():
                 self.process.wait()

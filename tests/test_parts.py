@@ -249,6 +249,45 @@ def test_the_parts_die_with_the_run(tmp_path):
     assert not alive, [p.pid for p in alive]
 
 
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # ended, not yet waited for
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_run_killed_takes_its_engine_cores_with_it(tmp_path, processes):
+    """kill -9 of the run's process: vLLM's engine cores, children of the process that built
+    each engine (the run's, or each part's), end too rather than hold the GPU's memory for the
+    rerun to find taken (seen on an H100: docs/history/GPU.md, session 49)."""
+    cores = tmp_path / "cores"
+    env = _stand_in(tmp_path) | {"BATCHOCR_FAKE_STEP_S": "0.5", "BATCHOCR_FAKE_CORE_PROCESS": str(cores)}
+    src, _ = _copies(tmp_path)
+    log = open(tmp_path / "run.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "batchocr.cli", "run", str(src), str(tmp_path / "out"),
+                             "--engine", "vllm", "--model", "fake-model", "--route", "model",
+                             "--processes", str(processes), "-q"], env={**os.environ, **env}, stdout=log, stderr=log)
+    deadline = time.monotonic() + HANG_S
+    while (not cores.exists() or len(cores.read_text().split()) < processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p) for p in cores.read_text().split()]
+    assert len(pids) == processes and not any(_gone(p) for p in pids)
+    time.sleep(1)  # at work
+    proc.kill()
+    proc.wait(timeout=60)
+    log.close()
+    deadline = time.monotonic() + 30
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [p for p in pids if not _gone(p)]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert not alive, "an engine core outlived its run"
+
+
 def test_vllm_parts_with_the_kv_size_given_build_their_engines_at_once(tmp_path):
     """kv_cache_gib set: vLLM measures no free memory, so the parts need not take turns; each
     engine gets half the KV (and of gpu_memory_utilization, which vLLM still checks at start)."""

@@ -13,7 +13,8 @@ Needs vLLM (see bench/gpu/README.md) and the model folders of make_models.py. Ru
    every page once.
 4. the Unlimited-OCR layout in two parts under the run's own MPS daemon (`processes: 2`,
    engines.vllm.mps unset: on where nvidia-cuda-mps-control is on PATH), the run's own process
-   killed with SIGKILL once some parts are committed: its parts die with it and free the GPU;
+   killed with SIGKILL once some parts are committed: its parts and their engine cores die with
+   it and free the GPU (batchocr.engines.vllm.reaper);
    the daemon, which SIGKILL gave no chance to quit, is left; the rerun tells it to quit
    (batchocr.engines.vllm.mps._reap), completes the shard, every page once, and leaves no daemon.
 
@@ -259,8 +260,10 @@ def run_kill_mps(args, src: Path, pages: int, env: dict) -> dict:
              "mps_while_running": mps_processes(), "folders_while_running": run_folders(),
              "gpu_apps_while_running": gpu_apps()}
     t_kill = time.monotonic()
-    proc.kill()  # the run's own process only: its parts must follow on their own
-    proc.communicate(timeout=60)
+    proc.kill()  # the run's own process only: its parts and their engine cores must follow on their own
+    proc.wait(timeout=60)  # not communicate(): an orphan holding the run's pipes would keep it waiting
+    proc.stdout.close()
+    proc.stderr.close()
     left = family
     while left and time.monotonic() - t_kill < 120:
         time.sleep(0.5)

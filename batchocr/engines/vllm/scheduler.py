@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from batchocr import schema
 from batchocr.engines import result, systemic
-from batchocr.engines.vllm import failures
+from batchocr.engines.vllm import failures, reaper
 from batchocr.engines.vllm.base import VLLMBase
 from batchocr.engines.vllm.document import Documents, grouped, shares
 from batchocr.engines.vllm.options import CHECK_EVERY, VLLMOptions, prompt_setting
@@ -82,9 +82,12 @@ class VLLMEngine(VLLMBase):
         # a build here warms the renderer up beside the engine core's start-up, where vLLM's build allows
         beside = (startup.beside_startup(lambda renderer: self.start_warm_up(renderer=renderer))
                   if llm is None and warm_up else contextlib.nullcontext())
+        self._reaper = None
         try:
             with beside:
-                self.llm = llm if llm is not None else failures.load(options, self.preset)
+                if llm is None:  # the engine core it starts dies with this process (engines/vllm/reaper.py)
+                    llm, self._reaper = reaper.around(lambda: failures.load(options, self.preset))
+                self.llm = llm
             self.engine = self.llm.llm_engine
             failures.check_can_generate(self.engine, options.model)
         except BaseException:
@@ -421,6 +424,8 @@ class VLLMEngine(VLLMBase):
         core = getattr(self.engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+        if self._reaper is not None:
+            self._reaper.close()
         self.llm = self.engine = None
         gc.collect()
 
