@@ -12,7 +12,8 @@ the package's modules each do one job:
 - instances.py: `VLLMInstances`, several engines on one GPU (engines.vllm.instances).
 - processes.py: `processes: auto`, the parts a machine's GPU and host give the preset's model,
   and what each part takes of the card.
-- failures.py: vLLM's failures in one line each, and the watch on its engine-core process.
+- failures.py: vLLM's failures in one line each, and the watch on its engine-core process;
+  reaper.py: the engine-core processes killed once the process that built them has ended.
 - patches/: batchocr's rewrites of vLLM internals, installed in vLLM's worker process.
 
 Importing it imports no vLLM: vLLM loads when an engine is built.
