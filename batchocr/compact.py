@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchocr import layout, producer, schema
+from batchocr import layout, procstat, producer, schema
 from batchocr.sink import read_parts, shards_present, to_parquet
 from batchocr.storage import Store
 
@@ -104,15 +104,6 @@ class Busy:
     holder: str
 
 
-def _started(pid: int) -> str | None:
-    """A process's start time in clock ticks since boot (Linux), which a reused pid does not share."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
 def _gone(held: dict) -> bool:
     """A claim whose compaction is over: too old, or its process on this machine is not running."""
     try:
@@ -130,14 +121,14 @@ def _gone(held: dict) -> bool:
         return True
     except PermissionError:
         pass
-    return held.get("started") is not None and held.get("started") != _started(pid)
+    return held.get("started") is not None and held.get("started") != procstat.started(pid)
 
 
 @contextlib.contextmanager
 def _claimed(out: Store, shard: int) -> Iterator[str | None]:
     """None while this process holds the shard's claim; else who does (the shard is theirs)."""
     rel = layout.compact_claim(shard)
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid()),
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": procstat.started(os.getpid()),
           "since": dt.datetime.now(dt.UTC).isoformat()}
     held: dict = {}
     for _ in range(3):

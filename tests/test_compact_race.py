@@ -298,7 +298,7 @@ def test_a_claimed_shard_is_left_to_its_compaction_until_that_is_over(tmp_path, 
     import subprocess
     import sys
 
-    from batchocr import compact
+    from batchocr import compact, procstat
 
     store = _shard_of_three_parts(tmp_path)
     claim = tmp_path / "_compact" / "shard-00000.json"
@@ -307,7 +307,7 @@ def test_a_claimed_shard_is_left_to_its_compaction_until_that_is_over(tmp_path, 
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         for held, busy in [
-            ({"host": socket.gethostname(), "pid": alive.pid, "started": compact._started(alive.pid)}, True),
+            ({"host": socket.gethostname(), "pid": alive.pid, "started": procstat.started(alive.pid)}, True),
             ({"host": socket.gethostname(), "pid": alive.pid, "started": "1"}, False),  # its pid reused since
             ({"host": "another-pod", "pid": 1}, True),  # on another machine: its word stands
             ({"host": "another-pod", "pid": 1, "age": compact.CLAIM_STALE_S + 60}, False),  # but not for ever

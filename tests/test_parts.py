@@ -23,6 +23,7 @@ import pytest
 
 from batchocr.parts import shares
 from batchocr.sources import DocRef
+from chaos import running, still_running_after
 from conftest import H100, HANG_S, SAMPLES, count_pages, nvidia_smi, read_table, sample_documents
 
 TOTAL = sum(count_pages(p) for p in sample_documents())
@@ -249,15 +250,6 @@ def test_the_parts_die_with_the_run(tmp_path):
     assert not alive, [p.pid for p in alive]
 
 
-def _gone(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # ended, not yet waited for
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_run_killed_takes_its_engine_cores_with_it(tmp_path, processes):
     """kill -9 of the run's process: vLLM's engine cores, children of the process that built
@@ -274,15 +266,12 @@ def test_a_run_killed_takes_its_engine_cores_with_it(tmp_path, processes):
     while (not cores.exists() or len(cores.read_text().split()) < processes) and time.monotonic() < deadline:
         time.sleep(0.05)
     pids = [int(p) for p in cores.read_text().split()]
-    assert len(pids) == processes and not any(_gone(p) for p in pids)
+    assert len(pids) == processes and all(running(p) for p in pids)
     time.sleep(1)  # at work
     proc.kill()
     proc.wait(timeout=60)
     log.close()
-    deadline = time.monotonic() + 30
-    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    alive = [p for p in pids if not _gone(p)]
+    alive = still_running_after(set(pids), 30)
     for p in alive:
         os.kill(p, signal.SIGKILL)
     assert not alive, "an engine core outlived its run"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from batchocr import procstat
 from batchocr.engines.vllm import reaper
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,8 +23,8 @@ def test_children_are_this_processs_with_their_start_times():
     child = _sleep()
     try:
         found = reaper.children()
-        assert found[child.pid] == reaper._stat(str(child.pid))[19]
-        assert all(reaper._stat(str(pid))[1] == str(os.getpid()) for pid in found)
+        assert found[child.pid] == procstat.started(child.pid) is not None
+        assert all(procstat.fields(pid)[procstat.PARENT] == str(os.getpid()) for pid in found)
     finally:
         child.kill()
         child.wait()
@@ -34,7 +35,7 @@ def test_after_the_builder_ends_only_the_processes_as_they_started_are_killed():
     own start time, the other with another (its number since given to another process)."""
     mine, other = _sleep(), _sleep()
     try:
-        given = {mine.pid: reaper._stat(str(mine.pid))[19], other.pid: "1"}
+        given = {mine.pid: procstat.started(mine.pid), other.pid: "1"}
         subprocess.run([sys.executable, "-c", f"from batchocr.engines.vllm.reaper import Reaper; Reaper({given!r})"],
                        cwd=ROOT, check=True, timeout=60)
         assert mine.wait(timeout=30) == -signal.SIGKILL
@@ -48,7 +49,7 @@ def test_after_the_builder_ends_only_the_processes_as_they_started_are_killed():
 def test_close_stops_the_watcher_and_leaves_the_processes():
     child = _sleep()
     try:
-        armed = reaper.Reaper({child.pid: reaper._stat(str(child.pid))[19]})
+        armed = reaper.Reaper({child.pid: procstat.started(child.pid)})
         watcher = armed.watcher
         assert watcher is not None and watcher.poll() is None
         armed.close()

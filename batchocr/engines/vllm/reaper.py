@@ -21,8 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from batchocr import procstat
+
 # The watcher: argv[1] the builder's pid, then pid:start-time of each process to kill after it.
 # It waits on a pidfd (Linux 5.3+), or polls for being handed to another parent where there is none.
+# It reads the start times as batchocr/procstat.py does, which it cannot import (no batchocr).
 WATCHER = """
 import os, select, signal, sys, time
 owner = int(sys.argv[1])
@@ -48,23 +51,13 @@ for arg in sys.argv[2:]:
 
 
 def children() -> dict[int, str]:
-    """This process's child processes: pid -> start time (the kernel's, in clock ticks since boot)."""
-    me, found = os.getpid(), {}
+    """This process's child processes: pid -> start time (batchocr/procstat.py)."""
+    me, found = str(os.getpid()), {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat(entry.name)
-        if fields is not None and fields[1] == str(me):
-            found[int(entry.name)] = fields[19]
+        fields = procstat.fields(entry.name) if entry.name.isdigit() else None
+        if fields is not None and fields[procstat.PARENT] == me:
+            found[int(entry.name)] = fields[procstat.STARTED]
     return found
-
-
-def _stat(pid: str) -> list[str] | None:
-    """/proc/PID/stat's fields after the command's name (state first), or None where it is gone."""
-    try:
-        return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
 
 
 class Reaper:
@@ -72,7 +65,7 @@ class Reaper:
 
     def __init__(self, started: dict[int, str]):
         self.watcher: subprocess.Popen | None = None
-        if started and Path("/proc").is_dir():
+        if started:
             args = [f"{pid}:{start}" for pid, start in sorted(started.items())]
             self.watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", WATCHER, str(os.getpid()), *args],
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
