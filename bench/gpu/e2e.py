@@ -239,14 +239,18 @@ def gpu_apps() -> list[str]:
 
 
 def run_folders() -> list[str]:
+    """The MPS daemons' run folders (batchocr/engines/vllm/mps.py) in this machine's temporary folder."""
     import tempfile
 
-    return sorted(str(p) for p in Path(tempfile.gettempdir()).glob("batchocr-mps-*"))
+    from batchocr.engines.vllm import mps
+
+    return sorted(str(p) for p in Path(tempfile.gettempdir()).glob(mps.PREFIX + "*"))
 
 
 def run_kill_mps(args, src: Path, pages: int, env: dict) -> dict:
     """Step 4: the run's own process killed with SIGKILL, its parts under the run's MPS daemon."""
     import psutil
+    from chaos import still_running_after
 
     out = args.work / "outmps"
     extra = '    engine_args: {attention_config: {backend: TRITON_ATTN}}\n'  # R-SWA: the kit's backend
@@ -264,10 +268,7 @@ def run_kill_mps(args, src: Path, pages: int, env: dict) -> dict:
     proc.wait(timeout=60)  # not communicate(): an orphan holding the run's pipes would keep it waiting
     proc.stdout.close()
     proc.stderr.close()
-    left = family
-    while left and time.monotonic() - t_kill < 120:
-        time.sleep(0.5)
-        left = [pid for pid in left if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    left = still_running_after(set(family), 120)
     first.update({"exit": proc.returncode, "descendants_alive_after": len(left),
                   "seconds_until_descendants_gone": round(time.monotonic() - t_kill, 1),
                   "mps_after_kill": mps_processes(), "folders_after_kill": run_folders(),
