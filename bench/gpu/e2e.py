@@ -218,8 +218,8 @@ def engine_kill(args, src: Path, pages: int, env: dict) -> dict:
 
 def mps_processes() -> list[dict]:
     """The machine's running MPS control daemons and servers: pid, name, and the pipe folder each
-    serves. A daemon that has quit is a zombie here (PID 1 of the device's container never reaps
-    what it inherits): not one of them."""
+    serves. A daemon that has quit may stay a zombie (PID 1 of a container may never reap what it
+    inherits): not one of them."""
     import psutil
     from chaos import running
 
