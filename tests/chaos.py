@@ -17,7 +17,7 @@ from typing import Mapping
 import polars as pl
 import yaml
 
-from batchocr import read_pages
+from batchocr import procstat, read_pages
 from batchocr.compact import compact
 from batchocr.errors import EXIT_INTERRUPTED
 from batchocr.storage import Store
@@ -162,11 +162,8 @@ def render_workers(pid: int) -> list[int]:
 
 def running(pid: int) -> bool:
     """Alive and not a zombie (PID 1 here may never reap what it inherits)."""
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
+    fields = procstat.fields(pid)  # its state first
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def still_running_after(pids: set[int], seconds: float) -> set[int]:

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 from hypothesis import given, strategies as st
 
-from batchocr import read_pages
+from batchocr import procstat, read_pages
 from batchocr.compact import compact
 from batchocr.sharding import shard_of
 from batchocr.sources import doc_id, native, spell
@@ -349,12 +349,8 @@ def test_the_cpu_engines_warnings_reach_a_log_without_colour_codes(tmp_path):
 
 def _cpu_s(pid: int) -> float:
     """Seconds of CPU a process has used (user and system); 0 for one that is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = procstat.fields(pid)  # utime and stime: the stat file's 14th and 15th fields
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_render_worker_killed_on_a_page_costs_that_page_through_the_cli(tmp_path):
