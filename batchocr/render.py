@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping
 import pyarrow as pa
 import pymupdf
 
-from batchocr import schema
+from batchocr import schema, upright
 from batchocr.schema import Needs
 from batchocr.engines.textlayer import page_text
 from batchocr.layertext import DocumentText
@@ -295,6 +295,8 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
             if (pix.width, pix.height) != (target.width, target.height):
                 pix = _fit(pix, target)
             row |= {"width": pix.width, "height": pix.height, "image": pix.samples}
+            if needs.upright:
+                row |= _upright(pix, needs.upright)
         else:
             row |= {"width": round(page.rect.width * matrix.a), "height": round(page.rect.height * matrix.d)}
         return row
@@ -304,6 +306,16 @@ def _render_page(pdoc: pymupdf.Document, doc: DocRef, index: int, count: int, sp
     except Exception as exc:  # noqa: BLE001 - FzErrorLimit and friends are not RuntimeErrors
         kind = _error_kind(exc, "render_failed")
         return page_error(doc, index, count, kind, f"{doc.uri}: page {index}: {type(exc).__name__}: {exc}")
+
+
+def _upright(pix: pymupdf.Pixmap, model: str) -> dict:
+    """The page's image turned upright where it lies sideways or upside down (batchocr.upright's
+    `model`), and the angle it lay at."""
+    turns = upright.quarter_turns(pix, model)
+    row = {"skew_angle": upright.quarter_angle(turns)}
+    if turns:
+        row["image"], row["width"], row["height"] = upright.turned(pix.samples, pix.width, pix.height, turns)
+    return row
 
 
 def _fit(pix: pymupdf.Pixmap, target: pymupdf.IRect) -> pymupdf.Pixmap:

@@ -26,7 +26,7 @@ PAGE_TABLE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("width", pa.int32(), "width of the rendered page image in pixels"),
     ("height", pa.int32(), "height of the rendered page image in pixels"),
     ("dpi", pa.float32(), "resolution the page was rendered at (image files: their own, after any downscaling)"),
-    ("skew_angle", pa.float32(), "the page's estimated skew in degrees, counter-clockwise positive, in (-180, 180]; the `rapidocr` engine turns pages lying sideways (-90, 90) or upside down (180) upright and straightens pages skewed by 0.5 or more before recognition; null for other engines"),
+    ("skew_angle", pa.float32(), "the page's estimated skew in degrees, counter-clockwise positive, in (-180, 180]; the `rapidocr` engine turns pages lying sideways (-90, 90) or upside down (180) upright and straightens pages skewed by 0.5 or more before recognition; for the `vllm` engine (`orient`) the quarter turn the page was found at and turned from before the model read it (0, -90, 90 or 180; no skew estimate); null for the textlayer engine and pages read from their text layer"),
     ("engine", pa.string(), "engine that produced the row: `rapidocr`, `textlayer` or `vllm`"),
     ("model", pa.string(), "model (or library version) the engine used"),
     ("text", pa.large_string(), "the page text as Markdown, in reading order, lines separated by `\\n` (see Text format); null on error rows"),
@@ -111,6 +111,7 @@ PAGES = pa.schema(
         ("route_score", pa.float32()),
         ("route_reason", pa.string()),  # why the page went to the model; null if it did not
         ("attempts", pa.int32()),  # a timeout/renderer_crashed row: 2 once it failed again on a rerun
+        ("skew_angle", pa.float32()),  # Needs.upright: the turn the page lay at (upright.quarter_angle); else null
     ]
 )
 
@@ -164,3 +165,7 @@ class Needs:
     # auto | model | textlayer: score each page's text layer and send the good
     # ones to the text layer, not the engine (batchocr.router); None: no routing.
     route: str | None = None
+    # Pages lying sideways or upside down turned upright before the engine sees them, for an
+    # engine that reads the image as it is: the orientation model's file (batchocr.upright,
+    # found by the run's process); "": pages as they are rendered.
+    upright: str = ""

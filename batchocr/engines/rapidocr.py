@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from annotated_types import Ge, Le
 
-from batchocr import mdescape, readingorder, schema
+from batchocr import mdescape, readingorder, schema, upright
 from batchocr.config import FORBID
 from batchocr.cpus import available_cpus
 from batchocr.engines import Engine, EngineType, parse_options, result, systemic
@@ -171,12 +171,12 @@ class RapidOCREngine(Engine):
             try:
                 img, crops, det = self._detect(img)
             except RapidOCRError:
-                return "", (deskew.quarter_angle(turns) if opts.deskew else None)
+                return "", (upright.quarter_angle(turns) if opts.deskew else None)
         high = rgb.shape[turns % 2]  # the original's side that runs down the upright page
         angle, rotate, wanted = deskew.plan(det.boxes, img.shape, deskew=opts.deskew, rescale=opts.rescale,
                                             most=high / img.shape[0])
         scale = deskew.bound(wanted, rotate, img.shape, self.max_detector_pixels * FIT_MARGIN)
-        angle_out = round(_half_turn(deskew.quarter_angle(turns) + angle), 2) if opts.deskew else None
+        angle_out = round(_half_turn(upright.quarter_angle(turns) + angle), 2) if opts.deskew else None
         if scale < wanted:
             self._bounded(f"rescaled by {scale:.2f}x rather than {wanted:.2f}x")
         if rotate or scale != 1.0:

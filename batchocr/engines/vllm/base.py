@@ -19,7 +19,7 @@ class VLLMBase(Engine):
     def __init__(self, options: VLLMOptions):
         self.options = options
         self.preset = get_preset(options.preset)
-        self.needs = Needs(image=True)
+        self.needs = Needs(image=True, upright=options.orientation_model())
         self.model = options.model
         self.group_pages = options.group_size(self.preset)
         self.admit_pages = options.admit_size(self.preset)

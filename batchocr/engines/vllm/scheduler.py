@@ -411,7 +411,7 @@ class VLLMEngine(VLLMBase):
                 "document_fallback": self.options.document_fallback,
                 "queue_pages": self.queue_pages, "admit_pages": self.admit_pages,
                 "prepare_threads": self.options.prepare_threads,
-                "max_attempts": self.options.max_attempts,
+                "max_attempts": self.options.max_attempts, "orient": bool(self.needs.upright),
                 "llm_args": self.options.llm_args(self.preset)}
 
     def close(self) -> None:
