@@ -15,8 +15,9 @@ from batchocr.schema import Needs
 from batchocr.steps import Read, Tally
 
 
-def _pages(doc: str, n: int) -> pa.RecordBatch:
-    rows = [{c: None for c in schema.CARRIED} | {"doc_id": doc, "page_index": i} for i in range(n)]
+def _pages(doc: str, n: int, skew_angle: float | None = None) -> pa.RecordBatch:
+    rows = [{c: None for c in schema.CARRIED} | {"doc_id": doc, "page_index": i, "skew_angle": skew_angle}
+            for i in range(n)]
     return pa.RecordBatch.from_pylist(rows)
 
 
@@ -25,12 +26,12 @@ class _Echo(Engine):
 
     name, model, needs = "echo", "echo-1", Needs(image=False, text_layer=False)
 
-    def __init__(self, answer: str):
-        self.answer = answer
+    def __init__(self, answer: str, skew_angle: float | None = None):
+        self.answer, self.skew_angle = answer, skew_angle
 
     def run(self, pages, stop):
         for n, batch in enumerate(pages):
-            rows = [{"doc_id": d, "page_index": i} for d, i in
+            rows = [{"doc_id": d, "page_index": i, "skew_angle": self.skew_angle} for d, i in
                     zip(batch.column("doc_id").to_pylist(), batch.column("page_index").to_pylist())]
             if self.answer == "drop":
                 rows = rows[1:]
@@ -41,9 +42,10 @@ class _Echo(Engine):
                 return
 
 
-def _read(answer: str, batches: list[pa.RecordBatch], stop: threading.Event | None = None) -> list[dict]:
+def _read(answer: str, batches: list[pa.RecordBatch], stop: threading.Event | None = None,
+          engine: Engine | None = None) -> list[dict]:
     tally = Tally(summary=None, timings={}, bar=None, started=0.0)
-    step = Read(_Echo(answer), stop or threading.Event(), tally)
+    step = Read(engine or _Echo(answer), stop or threading.Event(), tally)
     return [row for rows in step(iter(batches)) for row in rows]
 
 
@@ -72,3 +74,12 @@ def test_after_a_stop_pages_not_yet_back_are_left_to_the_next_run():
     stop = threading.Event()
     stop.set()
     assert len(_read("early", [_pages("a", 2), _pages("b", 1)], stop)) == 2
+
+
+def test_the_turn_a_render_worker_found_fills_skew_angle_where_the_engine_gives_none():
+    """Needs.upright: the page's skew_angle (how it lay before the render worker turned it) is
+    the row's where the engine estimates none itself; an engine's own estimate is kept."""
+    rows = _read("once", [_pages("a", 1, 90.0), _pages("b", 1)])
+    assert [r["skew_angle"] for r in rows] == [90.0, None]
+    rows = _read("once", [_pages("a", 1, 90.0)], engine=_Echo("once", skew_angle=1.5))
+    assert [r["skew_angle"] for r in rows] == [1.5]
