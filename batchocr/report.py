@@ -29,7 +29,7 @@ from batchocr.words import duration, duration_word, plural
 
 # What the summary reads: dedupe's keys and the figures' columns; text only as its length.
 COLUMNS = ["doc_id", "source_etag", "page_index", "page_count", "finish_reason", "error_type", "prompt_tokens",
-           "output_tokens", "latency_ms", "processed_at", "engine", "model", "run_id", "route"]
+           "output_tokens", "latency_ms", "processed_at", "engine", "model", "run_id", "route", "skew_angle"]
 
 
 def scan(pages: pl.LazyFrame) -> pl.LazyFrame:
@@ -101,6 +101,8 @@ class Report:
     flagged_total: int  # pages with finish_reason length or repetition
     flagged_pages: list[dict[str, Any]]  # the first `limit` of them
     routes: dict[str, int] = dataclasses.field(default_factory=dict)  # pages by route (textlayer, model)
+    # Pages an engine turned upright, by the quarter turn they lay at ("90", "180", "-90": skew_angle's nearest)
+    turned: dict[str, int] = dataclasses.field(default_factory=dict)
     route_saving: dict[str, Any] | None = None  # engine time the routed pages did not cost (cost.route_saving)
     cer: dict[str, Any] | None = None  # with truth: overall, chars, errors, pages, missing
     cost: dict[str, Any] | None = None  # accelerator-seconds of the runs, $ per million pages (cost.summarise)
@@ -165,6 +167,7 @@ def build_report(pages: pl.LazyFrame, out: str = "", truth: str | None = None, t
         latency_ms_by_route={k: d for k in ("model", "textlayer") if (d := distribution(t.take(k))) is not None},
         **_notable(pages, t),
         routes=ordered(t.routes),
+        turned=ordered(t.turned),
         route_saving=cost.route_saving(*t.saving_basis()),
         cer=_cer(pages, truth, stale) if truth else None,
         cost=cost.summarise(runs, t.pages, gpu_hourly_usd, {r: v["pages"] for r, v in run_rows.items()}) if runs else None,
@@ -357,6 +360,8 @@ def format_text(r: Report) -> str:
     lines += [f"  {k:<22} {v:>12,}  {v / max(r.pages, 1):7.2%}" for k, v in r.routes.items()] or ["  (not routed)"]
     if r.route_saving is not None:
         lines += cost.saving_lines(r.route_saving)
+    lines += ["", "turned upright (the quarter turn a page lay at: skew_angle)"]
+    lines += [f"  {k:<22} {v:>12,}  {v / max(r.pages, 1):7.2%}" for k, v in r.turned.items()] or ["  (none)"]
     lines += ["", f"pages that hit the token limit (length) or looped (repetition): {r.flagged_total:,}"]
     lines += [f"  {p['finish_reason']:<11} page {p['page_index']:>5}  {p['output_tokens'] or '':>6} tokens  "
               f"{p['source_uri']}" for p in r.flagged_pages]

@@ -23,6 +23,13 @@ def _layer() -> pl.Expr:
     return (pl.col("route") == "textlayer") | (pl.col("route").is_null() & (pl.col("engine") == "textlayer"))
 
 
+def _turn() -> pl.Expr:
+    """The quarter turn a page lay at ("90", "180", "-90"), from its skew_angle's nearest; null
+    for a page that lay upright or was not looked at."""
+    quarter = ((pl.col("skew_angle") / 90).round().cast(pl.Int64) + 4) % 4
+    return quarter.replace_strict({1: "90", 2: "180", 3: "-90"}, default=None, return_dtype=pl.String)
+
+
 def _folds(top: int, limit: int) -> dict[str, Callable[[pl.DataFrame], pl.DataFrame]]:
     """How each kind of partial figure merges with another of its kind."""
     counted = lambda f: f.group_by("v").agg(pl.col("n").sum())  # noqa: E731 - (value, times) merged
@@ -51,6 +58,7 @@ class Rollup:
         self.finish_reasons: collections.Counter = collections.Counter()
         self.error_types: collections.Counter = collections.Counter()
         self.routes: collections.Counter = collections.Counter()
+        self.turned: collections.Counter = collections.Counter()
         self.first = self.last = None
         self.text_chars: list[np.ndarray] = []
         self.latency: dict[str, list[np.ndarray]] = {"model": [], "textlayer": []}
@@ -78,6 +86,7 @@ class Rollup:
         for counter, frame, col in ((self.finish_reasons, rows, "finish_reason"),
                                     (self.error_types, rows, "error_type"), (self.routes, pages, "route")):
             counter.update(dict(frame[col].drop_nulls().value_counts().iter_rows()))
+        self.turned.update(dict(pages.select(_turn()).drop_nulls().to_series().value_counts().iter_rows()))
         times = rows["processed_at"].drop_nulls()
         if len(times):
             self.first = min(self.first, times.min()) if self.first is not None else times.min()

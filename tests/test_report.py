@@ -188,6 +188,20 @@ def test_engine_time_of_a_mostly_born_digital_run_is_the_models_not_zero(tmp_pat
     assert list(_report(tmp_path / "tl")["latency_ms_by_route"]) == ["textlayer"]
 
 
+def test_report_counts_the_pages_turned_upright_by_how_they_lay(tmp_path):
+    """skew_angle's nearest quarter turn: a page that lay sideways or upside down (the vllm
+    engine's turn, or rapidocr's with the page's skew on it) counts; upright, slightly skewed
+    and unexamined pages do not."""
+    from synthetic import row, write_part
+
+    angles = [0.0, 90.0, -90.0, 180.0, 91.3, -88.6, 179.2, 1.4, -2.0, None]
+    write_part(tmp_path, "r-00000", [row("az://s/a.pdf", i, i, text="a", page_count=len(angles), skew_angle=a)
+                                     for i, a in enumerate(angles)])
+    assert _report(tmp_path)["turned"] == {"90": 2, "-90": 2, "180": 2}
+    text = run_cli("report", str(tmp_path), check=True).stdout
+    assert re.search(r"turned upright[^\n]*\n(  -?[0-9]+ +2 +20\.00%\n){3}\n", text), text
+
+
 def test_report_of_a_resumed_output_keeps_one_row_per_page(tmp_path):
     """Before compaction: duplicates, an older version of a document, a document
     row; VLM finish reasons and tokens. Expected figures worked out by hand."""
