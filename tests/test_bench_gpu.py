@@ -277,6 +277,11 @@ def test_processes_bench_dry_run_records_equal_work_and_the_ratios(tmp_path):
     assert one["output_tokens"] == two["output_tokens"] == 32 * 12 and one["attempts"] == {"1": 32}
     assert "kv_cache_gib" not in (work / "job-1.yaml").read_text()
     assert "kv_cache_gib: 8.0" in (work / "job-2@8.yaml").read_text()
+    # engines.vllm.orient as the runs had it (on where the classifier is installed), and no page turned
+    from batchocr import upright
+
+    assert one["orient"] == two["orient"] == [upright.model_path() is not None]
+    assert one["turned_pages"] == two["turned_pages"] == 0
     assert len(two["runs"]) == 2 and {r["accelerator"]["count"] for r in two["runs"]} == {0.5}
     assert report["ratio_2@8/1"] == round(one["wall_s"] / two["wall_s"], 3)
     assert report["steady_ratio_2@8/1"] == round(two["steady_pages_per_s"] / one["steady_pages_per_s"], 3)

@@ -243,6 +243,10 @@ def work_of(out: Path, sampler=None, clock: float = 0.0, t0: float = 0.0) -> dic
         "output_tokens": sum(r["output_tokens"] or 0 for r in rows),
         "attempts": attempts, "finish_reasons": sorted({r["finish_reason"] for r in rows}),
         "first_error": next((r["error_message"] for r in rows if r["error_message"]), None),
+        # engines.vllm.orient as the runs had it, and the pages it turned (skew_angle non-zero): a turned
+        # page's image has other sides, so its prompt tokens differ from an unturned run's
+        "orient": sorted({(r.get("engine_params") or {}).get("orient") for r in records}, key=str),
+        "turned_pages": sum(1 for r in rows if r.get("skew_angle")),
         "rows_span_s": (at[-1] - at[0]).total_seconds() if at else None,
         "runs": [{k: r.get(k) for k in ("run_id", "status", "timings", "accelerator")} for r in records],
         **(window_of(at, sampler, clock) if at else {}),
