@@ -55,14 +55,15 @@ def main() -> None:
         for k in range(4):
             turned = np.ascontiguousarray(np.rot90(rgb, k))
             tpix = pymupdf.Pixmap(pymupdf.csRGB, turned.shape[1], turned.shape[0], turned.tobytes(), 0)
-            start = time.process_time()
-            turns = upright.quarter_turns(tpix, model)
+            start = time.process_time()  # upright.quarter_turns, its evidence kept for the lead
+            crops = upright.probabilities(tpix, model)
+            turns = upright.decide(crops)
             classify_cpu.append(time.process_time() - start)
             if turns:
                 start = time.process_time()
                 upright.turned(tpix.samples, tpix.width, tpix.height, turns)
                 turn_cpu.append(time.process_time() - start)
-            mean = upright.probabilities(tpix, model).mean(axis=0)
+            mean = crops.mean(axis=0)
             right = (4 - k) % 4
             lead[k] = min(lead[k], float(mean[right] - np.delete(mean, right).max()))
             if turns != right:
